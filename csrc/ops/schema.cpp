@@ -1,0 +1,34 @@
+// The one schema file: every op of the `specdec` library is declared here, grouped by family.
+// Implementations register under the same names in <family>_cpu.cpp and <family>_cuda.cpp
+// (TORCH_LIBRARY_IMPL(specdec, CPU|CUDA)); fake kernels live next to the Python API in
+// python/specdec_cuda/ops/<family>.py. Outputs are allocated by the Python layer and written in
+// place, marked `(a!)` in the schema, so the ops capture in CUDA graphs and trace under
+// torch.compile.
+//
+// Keep each family in its own block below; add a family as a new block.
+#include <torch/library.h>
+
+TORCH_LIBRARY(specdec, m) {
+  // ---- family: sampling (csrc/kernels/sampling, ops/sampling_{cpu,cuda}.cpp) ----
+  // sample: one token per logit row.
+  m.def(
+      "sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
+      "Tensor position, int purpose, int substream, Tensor(a!) tokens, Tensor(b!) status) -> ()");
+  // verify_chain: a ragged batch of draft chains in one call. strategy: 0 auto, 1 parallel,
+  // 2 serial.
+  m.def(
+      "verify_chain(Tensor draft_tokens, Tensor cu_num_draft, Tensor target_logits, "
+      "Tensor? draft_logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
+      "Tensor position, bool typical, float typical_epsilon, float typical_alpha, int strategy, "
+      "Tensor(a!) tokens, Tensor(b!) num_accepted, Tensor(c!) accepted, Tensor(d!) status) -> ()");
+  // ---- end family: sampling ----
+
+  // ---- family: tree (csrc/kernels/tree, ops/tree_{cpu,cuda}.cpp) ----
+  // ---- end family: tree ----
+
+  // ---- family: quant (csrc/kernels/quant, ops/quant_{cpu,cuda}.cpp) ----
+  // ---- end family: quant ----
+
+  // ---- family: kv_quant (csrc/kernels/kv_quant, ops/kv_quant_{cpu,cuda}.cpp) ----
+  // ---- end family: kv_quant ----
+}

@@ -1,0 +1,148 @@
+"""Build script for specdec_cuda.
+
+setup.py is the source of truth for the build. It compiles one extension, ``specdec_cuda._C``,
+from the sources that `source_files` picks by a fixed rule (CMakeLists.txt applies the same rule
+to the same folders, so there is no second list to keep in sync):
+
+* always: ``csrc/kernels/**/*.cpp`` and ``csrc/ops/*.cpp`` except ``*_cuda.cpp``;
+* with CUDA: also ``csrc/kernels/**/*.cu`` and ``csrc/ops/*_cuda.cpp``.
+
+``.cu`` files are torch-free kernels compiled by nvcc; the ``*_cuda.cpp`` glue that includes torch
+headers is compiled by the host compiler, so nvcc never parses torch.
+
+Environment switches:
+  SPECDEC_CUDA=0|1         0 forces a CPU-only build; 1 fails loudly if CUDA cannot be built;
+                           unset builds CUDA when torch has CUDA and nvcc is found.
+  TORCH_CUDA_ARCH_LIST     CUDA architectures (default "8.0;9.0", i.e. sm_80 and sm_90).
+  MAX_JOBS                 parallel compile jobs (honoured by torch's ninja build).
+  SPECDEC_DEBUG=1          -O0 -g host code, -lineinfo and device assertions for CUDA.
+"""
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+def _default_cuda_home() -> None:
+    """Point torch at a real toolkit folder when nvcc on PATH is only a wrapper script.
+
+    torch derives CUDA_HOME from `which nvcc`; a wrapper in /usr/local/bin would make it look for
+    libcudart in /usr/local/lib. The conventional /usr/local/cuda is tried first.
+    """
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    if os.path.exists("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+
+_default_cuda_home()
+
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError as exc:  # pragma: no cover - only on a misconfigured machine
+    raise SystemExit(
+        "specdec_cuda builds against the torch already installed in this environment; install "
+        "torch first and build with `pip install --no-build-isolation .` "
+        f"(import failed: {exc})"
+    )
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+DEFAULT_ARCHS = "8.0;9.0"
+
+
+def _log(msg: str) -> None:
+    print(f"[specdec_cuda build] {msg}", file=sys.stderr, flush=True)
+
+
+def cuda_decision() -> tuple[bool, str]:
+    """Returns (build_cuda, reason) following SPECDEC_CUDA; raises when 1 cannot be honoured."""
+    switch = os.environ.get("SPECDEC_CUDA", "").strip()
+    if switch == "0":
+        return False, "SPECDEC_CUDA=0 was set"
+    missing = []
+    if torch.version.cuda is None:
+        missing.append(f"torch {torch.__version__} is a CPU-only build")
+    nvcc = shutil.which("nvcc") or (CUDA_HOME and os.path.join(CUDA_HOME, "bin", "nvcc"))
+    if CUDA_HOME is None or not nvcc or not os.path.exists(nvcc):
+        missing.append("nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
+    if missing:
+        reason = "; ".join(missing)
+        if switch == "1":
+            raise SystemExit(f"SPECDEC_CUDA=1 but the CUDA kernels cannot be built: {reason}")
+        return False, reason
+    return True, f"torch CUDA {torch.version.cuda}, nvcc at {nvcc}"
+
+
+def source_files(with_cuda: bool) -> list[str]:
+    """The one source rule (mirrored in CMakeLists.txt)."""
+    kernels_cpp = glob.glob("csrc/kernels/**/*.cpp", recursive=True)
+    ops_cpp = [p for p in glob.glob("csrc/ops/*.cpp") if not p.endswith("_cuda.cpp")]
+    sources = kernels_cpp + ops_cpp
+    if with_cuda:
+        sources += glob.glob("csrc/kernels/**/*.cu", recursive=True)
+        sources += glob.glob("csrc/ops/*_cuda.cpp")
+    return sorted(sources)
+
+
+def write_build_meta(with_cuda: bool, archs: str, debug: bool, reason: str) -> None:
+    """Python-side copy of the build facts, read before the binary is loaded (version check)."""
+    path = os.path.join(ROOT, "python", "specdec_cuda", "_build_meta.py")
+    with open(path, "w") as f:
+        f.write("# Written by setup.py at build time; do not edit.\n")
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+        f.write(f"WITH_CUDA = {with_cuda!r}\n")
+        f.write(f"CUDA_ARCHS = {archs if with_cuda else ''!r}\n")
+        f.write(f"TORCH_CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}\n")
+        f.write(f"DEBUG = {debug!r}\n")
+        f.write(f"CUDA_REASON = {reason!r}\n")
+
+
+def make_extension():
+    with_cuda, reason = cuda_decision()
+    debug = os.environ.get("SPECDEC_DEBUG", "0") == "1"
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() or DEFAULT_ARCHS
+    if with_cuda:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # read by torch's CUDA flag builder
+        _log(f"building CPU and CUDA kernels for archs {archs} ({reason})")
+    else:
+        _log(f"building CPU kernels only: {reason}")
+    write_build_meta(with_cuda, archs, debug, reason)
+
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    # -fopenmp-simd: honour `#pragma omp simd` reductions without an OpenMP runtime dependency.
+    cxx = ["-std=c++20", "-fopenmp-simd", "-fvisibility=hidden"] + opt
+    cxx += [f'-DSPECDEC_TORCH_VERSION="{torch.__version__}"', f'-DSPECDEC_VERSION="{VERSION}"']
+    nvcc = ["-std=c++20", "--expt-relaxed-constexpr", "-Xcompiler=-fvisibility=hidden"]
+    nvcc += ["-lineinfo", "-O0", "-G"] if debug else ["-O3", "-lineinfo"]
+    if with_cuda:
+        cxx += ["-DSPECDEC_WITH_CUDA", f'-DSPECDEC_CUDA_ARCHS="{archs}"']
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    sources = source_files(with_cuda)
+    kind = CUDAExtension if with_cuda else CppExtension
+    extra = {"cxx": cxx, "nvcc": nvcc} if with_cuda else {"cxx": cxx}
+    return kind(
+        name="specdec_cuda._C",
+        sources=sources,
+        include_dirs=include_dirs,
+        extra_compile_args=extra,
+    )
+
+
+setup(
+    name="specdec_cuda",
+    version=VERSION,
+    description="Lossless speculative decoding kernels and orchestrator for PyTorch causal LMs",
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["numpy", "safetensors"],
+    extras_require={"hf": ["transformers"], "test": ["pytest", "scipy", "transformers"]},
+    entry_points={"console_scripts": ["specdec-cuda=specdec_cuda.__main__:main"]},
+    zip_safe=False,
+)
