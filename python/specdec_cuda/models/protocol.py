@@ -1,0 +1,80 @@
+"""The model protocol: the few things every decoding method needs from a causal LM.
+
+Both the built-in Llama/Qwen model and the Hugging Face adapter implement it; proposers and the
+speculative loop use nothing else.
+
+Cache slots and commits
+-----------------------
+A cache holds, per row ``b``, ``lengths[b]`` committed tokens in slots ``0 .. lengths[b] - 1``.
+``forward`` over ``n`` new tokens writes their K/V to the *pending* slots
+``lengths[b] .. lengths[b] + n - 1`` (slot = committed length + index of the new token, whatever
+its position) and does not move ``lengths``. The caller then commits per row:
+
+* ``commit(num_kept)``: chains and prefill; keeps the first ``num_kept[b]`` pending tokens.
+* ``commit(num_kept, kept_indices)``: trees; moves the pending tokens ``kept_indices[b, :num_kept[b]]``
+  (indices into the ``n`` new tokens, increasing) to contiguous slots right after the committed
+  prefix, then keeps them.
+
+``truncate(lengths)`` rolls rows back to shorter committed lengths. None of these synchronise
+with the host per row: they are batched tensor operations.
+
+Padding: rows may carry fewer real new tokens than ``n`` (ragged drafts, prompts of different
+lengths). Pad the tail of ``tokens`` with any valid id; pads come after the real tokens, so no real
+token attends to them, and they are never committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@dataclass
+class ModelOutput:
+    """What ``forward`` returns.
+
+    Shape: logits [B, n, V]; hidden_states maps each requested layer index to [B, n, H]
+    (layer index ``i`` = output of decoder layer ``i``; ``-1`` = the final normed hidden state).
+    """
+
+    logits: torch.Tensor
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    lengths: torch.Tensor  # [B] int64, committed tokens per row, on the model's device
+
+    def commit(self, num_kept: torch.Tensor, kept_indices: torch.Tensor | None = None) -> None:
+        """Keep pending tokens. num_kept [B] int64; kept_indices [B, m] int64 (-1 padded) or None."""
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Roll rows back to ``lengths`` [B] int64 (each <= the current length)."""
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    device: torch.device
+    dtype: torch.dtype
+
+    def new_cache(self, batch_size: int, max_length: int) -> KVCache:
+        """An empty cache for ``batch_size`` rows of up to ``max_length`` tokens (pending included)."""
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+    ) -> ModelOutput:
+        """Run ``tokens`` [B, n] at absolute ``positions`` [B, n] (RoPE) on top of ``cache``.
+
+        ``tree_mask`` [B, n, n] bool: entry (i, j) says new token i may attend to new token j; the
+        committed prefix is always visible. None means causal among the new tokens.
+        """

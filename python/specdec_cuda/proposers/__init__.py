@@ -1,0 +1,1 @@
+"""One module per decoding method: the only place methods differ."""
