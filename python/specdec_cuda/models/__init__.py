@@ -3,7 +3,7 @@ for Hugging Face ``transformers`` models."""
 
 from .cache import StaticKVCache
 from .config import SUPPORTED_FAMILIES, LlamaConfig, UnsupportedModelError
-# hf_adapter pending
+from .hf_adapter import HFCache, HFCausalLM
 from .llama import LlamaModel
 from .loader import load
 from .protocol import CausalLM, KVCache, ModelOutput
