@@ -3,6 +3,9 @@ static cache, and the SwiGLU MLP.
 
 Projections that read the same input are fused (q|k|v in one matmul, gate|up in one) to halve the
 number of small matmuls per token; the loader concatenates the checkpoint's weights accordingly.
+Inside a layer, projections and norms are called functionally (``F.linear`` on the modules'
+parameters) rather than through ``nn.Module.__call__``: decoding small models on a CPU is bound by
+per-op overhead, and the module call machinery costs as much as a small matmul.
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype in (torch.float32, torch.float64):
-            return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype in (torch.float32, torch.float64):
+        return F.rms_norm(x, weight.shape, weight, eps=eps)
+    # Half precisions: normalise in fp32, round, then scale (Hugging Face's order).
+    return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -38,7 +46,6 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = (q_dim, kv_dim, kv_dim)
         self.qkv_proj = nn.Linear(config.hidden_size, q_dim + 2 * kv_dim, bias=config.qkv_bias, dtype=dtype)
         self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=config.o_bias, dtype=dtype)
         if config.qk_norm:  # Qwen3: RMSNorm over head_dim of each head, before RoPE
@@ -60,22 +67,27 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor,
     ) -> torch.Tensor:
         """x [B, n, hidden]; k_cache/v_cache [B, H_kv, T_max, D]; slot_index [B, H_kv, n, D] (the
-        pending slot of each new token, expanded); attn_mask [B, 1, n, span] bool."""
+        pending slot of each new token, expanded); cos/sin [B, n, 1, D] from ``rope_cos_sin``;
+        attn_mask [B, 1, n, span] additive (0 or -inf)."""
         B, n, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(B, n, self.num_heads, self.head_dim)
-        k = k.view(B, n, self.num_kv_heads, self.head_dim)
+        H, H_kv = self.num_heads, self.num_kv_heads
+        qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias).view(B, n, H + 2 * H_kv, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, n, D]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, H_kv, n, D]
-        v = v.view(B, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            eps = self.q_norm.eps
+            q = rms_norm(qkv[:, :, :H], self.q_norm.weight, eps)
+            k = rms_norm(qkv[:, :, H : H + H_kv], self.k_norm.weight, eps)
+            qk = torch.cat((q, k), dim=2)
+        else:
+            qk = qkv[:, :, : H + H_kv]
+        qk = apply_rope(qk, cos, sin).transpose(1, 2)  # q and k heads rotated together: [B, H + H_kv, n, D]
+        q, k = qk[:, :H], qk[:, H:]
+        v = qkv[:, :, H + H_kv :].transpose(1, 2)  # [B, H_kv, n, D]
         k_cache.scatter_(2, slot_index, k)
         v_cache.scatter_(2, slot_index, v)
         out = F.scaled_dot_product_attention(
             q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask=attn_mask, enable_gqa=self.enable_gqa
         )
-        return self.o_proj(out.transpose(1, 2).reshape(B, n, -1))
+        return F.linear(out.transpose(1, 2).reshape(B, n, -1), self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -89,8 +101,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = F.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -104,5 +116,6 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, dtype)
 
     def forward(self, x, cos, sin, k_cache, v_cache, slot_index, span, attn_mask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slot_index, span, attn_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        x = x + self.self_attn.forward(rms_norm(x, norm1.weight, norm1.eps), cos, sin, k_cache, v_cache, slot_index, span, attn_mask)
+        return x + self.mlp.forward(rms_norm(x, norm2.weight, norm2.eps))

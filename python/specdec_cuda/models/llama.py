@@ -72,7 +72,8 @@ class LlamaModel(nn.Module):
         precision = torch.float64 if self.dtype == torch.float64 else torch.float32
         key = (self.device, precision)
         if key not in self._inv_freq:
-            self._inv_freq[key] = inverse_frequencies(self.config, precision).to(self.device)
+            inv_freq = inverse_frequencies(self.config, precision)
+            self._inv_freq[key] = torch.cat((inv_freq, inv_freq)).to(self.device)  # [head_dim]
         return self._inv_freq[key]
 
     @torch.no_grad()
@@ -118,14 +119,16 @@ class LlamaModel(nn.Module):
             new_col = rel.clamp(0, n - 1)[:, None, :].expand(B, n, span)
             in_new = (rel >= 0) & (rel < n)
             attn_mask = (rel < 0)[:, None, :] | (in_new[:, None, :] & tree_mask.gather(2, new_col))
-        attn_mask = attn_mask[:, None]  # [B, 1, n, span]
+        # Additive mask [B, 1, n, span]: SDPA's CPU kernel runs a float mask faster than a bool one.
+        attn_mask = torch.zeros(attn_mask.shape, dtype=self.dtype, device=device).masked_fill_(~attn_mask, float("-inf"))
+        attn_mask = attn_mask[:, None]
 
         cos, sin = rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
         x = self.embed_tokens(tokens)
         wanted = set(hidden_layers)
         hidden_states: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
+            x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
         x = self.norm(x)
