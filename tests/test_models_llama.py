@@ -126,3 +126,28 @@ def test_bf16_checkpoint_is_cast_on_load(tmp_path):
     torch.testing.assert_close(
         model.layers[0].mlp.down_proj.weight, hf.model.layers[0].mlp.down_proj.weight.float(), rtol=0, atol=0
     )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 0.1)])
+def test_cuda_matches_cpu(family_pair, dtype, tol):
+    # Prefill, a tree step with compaction and a decode step on the GPU track the CPU fp32 run.
+    _, _, cpu_model, folder = family_pair
+    gpu_model = models.load(folder, dtype=dtype, device="cuda")
+    # Tree 0 <- 1 <- 3, 0 <- 2 (rows as a [4, 4] ancestor mask).
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)[None].expand(2, 4, 4)
+    prompt = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    tree = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(7))
+    results = []
+    for model, device in ((cpu_model, "cpu"), (gpu_model, "cuda")):
+        cache = model.new_cache(2, 32)
+        logits = [model.forward(prompt.to(device), torch.arange(12, device=device).expand(2, 12), cache).logits]
+        cache.commit(torch.tensor([12, 10], device=device))
+        positions = cache.lengths[:, None] + torch.tensor([0, 1, 1, 2], device=device)
+        logits.append(model.forward(tree.to(device), positions, cache, tree_mask=tree_mask.to(device)).logits)
+        cache.commit(torch.tensor([3, 2], device=device), torch.tensor([[0, 1, 3], [0, 2, -1]], device=device))
+        logits.append(model.forward(tree[:, :1].to(device), cache.lengths[:, None], cache).logits)
+        results.append([x.float().cpu() for x in logits])
+    for ref, got in zip(*results):
+        assert (got - ref).abs().max().item() <= tol * ref.abs().max().item()
