@@ -123,3 +123,9 @@ def test_sliding_window_models_are_refused():
     hf = make_hf_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
     with pytest.raises(UnsupportedModelError, match="DynamicSlidingWindowLayer"):
         HFCausalLM(hf).new_cache(1, 16)
+
+
+def test_eos_token_ids():
+    assert HFCausalLM(tiny_gpt2()).eos_token_ids == (0,)
+    hf = make_hf_model("qwen3", eos_token_id=[5, 6])
+    assert HFCausalLM(hf).eos_token_ids == (5, 6)

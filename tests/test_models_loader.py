@@ -120,3 +120,13 @@ def test_old_style_rope_scaling_config(tmp_path):
 def test_bad_dtype(good_folder):
     with pytest.raises(ValueError, match="dtype must be"):
         models.load(good_folder, dtype=torch.int8)
+
+
+def test_eos_token_ids_from_generation_config(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": 7}))
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    assert models.load(folder).eos_token_ids == (7,)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert models.load(folder).eos_token_ids == (7, 9)

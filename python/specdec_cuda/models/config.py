@@ -90,8 +90,7 @@ class LlamaConfig:
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // num_heads
         attention_bias = bool(cfg.get("attention_bias", False))
-        eos = cfg.get("eos_token_id")
-        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        eos_ids = eos_token_ids(cfg.get("eos_token_id"))
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -113,6 +112,13 @@ class LlamaConfig:
             eos_token_id=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
         )
+
+
+def eos_token_ids(eos: int | list[int] | None) -> tuple[int, ...]:
+    """config.json / generation_config.json ``eos_token_id`` (an int, a list or null) as a tuple."""
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
 def family_of(cfg: dict[str, Any], source: str = "config.json") -> str:

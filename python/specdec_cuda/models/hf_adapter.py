@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .config import UnsupportedModelError
+from .config import UnsupportedModelError, eos_token_ids
 from .protocol import ModelOutput
 
 _MASKABLE = ("sdpa", "eager")
@@ -164,6 +164,9 @@ class HFCausalLM:
         self.vocab_size = int(head.weight.shape[0]) if head is not None else int(config.vocab_size)
         self.num_layers = int(config.num_hidden_layers)
         self.hidden_size = int(config.hidden_size)
+        generation = getattr(model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        self.eos_token_ids = eos_token_ids(eos if eos is not None else getattr(config, "eos_token_id", None))
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.? names the cache argument `cache`; earlier releases `past_key_values`.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"

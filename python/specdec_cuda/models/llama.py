@@ -41,6 +41,7 @@ class LlamaModel(nn.Module):
         self.vocab_size = config.vocab_size
         self.num_layers = config.num_hidden_layers
         self.hidden_size = config.hidden_size
+        self.eos_token_ids = config.eos_token_id  # from config.json / generation_config.json
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))

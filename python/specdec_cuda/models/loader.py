@@ -7,6 +7,7 @@ parameters (allocated uninitialised on the target device), so peak memory is abo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
-from .config import LlamaConfig
+from .config import LlamaConfig, eos_token_ids
 from .llama import LlamaModel
 
 _INDEX = "model.safetensors.index.json"
@@ -53,6 +54,15 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     except json.JSONDecodeError as exc:
         raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
     config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
+    # Chat checkpoints often list their end-of-turn tokens only in generation_config.json.
+    generation_path = folder / "generation_config.json"
+    if generation_path.is_file():
+        try:
+            eos = json.loads(generation_path.read_text()).get("eos_token_id")
+        except json.JSONDecodeError:
+            eos = None
+        if eos is not None:
+            config = dataclasses.replace(config, eos_token_id=eos_token_ids(eos))
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
 
