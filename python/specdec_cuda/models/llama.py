@@ -52,6 +52,7 @@ class LlamaModel(nn.Module):
         for p in self.parameters():
             p.requires_grad_(False)
         self._inv_freq: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._mask_scalars: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def device(self) -> torch.device:
@@ -67,6 +68,16 @@ class LlamaModel(nn.Module):
         return StaticKVCache(
             c.num_hidden_layers, batch_size, c.num_key_value_heads, max_length, c.head_dim, self.dtype, self.device
         )
+
+    def _mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # 0 and -inf as 0-dim tensors of the model's dtype, so one torch.where makes the mask.
+        key = (self.device, self.dtype)
+        if key not in self._mask_scalars:
+            self._mask_scalars[key] = (
+                torch.zeros((), dtype=self.dtype, device=self.device),
+                torch.full((), float("-inf"), dtype=self.dtype, device=self.device),
+            )
+        return self._mask_scalars[key]
 
     def _rope_inv_freq(self) -> torch.Tensor:
         # Angles in fp32 as Hugging Face does (fp64 for an fp64 model); computed once per device.
@@ -121,8 +132,8 @@ class LlamaModel(nn.Module):
             in_new = (rel >= 0) & (rel < n)
             attn_mask = (rel < 0)[:, None, :] | (in_new[:, None, :] & tree_mask.gather(2, new_col))
         # Additive mask [B, 1, n, span]: SDPA's CPU kernel runs a float mask faster than a bool one.
-        attn_mask = torch.zeros(attn_mask.shape, dtype=self.dtype, device=device).masked_fill_(~attn_mask, float("-inf"))
-        attn_mask = attn_mask[:, None]
+        zero, minus_inf = self._mask_values()
+        attn_mask = torch.where(attn_mask[:, None], zero, minus_inf)
 
         cos, sin = rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
         x = self.embed_tokens(tokens)
