@@ -151,3 +151,22 @@ def test_cuda_matches_cpu(family_pair, dtype, tol):
         results.append([x.float().cpu() for x in logits])
     for ref, got in zip(*results):
         assert (got - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def test_greedy_decoding_equals_transformers_generate(family_pair):
+    # One forward + commit per token over the static cache gives hf.generate's greedy tokens.
+    _, hf, model, _ = family_pair
+    prompts = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    expected = hf.generate(
+        prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=12, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )[:, 7:]
+    cache = model.new_cache(2, 19)
+    out = model.forward(prompts, torch.arange(7).expand(2, 7), cache)
+    cache.commit(torch.tensor([7, 7]))
+    tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(11):
+        out = model.forward(tokens[-1], cache.lengths[:, None], cache)
+        cache.commit(torch.tensor([1, 1]))
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+    assert torch.equal(torch.cat(tokens, 1), expected)
