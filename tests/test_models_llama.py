@@ -66,7 +66,8 @@ def test_hidden_states_match_transformers(family_pair):
     L = model.num_layers
     out = model.forward(tokens, torch.arange(12).expand(2, 12), model.new_cache(2, 16), hidden_layers=(0, L - 1, -1))
     with torch.no_grad():
-        ref = hf(input_ids=tokens, output_hidden_states=True).hidden_states  # [embeddings, layer 0, ..., final normed]
+        # [embeddings, layer 0, ..., layer L-2, final normed]
+        ref = hf(input_ids=tokens, output_hidden_states=True).hidden_states
     assert set(out.hidden_states) == {0, L - 1, -1}
     assert out.hidden_states[0].shape == (2, 12, model.hidden_size)
     torch.testing.assert_close(out.hidden_states[0], ref[1], **FP32_TOL)
@@ -136,7 +137,8 @@ def test_cuda_matches_cpu(family_pair, dtype, tol):
     _, _, cpu_model, folder = family_pair
     gpu_model = models.load(folder, dtype=dtype, device="cuda")
     # Tree 0 <- 1 <- 3, 0 <- 2 (rows as a [4, 4] ancestor mask).
-    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)[None].expand(2, 4, 4)
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    tree_mask = tree_mask[None].expand(2, 4, 4)
     prompt = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
     tree = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(7))
     results = []
