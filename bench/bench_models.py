@@ -110,8 +110,8 @@ def main() -> None:
     }
     rows = []
     for batch in (1, 8):
-        prompts = torch.randint(1, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
-        prompts = prompts.to(device)
+        generator = torch.Generator().manual_seed(batch)
+        prompts = torch.randint(1, cfg.vocab_size, (batch, prompt_len), generator=generator).to(device)
         outputs = {name: fn(prompts) for name, fn in methods.items()}  # warm-up and correctness
         same = {name: bool(torch.equal(out, outputs["hf_generate"])) for name, out in outputs.items()}
         times: dict[str, list[float]] = {name: [] for name in methods}
@@ -134,7 +134,8 @@ def main() -> None:
     result = dict(
         bench="models", config=args.config, model_config=CONFIGS[args.config], new_tokens=new_tokens,
         prompt_len=prompt_len, reps=reps, device=str(device), threads=torch.get_num_threads(),
-        torch=torch.__version__, transformers=transformers.__version__, machine=platform.processor() or platform.machine(),
+        torch=torch.__version__, transformers=transformers.__version__,
+        machine=platform.processor() or platform.machine(),
         results=rows,
     )
     out = Path(args.out)

@@ -179,7 +179,8 @@ def test_bad_commits_and_shapes_raise(model):
     with pytest.raises(ValueError, match="positions must have the shape"):
         model.forward(rand_tokens(64, 2, 2), torch.arange(2)[None], cache)
     with pytest.raises(ValueError, match="tree_mask must have shape"):
-        model.forward(rand_tokens(64, 2, 2), torch.arange(2).expand(2, 2), cache, tree_mask=torch.ones(2, 3, 3, dtype=torch.bool))
+        bad_mask = torch.ones(2, 3, 3, dtype=torch.bool)
+        model.forward(rand_tokens(64, 2, 2), torch.arange(2).expand(2, 2), cache, tree_mask=bad_mask)
     with pytest.raises(ValueError, match="hidden_layers"):
         model.forward(rand_tokens(64, 2, 2), torch.arange(2).expand(2, 2), cache, hidden_layers=(model.num_layers,))
     with pytest.raises(ValueError, match="rows but the cache"):

@@ -66,7 +66,8 @@ def test_hidden_states_match_transformers(family_pair):
     L = model.num_layers
     out = model.forward(tokens, torch.arange(12).expand(2, 12), model.new_cache(2, 16), hidden_layers=(0, L - 1, -1))
     with torch.no_grad():
-        ref = hf(input_ids=tokens, output_hidden_states=True).hidden_states  # [embeddings, layer 0, ..., final normed]
+        # [embeddings, layer 0, ..., layer L-2, final normed]
+        ref = hf(input_ids=tokens, output_hidden_states=True).hidden_states
     assert set(out.hidden_states) == {0, L - 1, -1}
     assert out.hidden_states[0].shape == (2, 12, model.hidden_size)
     torch.testing.assert_close(out.hidden_states[0], ref[1], **FP32_TOL)
@@ -136,7 +137,8 @@ def test_cuda_matches_cpu(family_pair, dtype, tol):
     _, _, cpu_model, folder = family_pair
     gpu_model = models.load(folder, dtype=dtype, device="cuda")
     # Tree 0 <- 1 <- 3, 0 <- 2 (rows as a [4, 4] ancestor mask).
-    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)[None].expand(2, 4, 4)
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    tree_mask = tree_mask[None].expand(2, 4, 4)
     prompt = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
     tree = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(7))
     results = []
@@ -151,3 +153,22 @@ def test_cuda_matches_cpu(family_pair, dtype, tol):
         results.append([x.float().cpu() for x in logits])
     for ref, got in zip(*results):
         assert (got - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def test_greedy_decoding_equals_transformers_generate(family_pair):
+    # One forward + commit per token over the static cache gives hf.generate's greedy tokens.
+    _, hf, model, _ = family_pair
+    prompts = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    expected = hf.generate(
+        prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=12, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )[:, 7:]
+    cache = model.new_cache(2, 19)
+    out = model.forward(prompts, torch.arange(7).expand(2, 7), cache)
+    cache.commit(torch.tensor([7, 7]))
+    tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(11):
+        out = model.forward(tokens[-1], cache.lengths[:, None], cache)
+        cache.commit(torch.tensor([1, 1]))
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+    assert torch.equal(torch.cat(tokens, 1), expected)

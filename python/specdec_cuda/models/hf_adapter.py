@@ -158,7 +158,9 @@ class HFCausalLM:
                 raise ValueError(f"attn_implementation must be one of {_MASKABLE}, got {attn_implementation!r}")
             model.set_attn_implementation(attn_implementation)
         self.model = model.eval()
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        config = model.config
+        if hasattr(config, "get_text_config"):  # multimodal configs nest the decoder's
+            config = config.get_text_config(decoder=True)
         self.config = config
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0]) if head is not None else int(config.vocab_size)
@@ -248,7 +250,8 @@ class HFCausalLM:
         hook = None
         if last in hidden_layers:
             if self._decoder_layers is None:
-                raise ValueError(f"cannot find the decoder layers of {type(self.model).__name__} to read layer {last}")
+                name = type(self.model).__name__
+                raise ValueError(f"cannot find the decoder layers of {name} to read layer {last}")
 
             def grab(_module, _args, output):
                 captured[last] = output[0] if isinstance(output, tuple) else output

@@ -117,5 +117,6 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, k_cache, v_cache, slot_index, span, attn_mask) -> torch.Tensor:
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        x = x + self.self_attn.forward(rms_norm(x, norm1.weight, norm1.eps), cos, sin, k_cache, v_cache, slot_index, span, attn_mask)
+        h = rms_norm(x, norm1.weight, norm1.eps)
+        x = x + self.self_attn.forward(h, cos, sin, k_cache, v_cache, slot_index, span, attn_mask)
         return x + self.mlp.forward(rms_norm(x, norm2.weight, norm2.eps))

@@ -159,7 +159,8 @@ class LlamaModel(nn.Module):
     def _hf_layout(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         # HF name -> (destination parameter, row offset, rows): fused projections take row slices.
         c = self.config
-        q_dim, kv_dim, inter = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+        q_dim, kv_dim = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        inter = c.intermediate_size
         layout: dict[str, tuple[torch.Tensor, int, int]] = {}
 
         def whole(name: str, param: torch.Tensor) -> None:
@@ -172,7 +173,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            for j, (proj, off, rows) in enumerate((("q", 0, q_dim), ("k", q_dim, kv_dim), ("v", q_dim + kv_dim, kv_dim))):
+            for proj, off, rows in (("q", 0, q_dim), ("k", q_dim, kv_dim), ("v", q_dim + kv_dim, kv_dim)):
                 layout[f"{p}self_attn.{proj}_proj.weight"] = (attn.qkv_proj.weight, off, rows)
                 if c.qkv_bias:
                     layout[f"{p}self_attn.{proj}_proj.bias"] = (attn.qkv_proj.bias, off, rows)

@@ -16,11 +16,12 @@ its position) and does not move ``lengths``. The caller then commits per row:
   prefix, then keeps them.
 
 ``truncate(lengths)`` rolls rows back to shorter committed lengths. None of these synchronise
-with the host per row: they are batched tensor operations. ``forward`` makes no host sync at all;
-``commit`` and ``truncate`` make one small device-to-host copy per call (it validates the
-arguments and keeps a host copy of ``max(lengths)``, which bounds the slots a forward reads). A
-forward that is not committed is discarded by the next forward. Commits and truncates past what
-is pending or committed raise ValueError, as does a forward that would overflow ``max_length``.
+with the host per row: they are batched tensor operations. The built-in model's ``forward``
+makes no host sync at all (the HF adapter's depends on ``transformers``); ``commit`` and
+``truncate`` make one small device-to-host copy per call (it validates the arguments and keeps a
+host copy of ``max(lengths)``, which bounds the slots a forward reads). A forward that is not
+committed is discarded by the next forward. Commits and truncates past what is pending or
+committed raise ValueError, as does a forward that would overflow ``max_length``.
 
 Padding: rows may carry fewer real new tokens than ``n`` (ragged drafts, prompts of different
 lengths). Pad the tail of ``tokens`` with any valid id; pads come after the real tokens, so no real
