@@ -79,6 +79,10 @@ step tests 240 "$PY" -m pytest -q -m "not slow" tests/ -p no:cacheprovider
 step bench_sampling 150 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/sampling.json" "${HBM_ARG[@]}"
 # ==== end family: sampling =======================================================================
 
+# ==== family: models ==============================================================================
+step bench_models 90 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
+# ==== end family: models ==========================================================================
+
 # ==== family: tree ================================================================================
 # ==== end family: tree ============================================================================
 
