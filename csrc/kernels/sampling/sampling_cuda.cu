@@ -158,11 +158,51 @@ struct Dist {
 };
 
 // The pass: statistics over s >= threshold (flags and argmax over the whole row), plus the race
-// over the kept elements when `stream` is given.
+// over the kept elements when `stream` is given. argmax.key is the exact max of s = l / T.
+//
+// Unfiltered rows with a finite temperature (the common case, and greedy with T = 1) take the fast
+// path, which keeps the pass memory-bound: the statistics use s' = l * (1/T) (within 2^-22 |s| of
+// s) and __expf (MUFU), the max / argmax / flags are taken on l (s = l / T is monotone in l, so
+// max s = max l / T exactly, and an overflow to +inf shows in it), and only race candidates get
+// the exact s = l / T; the pruning bound adds |s'| * 1e-6 of slack so it stays exact. Filtered
+// rows (whose kept set must be decided on the exact s) and T = +inf take the exact path.
 template <typename T>
-__device__ __noinline__ PassState row_pass(const T* row, int64_t vocab, float temperature, float threshold,
-                              const RandomStream* stream) {
+__device__ __noinline__ PassState row_pass(const T* row, int64_t vocab, float temperature,
+                                           float threshold, const RandomStream* stream) {
   PassState st = PassState::empty();
+  if (threshold == -INFINITY && temperature < INFINITY) {
+    const float inv_t = 1.0f / temperature;
+    float lmax = -INFINITY;
+    for_each_logit(row, vocab, [&](int64_t i, float l) {
+      st.bad |= static_cast<int>(l != l);
+      if (l > lmax) {  // each thread sees increasing i: the first max is kept
+        lmax = l;
+        st.argmax.index = i;
+      }
+      const float s = l * inv_t;
+      if (s > -INFINITY) {  // skips -inf and NaN
+        SoftmaxStats& a = st.stats;
+        if (s > a.max) {
+          const float scale = __expf(a.max - s);  // 0 when a.max = -inf
+          a.dot = a.max == -INFINITY ? 0.0f : (a.dot + a.sum * (a.max - s)) * scale;
+          a.sum *= scale;
+          a.max = s;
+        }
+        const float d = s - a.max;
+        const float e = __expf(d);
+        a.sum += e;
+        a.dot += e > 0.0f ? e * d : 0.0f;
+        if (stream != nullptr && s + (kGumbelMax + fabsf(s) * 1e-6f) >= st.race.key) {
+          st.race.offer(l / temperature + gumbel_noise(draw(*stream, i)), i);
+        }
+      }
+    });
+    st.argmax.key = lmax;
+    st = block_all_reduce(st, MergePass());
+    st.argmax.key = st.argmax.key / temperature;
+    st.bad |= static_cast<int>(st.argmax.key == INFINITY);
+    return st;
+  }
   for_each_logit(row, vocab, [&](int64_t i, float l) {
     const float s = l / temperature;
     st.bad |= static_cast<int>(s != s) | static_cast<int>(s == INFINITY);
