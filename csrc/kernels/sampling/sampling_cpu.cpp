@@ -240,15 +240,59 @@ struct CachedStream {
   }
 };
 
+// The race in tiles of kTile elements: a tile none of whose elements can beat the best key
+// (s_i + kGumbelMax < best) is skipped without drawing; otherwise its Philox draws and Gumbel keys
+// are computed together (vectorised), then offered in index order. Same winner as evaluating every
+// element, since a skipped element cannot win or tie.
+constexpr int64_t kTile = 64;
+
+SPECDEC_SIMD_CLONES void gumbel_keys(const RandomStream& stream, int64_t first, const float* s,
+                                     float* keys) {
+  uint32_t bits[kTile];
+  const uint32_t first_block = static_cast<uint32_t>(first >> 2);
+#pragma omp simd
+  for (int b = 0; b < kTile / 4; ++b) {
+    const PhiloxOut o = philox4x32_10(first_block + static_cast<uint32_t>(b), stream.c1, stream.c2,
+                                      stream.c3, stream.k0, stream.k1);
+    bits[4 * b] = o.x[0];
+    bits[4 * b + 1] = o.x[1];
+    bits[4 * b + 2] = o.x[2];
+    bits[4 * b + 3] = o.x[3];
+  }
+#pragma omp simd
+  for (int i = 0; i < kTile; ++i) keys[i] = s[i] + gumbel_noise(bits[i]);
+}
+
+// Offers the kept elements of the tile starting at `base` (keys computed together, vectorised).
+void race_tile(const float* s, int64_t n, int64_t base, const DistCpu& d, const RandomStream& stream,
+               RaceBest& best) {
+  const int64_t len = n - base < kTile ? n - base : kTile;
+  float padded[kTile];
+  float keys[kTile];
+  const float* tile = s + base;
+  if (len < kTile) {  // the last, partial tile: pad so the vector loop stays fixed-length
+    for (int64_t i = 0; i < kTile; ++i) padded[i] = i < len ? s[base + i] : -INFINITY;
+    tile = padded;
+  }
+  gumbel_keys(stream, base, tile, keys);
+  for (int64_t i = 0; i < len; ++i) {
+    if (tile[i] >= d.threshold) best.offer(keys[i], base + i);
+  }
+}
+
 // argmax_i s_i + G_i over s_i >= threshold (distribution.h), pruned exactly.
 int64_t race(const float* s, int64_t n, const DistCpu& d, const RandomStream& stream) {
-  CachedStream draw{stream};
-  const int64_t first = first_index_of(s, n, d.max);  // highest bound: start the pruning there
-  RaceBest best{s[first] + gumbel_noise(draw(first)), first};
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = s[i];
-    if (x >= d.threshold && x + kGumbelMax >= best.key && i != first) {
-      best.offer(x + gumbel_noise(draw(i)), i);
+  // start with the tile of the first maximum (the highest bound), so pruning is tight at once
+  const int64_t first_tile = first_index_of(s, n, d.max) / kTile * kTile;
+  RaceBest best{-INFINITY, n};
+  race_tile(s, n, first_tile, d, stream, best);
+  for (int64_t base = 0; base < n; base += kTile) {
+    if (base == first_tile) continue;
+    const int64_t len = n - base < kTile ? n - base : kTile;
+    float tile_max = -INFINITY;
+    for (int64_t i = 0; i < len; ++i) tile_max = s[base + i] > tile_max ? s[base + i] : tile_max;
+    if (tile_max >= d.threshold && tile_max + kGumbelMax >= best.key) {
+      race_tile(s, n, base, d, stream, best);
     }
   }
   return best.index;

@@ -227,7 +227,9 @@ def verify_chain(
     ``max_k`` is ``max_draft`` when given (no host synchronisation: pass it when cu_num_draft is on
     the GPU), else ``max(k_i)`` read from cu_num_draft. ``strategy``: "parallel" evaluates every
     position at once; "serial" walks each row and never reads logits past its first rejection;
-    "auto" picks by device and shape. Results do not depend on the strategy.
+    "auto" picks by device and shape (CPU: serial unless every position fits in one wave of
+    threads; CUDA: parallel unless the batch alone gives two blocks per SM). Results, statuses
+    included, do not depend on the strategy. float64 logits are accepted on the CPU only.
 
     Example:
         >>> import torch, specdec_cuda.ops as ops
