@@ -11,7 +11,7 @@ from specdec_cuda.reference import tree as ref
 
 from tree_cases import chain, flatten, random_parents
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
 def batch_of_trees(sizes, seed=0, max_children=None):
@@ -323,13 +323,11 @@ def test_chain_tree_equals_verify_chain(mode):
                                      zeros, torch.ones(5), seed, position)
     assert torch.equal(tree.tokens[:, :max(ks) + 1], want[0])
     assert torch.equal(tree.num_accepted, want[1])
-    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key("specdec::verify_chain", "CPU")
-    if has_kernel:  # the sampling family's kernel, once merged
-        out = [torch.empty_like(x) for x in want]
-        torch.ops.specdec.verify_chain(chain_tokens, cu_chain, target, chain_draft, temperature,
-                                       zeros, torch.ones(5), seed, position, False, 0.3, 0.09, 0,
-                                       *out)
-        assert torch.equal(out[0], want[0])
+    # and the sampling family's verify_chain kernel on the same chains
+    kernel = ops.verify_chain(chain_tokens, cu_chain, target, chain_draft, temperature, 0, 1.0,
+                              seed, position)
+    assert torch.equal(kernel.tokens, want[0])
+    assert torch.equal(kernel.num_accepted, want[1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,7 +336,8 @@ def test_chain_tree_equals_verify_chain(mode):
 
 def _op_args():
     tokens, parents, cu, target, draft = _case([4, 6], 23, torch.float32, 10, True)
-    params = [torch.tensor([1.0, 0.0]), torch.tensor([0, 3]), torch.tensor([1.0, 0.9]),
+    params = [torch.tensor([1.0, 0.0]), torch.tensor([0, 3], dtype=torch.int32),
+              torch.tensor([1.0, 0.9]),
               torch.tensor([1, 2]), torch.tensor([5, 9])]
     return tokens, parents, cu, target, draft, params
 

@@ -44,7 +44,8 @@ inline int dtype_code(at::ScalarType t, const char* name) {
     case at::kFloat: return static_cast<int>(DType::kFloat32);
     case at::kHalf: return static_cast<int>(DType::kFloat16);
     case at::kBFloat16: return static_cast<int>(DType::kBFloat16);
-    default: TORCH_CHECK(false, name, ": expected float32, float16 or bfloat16, got ", t);
+    case at::kDouble: return static_cast<int>(DType::kFloat64);
+    default: TORCH_CHECK(false, name, ": expected float32, float16, bfloat16 or float64, got ", t);
   }
   return 0;
 }
@@ -151,7 +152,7 @@ inline tree::VerifyTreeArgs verify_args(
   check_out(num_accepted, "num_accepted", at::kLong, {batch}, dev);
   check_out(status, "status", at::kInt, {batch}, dev);
   check_vec(temperature, "temperature", at::kFloat, batch, dev);
-  check_vec(top_k, "top_k", at::kLong, batch, dev);
+  check_vec(top_k, "top_k", at::kInt, batch, dev);
   check_vec(top_p, "top_p", at::kFloat, batch, dev);
   check_vec(seed, "seed", at::kLong, batch, dev);
   check_vec(position, "position", at::kLong, batch, dev);
@@ -180,7 +181,7 @@ inline tree::VerifyTreeArgs verify_args(
   a.cu = cu.data_ptr<int64_t>();
   a.vocab = vocab;
   a.temperature = temperature.data_ptr<float>();
-  a.top_k = top_k.data_ptr<int64_t>();
+  a.top_k = top_k.data_ptr<int32_t>();
   a.top_p = top_p.data_ptr<float>();
   a.seed = seed.data_ptr<int64_t>();
   a.position = position.data_ptr<int64_t>();

@@ -3,6 +3,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include "kernels/tree/compact.h"
 #include "kernels/tree/tree.h"
 #include "ops/tree_common.h"
 

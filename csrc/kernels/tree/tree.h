@@ -45,7 +45,7 @@ struct VerifyTreeArgs {
   int dtype;                    // specdec::DType of both logit tensors
   int64_t vocab;
   const float* temperature;     // (B,) 0 = greedy
-  const int64_t* top_k;         // (B,) <= 0 or >= V disables
+  const int32_t* top_k;         // (B,) <= 0 or >= V disables
   const float* top_p;           // (B,) 1 disables
   const int64_t* seed;          // (B,)
   const int64_t* position;      // (B,) absolute position of the token decided at the root
@@ -54,7 +54,7 @@ struct VerifyTreeArgs {
   int64_t* accepted_nodes;      // (B, M) -1 padded, root first
   int64_t* num_accepted;        // (B,)
   int32_t* status;              // (B,)
-  float* workspace;             // CPU: 3 * V floats for the row; CUDA: (B, 3, V) floats
+  float* workspace;             // CPU: 3 * V floats for the row; CUDA: (B, V) floats
 };
 
 struct CompactArgs {
@@ -71,8 +71,7 @@ struct CompactArgs {
 // CPU, one row each.
 void build_tree_row_cpu(const BuildTreeArgs& a, int64_t b);
 void verify_tree_row_cpu(const VerifyTreeArgs& a, int64_t b);
-// Validates row b of a compaction request; writes status[b]; returns whether it may move data.
-bool compact_row_ok(const CompactArgs& a, int64_t b);
+// (compact_row_ok, the validation of one row, is in kernels/tree/compact.h.)
 // Moves row b's slots in one cache tensor (base pointer of the whole [B, H, T, D] tensor).
 void compact_row_cpu(const CompactArgs& a, int64_t b, char* cache);
 

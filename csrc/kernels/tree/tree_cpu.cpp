@@ -9,6 +9,9 @@
 #include "kernels/common/dtype.h"
 #include "kernels/common/philox.h"
 #include "kernels/common/status.h"
+#include "kernels/sampling/chain.h"
+#include "kernels/sampling/distribution.h"
+#include "kernels/tree/compact.h"
 #include "kernels/tree/row_dist.h"
 #include "kernels/tree/tree.h"
 #include "kernels/tree/tree_walk.h"
@@ -86,35 +89,37 @@ void build_tree_row_cpu(const BuildTreeArgs& a, int64_t b) {
 
 namespace {
 
-// One distribution row materialised as float32 s = l / T (or l itself for greedy).
+using sampling::exp_noise;
+using sampling::gumbel_noise;
+using sampling::kGumbelMax;
+using sampling::kInvExpNoiseMin;
+using sampling::RaceBest;
+
+// One distribution row materialised as float32 s = l / T (l itself for greedy); false when the row
+// is unusable (NaN / +inf anywhere, or nothing above -inf).
 template <typename T>
-RowFlags load_scaled(const T* logits, int64_t vocab, float temperature, float* s) {
-  RowFlags flags{false, true};
+bool load_scaled(const T* logits, int64_t vocab, float temperature, float* s, float& max) {
+  bool bad = false;
+  float m = -INFINITY;
   for (int64_t i = 0; i < vocab; ++i) {
-    const float x = to_float(logits[i]);
-    s[i] = temperature > 0.0f ? x / temperature : x;
-    flags = flags_combine(flags, flags_of(s[i]));
+    const float x = scaled(to_float(logits[i]), temperature);
+    s[i] = x;
+    bad |= bad_value(x);
+    m = x > m ? x : m;
   }
-  return flags;
+  max = m;
+  return !sampling::row_unusable(bad, m);
 }
 
-// Bitwise search for the largest key K with pred(K) (see row_dist.h); returns the float value.
-template <typename Pred>
-float search_threshold(Pred pred) {
-  uint32_t key = 0;
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t cand = key | (1u << bit);
-    if (pred(cand)) key = cand;
-  }
-  return float_from_order_key(key);
+float sum_weights(const float* s, int64_t vocab, float threshold, float max) {
+  float z = 0.0f;
+  for (int64_t i = 0; i < vocab; ++i) z += weight(threshold, max, s[i]);
+  return z;
 }
 
-// The filter + normaliser of a scaled row (top-k then top-p, as the reference).
-RowDist make_dist(const float* s, int64_t vocab, int64_t top_k, float top_p) {
-  RowDist d{neg_inf(), neg_inf(), 0.0f};
-  float mx = neg_inf();
-  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, s[i]);
-  d.max = mx;
+// The filter + normaliser of a scaled row (top-k, then top-p over the top-k softmax).
+RowDist make_dist(const float* s, int64_t vocab, float max, int64_t top_k, float top_p) {
+  RowDist d{-INFINITY, max, 0.0f};
   if (top_k_active(top_k, vocab)) {
     d.threshold = search_threshold([&](uint32_t cand) {
       int64_t count = 0;
@@ -122,32 +127,51 @@ RowDist make_dist(const float* s, int64_t vocab, int64_t top_k, float top_p) {
       return count >= top_k;
     });
   }
-  float sum = 0.0f;
-  for (int64_t i = 0; i < vocab; ++i) sum += kept(d, s[i]) ? expf(s[i] - mx) : 0.0f;
-  d.sum = sum;
+  float z = sum_weights(s, vocab, d.threshold, max);
   if (top_p_active(top_p)) {
-    const float target = top_p * sum;
-    const float k_threshold = d.threshold;
+    const float inv_z = 1.0f / z, k_threshold = d.threshold;
     const float t = search_threshold([&](uint32_t cand) {
-      float mass = 0.0f;
+      double mass = 0.0;
       for (int64_t i = 0; i < vocab; ++i)
-        if (s[i] >= k_threshold && float_order_key(s[i]) >= cand) mass += expf(s[i] - mx);
-      return mass >= target;
+        if (float_order_key(s[i]) >= cand) mass += weight(k_threshold, max, s[i]) * inv_z;
+      return top_p_reached(mass, top_p);
     });
-    if (t > d.threshold) {
+    if (t > d.threshold) {  // (a NaN t, no cut found, keeps everything)
       d.threshold = t;
-      sum = 0.0f;
-      for (int64_t i = 0; i < vocab; ++i) sum += kept(d, s[i]) ? expf(s[i] - mx) : 0.0f;
-      d.sum = sum;
+      z = sum_weights(s, vocab, d.threshold, max);
     }
   }
+  d.inv_z = 1.0f / z;
   return d;
 }
 
+// Gumbel race argmax_i s_i + G_i over kept tokens, pruned exactly (distribution.h's bound).
 int64_t race_cpu(const float* s, const RowDist& d, int64_t vocab, const RandomStream& stream) {
-  ArgMax best{neg_inf(), -1};
-  for (int64_t i = 0; i < vocab; ++i)
-    best = argmax_combine(best, {gumbel_key(s[i], kept(d, s[i]), stream.element(static_cast<uint32_t>(i))), i});
+  RaceBest best{-INFINITY, -1};
+  for (int64_t g = 0; g < vocab; g += 4) {
+    const int64_t end = g + 4 < vocab ? g + 4 : vocab;
+    bool any = false;
+    for (int64_t i = g; i < end; ++i) any |= kept(d, s[i]) && s[i] + kGumbelMax >= best.key;
+    if (!any) continue;
+    const PhiloxOut bits = stream.block(static_cast<uint32_t>(g >> 2));
+    for (int64_t i = g; i < end; ++i)
+      if (kept(d, s[i])) best.offer(s[i] + gumbel_noise(bits.x[i - g]), i);
+  }
+  return best.index;
+}
+
+// Residual race argmax_i r_i / E_i over r_i > 0, pruned exactly.
+int64_t residual_race_cpu(const float* r, int64_t vocab, const RandomStream& stream) {
+  RaceBest best{-INFINITY, -1};
+  for (int64_t g = 0; g < vocab; g += 4) {
+    const int64_t end = g + 4 < vocab ? g + 4 : vocab;
+    bool any = false;
+    for (int64_t i = g; i < end; ++i) any |= r[i] > 0.0f && r[i] * kInvExpNoiseMin >= best.key;
+    if (!any) continue;
+    const PhiloxOut bits = stream.block(static_cast<uint32_t>(g >> 2));
+    for (int64_t i = g; i < end; ++i)
+      if (r[i] > 0.0f) best.offer(r[i] / exp_noise(bits.x[i - g]), i);
+  }
   return best.index;
 }
 
@@ -156,32 +180,32 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
   const int64_t m = a.max_nodes, vocab = a.vocab;
   int64_t* out_tokens = a.tokens + b * m;
   int64_t* out_path = a.accepted_nodes + b * m;
-  for (int64_t j = 0; j < m; ++j) out_tokens[j] = out_path[j] = -1;
-  a.num_accepted[b] = 0;
-  const int64_t lo = a.cu[b], hi = a.cu[b + 1];
   auto fail = [&](int32_t code) {
     for (int64_t j = 0; j < m; ++j) out_tokens[j] = out_path[j] = -1;
     a.num_accepted[b] = 0;
     a.status[b] = code;
   };
+  fail(kStatusOk);
+  const int64_t lo = a.cu[b], hi = a.cu[b + 1];
   if (!row_bounds_ok(lo, hi, a.num_flat, m)) return fail(kStatusMalformedTree);
   const int64_t n = hi - lo;
   const int64_t* parents = a.parents + lo;
   for (int64_t v = 0; v < n; ++v)
     if (!node_ok(parents, v)) return fail(kStatusMalformedTree);
   const float temperature = a.temperature[b], top_p = a.top_p[b];
-  if (!(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f)) return fail(kStatusBadSamplingParams);
+  if (sampling::bad_params(temperature, top_p)) return fail(kStatusBadSamplingParams);
   const int64_t* tokens = a.draft_tokens + lo;
   for (int64_t v = 1; v < n; ++v)
     if (tokens[v] < 0 || tokens[v] >= vocab) return fail(kStatusDraftTokenOutOfRange);
 
-  auto node_row = [&](const void* base, bool flat, int64_t row_stride, int64_t node_stride, int64_t v) {
+  auto node_row = [&](const void* base, bool flat, int64_t row_stride, int64_t node_stride,
+                      int64_t v) {
     const T* p = static_cast<const T*>(base);
     return flat ? p + (lo + v) * node_stride : p + b * row_stride + v * node_stride;
   };
-  float* s = a.workspace;              // target row, scaled
-  float* sd = a.workspace + vocab;     // draft row, scaled
-  float* p = a.workspace + 2 * vocab;  // current (adjusted) target probabilities
+  float* s = a.workspace;              // (V,) target row, scaled
+  float* sd = a.workspace + vocab;     // (V,) draft row, scaled
+  float* p = a.workspace + 2 * vocab;  // (V,) adjusted target probabilities, then the residual
   const uint64_t seed = static_cast<uint64_t>(a.seed[b]);
   const int64_t top_k = a.top_k[b];
 
@@ -189,52 +213,61 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
   out_path[0] = 0;
   while (true) {
     const int64_t pos = a.position[b] + depth;  // absolute position of the token decided at v
-    const T* target = node_row(a.target_logits, a.target_flat, a.target_row_stride, a.target_node_stride, v);
-    if (flags_unusable(load_scaled(target, vocab, temperature, s))) return fail(kStatusNonFiniteLogits);
+    const T* target = node_row(a.target_logits, a.target_flat, a.target_row_stride,
+                               a.target_node_stride, v);
+    float smax;
+    if (!load_scaled(target, vocab, temperature, s, smax)) return fail(kStatusNonFiniteLogits);
     int64_t next = -1, emit = -1;
-    if (temperature == 0.0f) {  // greedy: first child equal to the argmax
-      ArgMax best{neg_inf(), -1};
-      for (int64_t i = 0; i < vocab; ++i) best = argmax_combine(best, {s[i], i});
-      for (int64_t c = next_child(parents, n, v, v); c >= 0; c = next_child(parents, n, v, c))
-        if (tokens[c] == best.index) { next = c; break; }
-      emit = best.index;
+    if (temperature == 0.0f) {  // greedy: the first child equal to the argmax
+      for (emit = 0; s[emit] != smax; ++emit) {
+      }
+      for (int64_t c = next_child(parents, n, v, v); c >= 0 && next < 0; c = next_child(parents, n, v, c))
+        if (tokens[c] == emit) next = c;
     } else if (a.draft_logits == nullptr) {  // one-hot drafts: sample-and-match over the children
-      const RowDist d = make_dist(s, vocab, top_k, top_p);
-      const int64_t y = race_cpu(s, d, vocab, RandomStream(seed, pos, kPurposeSample, 0));
-      for (int64_t c = next_child(parents, n, v, v); c >= 0; c = next_child(parents, n, v, c))
-        if (tokens[c] == y) { next = c; break; }
-      emit = y;
+      const RowDist d = make_dist(s, vocab, smax, top_k, top_p);
+      emit = race_cpu(s, d, vocab, RandomStream(seed, pos, kPurposeSample, 0));
+      for (int64_t c = next_child(parents, n, v, v); c >= 0 && next < 0; c = next_child(parents, n, v, c))
+        if (tokens[c] == emit) next = c;
     } else {  // SpecInfer multi-step speculative sampling
-      const RowDist d = make_dist(s, vocab, top_k, top_p);
+      const RowDist d = make_dist(s, vocab, smax, top_k, top_p);
       int64_t c = next_child(parents, n, v, v);
-      if (c < 0) {
+      if (c < 0) {  // leaf: bonus token from p
         emit = race_cpu(s, d, vocab, RandomStream(seed, pos, kPurposeSample, 0));
       } else {
-        const T* draft = node_row(a.draft_logits, a.draft_flat, a.draft_row_stride, a.draft_node_stride, v);
-        if (flags_unusable(load_scaled(draft, vocab, temperature, sd))) return fail(kStatusNonFiniteLogits);
-        const RowDist dq = make_dist(sd, vocab, top_k, top_p);
+        const T* draft = node_row(a.draft_logits, a.draft_flat, a.draft_row_stride,
+                                  a.draft_node_stride, v);
+        float dmax;
+        if (!load_scaled(draft, vocab, temperature, sd, dmax)) return fail(kStatusNonFiniteLogits);
+        const RowDist dq = make_dist(sd, vocab, dmax, top_k, top_p);
         for (int64_t i = 0; i < vocab; ++i) p[i] = prob(d, s[i]);
         for (uint32_t attempt = 0; c >= 0; ++attempt) {
           const int64_t x = tokens[c];
           const float u = uniform_open01(RandomStream(seed, pos, kPurposeAccept, attempt).element(0));
-          if (u * prob(dq, sd[x]) < p[x]) { next = c; break; }
-          const int64_t later = next_child(parents, n, v, c);
-          if (later < 0) {  // all rejected: race over max(0, p - q), or p when that is zero
-            const RandomStream stream(seed, pos, kPurposeResidual, 0);
-            bool any = false;
-            for (int64_t i = 0; i < vocab && !any; ++i) any = p[i] - prob(dq, sd[i]) > 0.0f;
-            ArgMax best{-1.0f, -1};
-            for (int64_t i = 0; i < vocab; ++i) {
-              const float r = any ? std::max(p[i] - prob(dq, sd[i]), 0.0f) : p[i];
-              best = argmax_combine(best, {residual_key(r, stream.element(static_cast<uint32_t>(i))), i});
-            }
-            emit = best.index;
+          if (sampling::accept_draft(u, prob(dq, sd[x]), p[x])) {
+            next = c;
             break;
           }
-          float total = 0.0f;  // p <- normalise(max(0, p - q)); unchanged when that is zero
-          for (int64_t i = 0; i < vocab; ++i) total += std::max(p[i] - prob(dq, sd[i]), 0.0f);
-          if (total > 0.0f)
-            for (int64_t i = 0; i < vocab; ++i) p[i] = std::max(p[i] - prob(dq, sd[i]), 0.0f) / total;
+          const int64_t later = next_child(parents, n, v, c);
+          // r = max(0, p - q): the next p after normalising, or the residual to sample from
+          float total = 0.0f;
+          for (int64_t i = 0; i < vocab; ++i) {
+            const float r = p[i] - prob(dq, sd[i]);
+            total += r > 0.0f ? r : 0.0f;
+          }
+          if (later < 0) {  // all rejected: race over r, or over p when r is zero everywhere
+            if (total > 0.0f)
+              for (int64_t i = 0; i < vocab; ++i) {
+                const float r = p[i] - prob(dq, sd[i]);
+                p[i] = r > 0.0f ? r : 0.0f;
+              }
+            emit = residual_race_cpu(p, vocab, RandomStream(seed, pos, kPurposeResidual, 0));
+            break;
+          }
+          if (total > 0.0f)  // p <- normalise(max(0, p - q)); unchanged when that is zero
+            for (int64_t i = 0; i < vocab; ++i) {
+              const float r = p[i] - prob(dq, sd[i]);
+              p[i] = (r > 0.0f ? r : 0.0f) / total;
+            }
           c = later;
         }
       }
@@ -242,7 +275,6 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
     if (next < 0) {
       out_tokens[depth] = emit;
       a.num_accepted[b] = depth;
-      a.status[b] = kStatusOk;
       return;
     }
     out_tokens[depth] = tokens[next];
@@ -259,26 +291,8 @@ void verify_tree_row_cpu(const VerifyTreeArgs& a, int64_t b) {
     case DType::kFloat32: return verify_row<float>(a, b);
     case DType::kFloat16: return verify_row<Half16>(a, b);
     case DType::kBFloat16: return verify_row<BFloat16>(a, b);
-    default: a.status[b] = kStatusBadSamplingParams;
+    case DType::kFloat64: return verify_row<double>(a, b);
   }
-}
-
-bool compact_row_ok(const CompactArgs& a, int64_t b) {
-  const int64_t* path = a.accepted_nodes + b * a.width;
-  a.status[b] = 1;
-  if (a.width < 1 || path[0] < 0) {  // a row verify_tree flagged: nothing to move
-    a.status[b] = 0;
-    return false;
-  }
-  const int64_t len = a.num_accepted[b] + 1, src = a.src_start[b], dst = a.dst_start[b];
-  if (len < 1 || len > a.width || dst < 0 || dst > src) return false;
-  for (int64_t j = 1; j < len; ++j)
-    if (path[j] <= path[j - 1]) return false;
-  // Strictly increasing from path[0] >= 0 gives path[j] >= j; with dst <= src every destination
-  // dst + j <= src + path[j], so an in-order copy never overwrites a slot it has yet to read.
-  if (src + path[len - 1] >= a.slots || dst + len - 1 >= a.slots) return false;
-  a.status[b] = 0;
-  return true;
 }
 
 void compact_row_cpu(const CompactArgs& a, int64_t b, char* cache) {

@@ -207,7 +207,8 @@ def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits
     draft_tokens : the token of every node, flat; node 0's (the committed token) is not read.
     parents, cu_num_nodes : the trees (module docstring).
     target_logits : the target's logits at every node (predicting that node's child), flat
-        ``(N, V)`` or padded ``(B, M, V)`` as a model forward returns them; fp32 / fp16 / bf16.
+        ``(N, V)`` or padded ``(B, M, V)`` as a model forward returns them; fp32 / fp16 / bf16 /
+        fp64.
     draft_logits : same layout and dtype; row v = the drafter's logits from which v's children
         were drawn (leaves' rows are not read); None for one-hot drafts.
     temperature, top_k, top_p, seed, position : scalars or per-row (B,) tensors. ``position`` is
@@ -248,7 +249,7 @@ def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits
         draft_logits = draft_logits.contiguous()
     params = (
         _per_row(temperature, "temperature", batch, torch.float32, device),
-        _per_row(top_k, "top_k", batch, torch.int64, device),
+        _per_row(top_k, "top_k", batch, torch.int32, device),
         _per_row(top_p, "top_p", batch, torch.float32, device),
         _per_row(seed, "seed", batch, torch.int64, device),
         _per_row(position, "position", batch, torch.int64, device),
