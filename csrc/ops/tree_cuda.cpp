@@ -1,6 +1,8 @@
 // CUDA glue of the tree family: the same checks as the CPU glue, then the launchers in
 // kernels/tree/tree_cuda.cu on the current stream. Nothing here synchronises with the device.
-#include <ATen/cuda/CUDAContext.h>
+// Only c10's stream / guard headers: ATen/cuda/CUDAContext.h pulls in cusparse.h, which slim
+// toolkits (this CI's among them) do not ship.
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -29,7 +31,7 @@ void build_tree_cuda(const at::Tensor& parents, const at::Tensor& cu_num_nodes,
   const tree::BuildTreeArgs a =
       tree_ops::build_args(parents, cu_num_nodes, cache_len, max_prefix, depth, positions,
                            tree_mask, packed_mask, first_child, next_sibling, hf_mask, status);
-  check_launch(tree::build_tree_cuda(a, at::cuda::getCurrentCUDAStream().stream()), "build_tree");
+  check_launch(tree::build_tree_cuda(a, c10::cuda::getCurrentCUDAStream().stream()), "build_tree");
 }
 
 void verify_tree_cuda(const at::Tensor& draft_tokens, const at::Tensor& parents,
@@ -48,7 +50,7 @@ void verify_tree_cuda(const at::Tensor& draft_tokens, const at::Tensor& parents,
     workspace = at::empty({a.batch, a.vocab}, target_logits.options().dtype(at::kFloat));
     a.workspace = workspace.data_ptr<float>();
   }
-  check_launch(tree::verify_tree_cuda(a, at::cuda::getCurrentCUDAStream().stream()),
+  check_launch(tree::verify_tree_cuda(a, c10::cuda::getCurrentCUDAStream().stream()),
                "verify_tree");
 }
 
@@ -62,7 +64,7 @@ void compact_kv_cuda(at::TensorList caches, const at::Tensor& accepted_nodes,
   ptrs.reserve(caches.size());
   for (const at::Tensor& c : caches) ptrs.push_back(static_cast<char*>(c.data_ptr()));
   check_launch(tree::compact_kv_cuda(a, ptrs.data(), static_cast<int64_t>(ptrs.size()),
-                                     at::cuda::getCurrentCUDAStream().stream()),
+                                     c10::cuda::getCurrentCUDAStream().stream()),
                "compact_kv");
 }
 
