@@ -117,8 +117,10 @@ float sum_weights(const float* s, int64_t vocab, float threshold, float max) {
   return z;
 }
 
-// The filter + normaliser of a scaled row (top-k, then top-p over the top-k softmax).
-RowDist make_dist(const float* s, int64_t vocab, float max, int64_t top_k, float top_p) {
+// The filter + normaliser of a scaled row (top-k, then top-p over the top-k softmax). A race needs
+// no normaliser: with need_probs false and top-p off, Z is not computed (inv_z stays 0).
+RowDist make_dist(const float* s, int64_t vocab, float max, int64_t top_k, float top_p,
+                  bool need_probs = true) {
   RowDist d{-INFINITY, max, 0.0f};
   if (top_k_active(top_k, vocab)) {
     d.threshold = search_threshold([&](uint32_t cand) {
@@ -127,6 +129,7 @@ RowDist make_dist(const float* s, int64_t vocab, float max, int64_t top_k, float
       return count >= top_k;
     });
   }
+  if (!need_probs && !top_p_active(top_p)) return d;
   float z = sum_weights(s, vocab, d.threshold, max);
   if (top_p_active(top_p)) {
     const float inv_z = 1.0f / z, k_threshold = d.threshold;
@@ -147,7 +150,10 @@ RowDist make_dist(const float* s, int64_t vocab, float max, int64_t top_k, float
 
 // Gumbel race argmax_i s_i + G_i over kept tokens, pruned exactly (distribution.h's bound).
 int64_t race_cpu(const float* s, const RowDist& d, int64_t vocab, const RandomStream& stream) {
-  RaceBest best{-INFINITY, -1};
+  // Seed the pruning bound with the max (the element with the highest bound), as sampling does.
+  int64_t first = 0;
+  while (s[first] != d.max) ++first;
+  RaceBest best{s[first] + gumbel_noise(stream.element(static_cast<uint32_t>(first))), first};
   for (int64_t g = 0; g < vocab; g += 4) {
     const int64_t end = g + 4 < vocab ? g + 4 : vocab;
     bool any = false;
@@ -224,7 +230,7 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
       for (int64_t c = next_child(parents, n, v, v); c >= 0 && next < 0; c = next_child(parents, n, v, c))
         if (tokens[c] == emit) next = c;
     } else if (a.draft_logits == nullptr) {  // one-hot drafts: sample-and-match over the children
-      const RowDist d = make_dist(s, vocab, smax, top_k, top_p);
+      const RowDist d = make_dist(s, vocab, smax, top_k, top_p, /*need_probs=*/false);
       emit = race_cpu(s, d, vocab, RandomStream(seed, pos, kPurposeSample, 0));
       for (int64_t c = next_child(parents, n, v, v); c >= 0 && next < 0; c = next_child(parents, n, v, c))
         if (tokens[c] == emit) next = c;
