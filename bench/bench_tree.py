@@ -91,20 +91,6 @@ def kernel_step(x, target, draft, n):
     return layout, res
 
 
-def reference_step(x, target, draft, n):
-    batch = x["cu"].numel() - 1
-    layout = ref.build_tree(x["parents"].cpu(), x["cu"].cpu(), x["cache_len"].cpu(), n,
-                            torch.bfloat16, CACHED)
-    per_row = lambda v, dt: torch.full((batch,), v, dtype=dt)  # noqa: E731
-    res = ref.verify_tree(x["tokens"].cpu(), x["parents"].cpu(), x["cu"].cpu(), target.cpu(),
-                          None if draft is None else draft.cpu(),
-                          per_row(x["temperature"], torch.float32), per_row(0, torch.int32),
-                          per_row(1.0, torch.float32), x["seed"].cpu(), x["cache_len"].cpu() + 1, n)
-    ref.compact_kv([c.cpu() for c in x["caches"]], res[1], res[2], x["cache_len"].cpu(),
-                   x["cache_len"].cpu())
-    return layout, res
-
-
 def time_kernel(x, n, device, reps):
     """Median seconds of the whole step (and of each op) over rotating input sets."""
     sets = x["sets"]
@@ -148,13 +134,15 @@ def time_kernel(x, n, device, reps):
 
 
 def time_reference(x, n, reps):
+    """Median seconds of the reference step (and of each op); also its outputs of the first run."""
     target, draft = x["sets"][0]
     parts = {"build": [], "verify": [], "compact": [], "total": []}
     batch = x["cu"].numel() - 1
+    outputs = None
     for _ in range(reps):
         t0 = time.perf_counter()
-        ref.build_tree(x["parents"].cpu(), x["cu"].cpu(), x["cache_len"].cpu(), n, torch.bfloat16,
-                       CACHED)
+        layout = ref.build_tree(x["parents"].cpu(), x["cu"].cpu(), x["cache_len"].cpu(), n,
+                                torch.bfloat16, CACHED)
         t1 = time.perf_counter()
         per_row = lambda v, dt: torch.full((batch,), v, dtype=dt)  # noqa: E731
         res = ref.verify_tree(x["tokens"].cpu(), x["parents"].cpu(), x["cu"].cpu(), target.cpu(),
@@ -169,19 +157,23 @@ def time_reference(x, n, reps):
         t3 = time.perf_counter()
         for key, value in zip(parts, [t1 - t0, t2 - t1, t3 - t2b, (t1 - t0) + (t2 - t1) + (t3 - t2b)]):
             parts[key].append(value)
-    return {k: statistics.median(v) for k, v in parts.items()}
+        if outputs is None:
+            outputs = (layout, res, caches)
+    return {k: statistics.median(v) for k, v in parts.items()}, outputs
 
 
-def check_equal(x, n):
-    """The kernels and the reference agree on these inputs (before anything is timed)."""
+def check_equal(x, n, want):
+    """The kernels and the reference (its first timed run) agree on these inputs."""
     target, draft = x["sets"][0]
     caches = [c.clone() for c in x["caches"]]
     layout, res = kernel_step(dict(x, caches=caches), target, draft, n)
-    want_layout, want = reference_step(x, target, draft, n)
+    want_layout, want_res, want_caches = want
     assert torch.equal(layout.tree_mask.cpu(), want_layout["tree_mask"])
     assert torch.equal(layout.hf_mask.cpu(), want_layout["hf_mask"])
-    for got, exp in zip(res, want):
+    for got, exp in zip(res, want_res):
         assert torch.equal(got.cpu(), exp), "verify_tree differs from the reference"
+    for got, exp in zip(caches, want_caches):
+        assert torch.equal(got.cpu(), exp), "compact_kv differs from the reference"
     return float(res.num_accepted.float().mean())
 
 
@@ -192,6 +184,8 @@ def main():
                                                       "results", "tree.json"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--modes", default="greedy,specinfer,onehot")
+    parser.add_argument("--hbm-gbps", type=float, default=None,
+                        help="measured HBM bandwidth (recorded in the JSON; gpu_check.sh passes it)")
     args = parser.parse_args()
     device = args.device
     budgets = [16, 64] if args.quick else [16, 64, 256, 512]
@@ -209,12 +203,14 @@ def main():
         for n in budgets:
             for batch in (1, 8):
                 x = make_inputs(n, batch, mode, device, gen, copies=3 if device == "cuda" else 1)
-                mean_acc = check_equal(x, n)
+                r, want = time_reference(x, n, ref_reps)
+                mean_acc = check_equal(x, n, want)
                 k = time_kernel(x, n, device, reps)
-                r = time_reference(x, n, ref_reps)
                 ratio = r["total"] / k["total"]
                 row = dict(mode=mode, nodes=n, batch=batch, vocab=VOCAB, device=device,
                            mean_accepted=mean_acc, kernel_s=k, reference_s=r, ratio=ratio)
+                if device == "cuda" and n == 64 and batch == 8:  # the issue's H200 target
+                    row["target_total_under_100us"] = k["total"] < 100e-6
                 results.append(row)
                 print(f"{mode:10} {n:5d} {batch:2d} {mean_acc + 1:5.2f} {k['build'] * 1e3:9.3f} "
                       f"{k['verify'] * 1e3:9.3f} {k['compact'] * 1e3:9.3f} {k['total'] * 1e3:9.3f} "
@@ -223,6 +219,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(build_info=specdec_cuda.build_info(), torch=torch.__version__,
+                       hbm_gbps=args.hbm_gbps,
                        threads=torch.get_num_threads(), quick=args.quick,
                        cache=dict(layers=LAYERS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, cached=CACHED),
                        results=results), f, indent=1)

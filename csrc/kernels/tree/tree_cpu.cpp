@@ -21,17 +21,16 @@ namespace tree {
 
 namespace {
 
-void write_hf(void* base, int64_t index, int elem_size, uint64_t bits) {
-  char* p = static_cast<char*>(base) + index * elem_size;
-  if (elem_size == 2) {
-    const uint16_t v = static_cast<uint16_t>(bits);
-    std::memcpy(p, &v, 2);
-  } else if (elem_size == 4) {
-    const uint32_t v = static_cast<uint32_t>(bits);
-    std::memcpy(p, &v, 4);
-  } else {
-    std::memcpy(p, &bits, 8);
-  }
+// One row of the additive mask: prefix slots [0, visible_prefix) and the visible tree nodes get 0,
+// everything else `hidden`. Bits: the element type's bit pattern (uint16_t / uint32_t / uint64_t).
+template <typename Bits>
+void write_hf_row(void* base, int64_t offset, int64_t max_prefix, int64_t visible_prefix,
+                  const uint8_t* dense, int64_t m, uint64_t hidden_bits) {
+  Bits* out = static_cast<Bits*>(base) + offset;
+  const Bits hidden = static_cast<Bits>(hidden_bits);
+  std::fill(out, out + visible_prefix, Bits(0));
+  std::fill(out + visible_prefix, out + max_prefix, hidden);
+  for (int64_t j = 0; j < m; ++j) out[max_prefix + j] = dense[j] ? Bits(0) : hidden;
 }
 
 }  // namespace
@@ -48,7 +47,7 @@ void build_tree_row_cpu(const BuildTreeArgs& a, int64_t b) {
   a.status[b] = ok ? kStatusOk : kStatusMalformedTree;
   const int64_t live = ok ? n : 0;  // a malformed row is written as if it had no node
 
-  // Ancestor bit rows: bits(v) = bits(parent) | {v}, the same set ancestor_bits() walks out.
+  // Ancestor bit rows: bits(v) = bits(parent) | {v}, the set the CUDA kernel walks out.
   std::vector<uint32_t> bits(static_cast<size_t>(m * words), 0u);
   std::vector<int64_t> depth(static_cast<size_t>(m), -1);
   for (int64_t v = 0; v < m; ++v) {
@@ -64,24 +63,31 @@ void build_tree_row_cpu(const BuildTreeArgs& a, int64_t b) {
     }
     row[v >> 5] |= 1u << (v & 31);  // padded rows see only themselves
   }
+  // Children in index order by one backward sweep: the sibling after v is the child of v's parent
+  // seen last (= next) so far; what remains per parent at the end is its first child.
+  std::vector<int64_t> first(static_cast<size_t>(m), -1), sibling(static_cast<size_t>(m), -1);
+  for (int64_t v = live - 1; v >= 1; --v) {
+    sibling[v] = first[parents[v]];
+    first[parents[v]] = v;
+  }
   for (int64_t v = 0; v < m; ++v) {
     const int64_t o = b * m + v;
     a.depth[o] = depth[v];
     a.positions[o] = cache_len + (v < live ? depth[v] : 0);
-    a.first_child[o] = v < live ? next_child(parents, live, v, v) : -1;
-    a.next_sibling[o] = v < live ? next_sibling(parents, live, v) : -1;
+    a.first_child[o] = first[v];
+    a.next_sibling[o] = sibling[v];
     const uint32_t* row = bits.data() + v * words;
     uint8_t* dense = a.tree_mask + (b * m + v) * m;
     for (int64_t j = 0; j < m; ++j) dense[j] = (row[j >> 5] >> (j & 31)) & 1u;
     uint8_t* packed = a.packed_mask + (b * m + v) * packed_bytes;
     for (int64_t k = 0; k < packed_bytes; ++k) packed[k] = static_cast<uint8_t>(row[k >> 2] >> (8 * (k & 3)));
     if (a.hf_mask != nullptr) {
-      const int64_t width = a.max_prefix + m;
-      const int64_t base = (b * m + v) * width;
+      const int64_t offset = (b * m + v) * (a.max_prefix + m);
       const int64_t visible_prefix = v < live ? cache_len : 0;
-      for (int64_t j = 0; j < width; ++j) {
-        const bool visible = j < a.max_prefix ? j < visible_prefix : dense[j - a.max_prefix] != 0;
-        write_hf(a.hf_mask, base + j, a.hf_elem_size, visible ? 0ull : a.hf_hidden_bits);
+      switch (a.hf_elem_size) {
+        case 2: write_hf_row<uint16_t>(a.hf_mask, offset, a.max_prefix, visible_prefix, dense, m, a.hf_hidden_bits); break;
+        case 4: write_hf_row<uint32_t>(a.hf_mask, offset, a.max_prefix, visible_prefix, dense, m, a.hf_hidden_bits); break;
+        default: write_hf_row<uint64_t>(a.hf_mask, offset, a.max_prefix, visible_prefix, dense, m, a.hf_hidden_bits);
       }
     }
   }
