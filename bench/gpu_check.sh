@@ -84,6 +84,8 @@ step bench_models 90 "$PY" bench/bench_models.py --device cuda --quick --out "$O
 # ==== end family: models ==========================================================================
 
 # ==== family: tree ================================================================================
+# budgets 16 and 64, B 1 and 8, three modes; the JSON flags the B = 8 / 64-node H200 target (< 100 us)
+step bench_tree 200 "$PY" bench/bench_tree.py --device cuda --quick --out "$OUT/tree.json" "${HBM_ARG[@]}"
 # ==== end family: tree ============================================================================
 
 # ==== family: quant ===============================================================================

@@ -24,6 +24,23 @@ TORCH_LIBRARY(specdec, m) {
   // ---- end family: sampling ----
 
   // ---- family: tree (csrc/kernels/tree, ops/tree_{cpu,cuda}.cpp) ----
+  // build_tree: depth, positions, attention masks and child/sibling links of a ragged batch of
+  // parent-array trees (layout: python/specdec_cuda/reference/tree.py).
+  m.def(
+      "build_tree(Tensor parents, Tensor cu_num_nodes, Tensor cache_len, int max_prefix, "
+      "Tensor(a!) depth, Tensor(b!) positions, Tensor(c!) tree_mask, Tensor(d!) packed_mask, "
+      "Tensor(e!) first_child, Tensor(f!) next_sibling, Tensor(g!)? hf_mask, "
+      "Tensor(h!) status) -> ()");
+  // verify_tree: greedy / SpecInfer (draft logits) / one-hot (no draft logits) tree walks.
+  m.def(
+      "verify_tree(Tensor draft_tokens, Tensor parents, Tensor cu_num_nodes, Tensor target_logits, "
+      "Tensor? draft_logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
+      "Tensor position, Tensor(a!) tokens, Tensor(b!) accepted_nodes, Tensor(c!) num_accepted, "
+      "Tensor(d!) status) -> ()");
+  // compact_kv: move each row's accepted nodes' K/V to contiguous slots, every cache tensor at once.
+  m.def(
+      "compact_kv(Tensor(a!)[] caches, Tensor accepted_nodes, Tensor num_accepted, "
+      "Tensor src_start, Tensor dst_start, Tensor(b!) status) -> ()");
   // ---- end family: tree ----
 
   // ---- family: quant (csrc/kernels/quant, ops/quant_{cpu,cuda}.cpp) ----

@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from .sampling import *  # noqa: E402,F401,F403  (sample, verify_chain, Purpose, raise_on_status, ...)
 from .sampling import __all__ as _sampling_all  # noqa: E402
+from .tree import build_tree, compact_kv, verify_tree  # noqa: E402,F401
 
-__all__ = [*_sampling_all]
+__all__ = [*_sampling_all, "build_tree", "verify_tree", "compact_kv"]

@@ -1,0 +1,339 @@
+"""Tree machinery: ``build_tree``, ``verify_tree``, ``compact_kv``.
+
+Tree layout (every op)
+----------------------
+A batch of ``B`` draft trees is flattened with cumulative offsets: row ``b`` owns the nodes
+``cu_num_nodes[b] .. cu_num_nodes[b+1] - 1`` of the flat arrays ``parents`` and ``draft_tokens``
+(``N = cu_num_nodes[-1]`` nodes in all). Inside a row nodes are numbered ``0 .. n_b - 1`` and
+``parents`` holds row-local indices. Node 0 is the root: the last committed token, whose K/V is
+not cached yet (its "draft" is the bonus slot), with parent -1. Every other node ``v`` has
+``0 <= parents[v] < v`` (BFS order satisfies this; nothing more is required), which bounds every
+walk and depth by ``n_b - 1``. Padded outputs are ``[B, max_nodes, ...]`` with node ``v`` of row
+``b`` at ``[b, v]``; ``max_nodes`` (at least every ``n_b``) is passed by the caller so nothing has
+to read the device to size the outputs.
+
+``cache_len[b]`` is the number of tokens of row ``b`` already in its KV cache: the root sits at
+position ``cache_len[b]`` and node ``v`` at ``cache_len[b] + depth[v]``; with the built-in
+model's cache node ``v``'s K/V is written at slot ``cache_len[b] + v``.
+
+Errors: a malformed row (a parent not below its node, a root parent other than -1, a row empty or
+longer than ``max_nodes``) is reported per row in ``status`` (4) by the kernels, which never read
+out of bounds; with ``check=True`` (the default) the Python layer raises a ``ValueError`` naming the
+row and the node. That check reads ``status`` (a device sync); pass ``check=False`` inside CUDA
+graphs and read ``status`` yourself. Under ``torch.compile`` the check is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from .. import _native  # noqa: F401  (registers torch.ops.specdec)
+from ..reference.tree import tree_problem
+
+STATUS_MALFORMED_TREE = 4
+
+__all__ = ["TreeLayout", "VerifyTreeResult", "build_tree", "verify_tree", "compact_kv"]
+
+
+class TreeLayout(NamedTuple):
+    depth: torch.Tensor
+    positions: torch.Tensor
+    tree_mask: torch.Tensor
+    packed_mask: torch.Tensor
+    first_child: torch.Tensor
+    next_sibling: torch.Tensor
+    hf_mask: torch.Tensor | None
+    status: torch.Tensor
+
+
+class VerifyTreeResult(NamedTuple):
+    tokens: torch.Tensor
+    accepted_nodes: torch.Tensor
+    num_accepted: torch.Tensor
+    status: torch.Tensor
+
+
+def _as_index(t, name: str, device=None) -> torch.Tensor:
+    t = torch.as_tensor(t, device=device)
+    if t.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name}: expected an int64 or int32 tensor, got {t.dtype}")
+    return t.to(torch.int64).contiguous()
+
+
+def _per_row(value, name: str, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
+    t = torch.as_tensor(value, device=device)
+    if t.dim() == 0:
+        t = t.expand(batch)
+    if t.shape != (batch,):
+        raise ValueError(f"{name}: expected a scalar or shape ({batch},), got {tuple(t.shape)}")
+    return t.to(dtype).contiguous()
+
+
+def _max_nodes(cu: torch.Tensor, max_nodes: int | None) -> int:
+    if max_nodes is not None:
+        return int(max_nodes)
+    if cu.numel() < 2:
+        return 1
+    return max(1, int((cu[1:] - cu[:-1]).max()))  # reads the device: pass max_nodes to avoid it
+
+
+def _raise_malformed(status, parents, cu, max_nodes, op: str, extra: str = "") -> None:
+    if torch.compiler.is_compiling():
+        return
+    bad = torch.nonzero(status == STATUS_MALFORMED_TREE).flatten().tolist()
+    if not bad:
+        return
+    b = bad[0]
+    lo, hi = int(cu[b]), int(cu[b + 1])
+    if not (0 <= lo < hi <= parents.numel()):
+        why = f"its node range cu_num_nodes[{b}:{b + 2}] = [{lo}, {hi}) is empty or out of bounds"
+    else:
+        why = tree_problem(parents[lo:hi].tolist(), max_nodes) or extra or "invalid"
+    raise ValueError(f"{op}: parents: row {b} is not a valid tree: {why}")
+
+
+def build_tree(parents, cu_num_nodes, cache_len, max_nodes: int | None = None, *,
+               hf_mask_dtype: torch.dtype | None = None, max_prefix: int | None = None,
+               check: bool = True) -> TreeLayout:
+    """Depth, positions, attention masks and child links of a ragged batch of trees.
+
+    One kernel launch per device, no host synchronisation (given ``max_nodes`` and, for the
+    Hugging Face mask, ``max_prefix``, and ``check=False``).
+
+    Parameters
+    ----------
+    parents : row-local parent indices, flat (see the module docstring), int64 or int32.
+    cu_num_nodes : cumulative node counts, ``cu_num_nodes[0] == 0``.
+    cache_len : tokens already cached per row (the root's position).
+    max_nodes : padded width M; default ``max(n_b)`` (reads the device).
+    hf_mask_dtype : also build the additive 4-D mask for Hugging Face models in this dtype.
+    max_prefix : prefix width P of the Hugging Face mask; default ``max(cache_len)`` (reads the
+        device). Key slot ``j < P`` is prefix slot ``j`` of the row's cache, visible to the row's
+        nodes iff ``j < cache_len[b]`` (ragged rows keep their own lengths; slots in
+        ``[cache_len[b], P)`` are hidden); key slot ``P + k`` is tree node ``k``.
+    check : raise ``ValueError`` naming the row for a malformed tree (reads ``status``).
+
+    Shape:
+        parents: (N,); cu_num_nodes: (B + 1,); cache_len: (B,).
+        depth: (B, M) int64, -1 padded.
+        positions: (B, M) int64, ``cache_len + depth``; padded with ``cache_len[b]`` so padded
+            slots still index a valid rotary position.
+        tree_mask: (B, M, M) bool, ``[b, i, j]`` = node j is node i or an ancestor of it; padded
+            rows i >= n_b see only themselves (so softmax never sees an all-hidden row).
+        packed_mask: (B, M, ceil(M / 8)) uint8, tree_mask rows bit-packed little-endian (bit
+            ``j % 8`` of byte ``j // 8``), the bit order of FlashInfer's custom masks; covers the
+            tree block only (the cached prefix is always visible).
+        first_child, next_sibling: (B, M) int64, -1 when none (children in index order).
+        hf_mask: (B, 1, M, P + M) in hf_mask_dtype, 0 where visible and ``finfo.min`` where not,
+            or None.
+        status: (B,) int32, 0 ok, 4 malformed tree (or cache_len outside [0, P] for hf_mask).
+
+    Example
+    -------
+    >>> import torch, specdec_cuda.ops as ops
+    >>> parents = torch.tensor([-1, 0, 0, 1, -1, 0])   # rows: 4 nodes, 2 nodes
+    >>> layout = ops.build_tree(parents, torch.tensor([0, 4, 6]), torch.tensor([7, 3]), 4)
+    >>> layout.positions.tolist()
+    [[7, 8, 8, 9], [3, 4, 3, 3]]
+    """
+    parents = _as_index(parents, "parents")
+    device = parents.device
+    cu = _as_index(cu_num_nodes, "cu_num_nodes", device)
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"cu_num_nodes: expected shape (B + 1,), got {tuple(cu.shape)}")
+    batch = cu.numel() - 1
+    cache_len = _per_row(cache_len, "cache_len", batch, torch.int64, device)
+    m = _max_nodes(cu, max_nodes)
+    if m < 1:
+        raise ValueError(f"max_nodes: must be >= 1, got {m}")
+    hf_mask = None
+    prefix = 0
+    if hf_mask_dtype is not None:
+        if not hf_mask_dtype.is_floating_point:
+            raise TypeError(f"hf_mask_dtype: expected a float dtype, got {hf_mask_dtype}")
+        prefix = int(max_prefix) if max_prefix is not None else (
+            int(cache_len.max()) if batch else 0)
+        hf_mask = torch.empty(batch, 1, m, prefix + m, dtype=hf_mask_dtype, device=device)
+    longs = dict(dtype=torch.int64, device=device)
+    depth = torch.empty(batch, m, **longs)
+    positions = torch.empty(batch, m, **longs)
+    tree_mask = torch.empty(batch, m, m, dtype=torch.bool, device=device)
+    packed = torch.empty(batch, m, (m + 7) // 8, dtype=torch.uint8, device=device)
+    first_child = torch.empty(batch, m, **longs)
+    next_sibling = torch.empty(batch, m, **longs)
+    status = torch.empty(batch, dtype=torch.int32, device=device)
+    torch.ops.specdec.build_tree(parents, cu, cache_len, prefix, depth, positions, tree_mask,
+                                 packed, first_child, next_sibling, hf_mask, status)
+    if check:
+        _raise_malformed(status, parents, cu, m, "build_tree",
+                         f"cache_len must lie in [0, max_prefix={prefix}]")
+    return TreeLayout(depth, positions, tree_mask, packed, first_child, next_sibling, hf_mask,
+                      status)
+
+
+def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits=None, *,
+                temperature=0.0, top_k=0, top_p=1.0, seed=0, position=0,
+                max_nodes: int | None = None, check: bool = True) -> VerifyTreeResult:
+    """Walk each row's tree against the target logits; one call for the whole batch.
+
+    At node ``v`` the token at absolute position ``position[b] + depth(v)`` is decided:
+
+    * ``temperature == 0`` (greedy): follow the first child whose token is ``argmax`` of the
+      target logits at ``v``; when none is, emit that argmax (correction / bonus token).
+    * ``temperature > 0`` with ``draft_logits`` (SpecInfer multi-step speculative sampling; lossless
+      when ``v``'s children were drawn independently from ``q = softmax(draft_logits[v])``): try
+      the children in index order, accept child x with probability ``min(1, p(x) / q(x))`` (test
+      ``u * q(x) < p(x)``, ``u`` = Philox(seed, position, ACCEPT, substream = attempt index)); on
+      rejection ``p <- normalise(max(0, p - q))`` (unchanged when that is zero). All rejected: one
+      token from ``max(0, p - q)`` (RESIDUAL race, substream 0). Leaf: a bonus token from p
+      (SAMPLE race). Duplicate siblings need nothing special: a rejected token keeps
+      ``p(x) <= q(x)`` and is rejected again.
+    * ``temperature > 0`` without ``draft_logits`` (one-hot drafts): draw ``y ~ p`` (SAMPLE race,
+      substream 0) and follow the first child whose token is ``y``, else emit ``y``. This is
+      trying the distinct children in turn, accepting x with probability ``p(x)`` under p with the
+      rejected tokens removed, then sampling from what remains, in closed form: the i-th distinct
+      child is accepted with probability ``p(x_i)``, a non-child y is emitted with ``p(y)``.
+      Duplicate siblings: the first wins. On a chain it draws exactly what ``verify_chain`` draws.
+
+    ``p`` and ``q`` are the temperature / top-k / top-p transformed distributions of
+    ``specdec_cuda.reference.sampling``. Every random number is keyed by (seed, absolute position
+    of the token being decided, purpose, substream), so a row's result depends neither on its
+    batch neighbours nor on its place in the batch, and CPU and CUDA agree.
+
+    Parameters
+    ----------
+    draft_tokens : the token of every node, flat; node 0's (the committed token) is not read.
+    parents, cu_num_nodes : the trees (module docstring).
+    target_logits : the target's logits at every node (predicting that node's child), flat
+        ``(N, V)`` or padded ``(B, M, V)`` as a model forward returns them; fp32 / fp16 / bf16 /
+        fp64.
+    draft_logits : same layout and dtype; row v = the drafter's logits from which v's children
+        were drawn (leaves' rows are not read); None for one-hot drafts.
+    temperature, top_k, top_p, seed, position : scalars or per-row (B,) tensors. ``position`` is
+        the absolute position of the tokens decided at the root (= cache_len + 1).
+    max_nodes : padded width M (default max n_b, which reads the device).
+
+    Shape:
+        draft_tokens, parents: (N,); cu_num_nodes: (B + 1,); target_logits: (N, V) or (B, M, V).
+        tokens: (B, M) int64, the tokens to commit (accepted drafts, then the correction / bonus
+            token), -1 padded.
+        accepted_nodes: (B, M) int64, the accepted path as row-local node indices, root first
+            (``num_accepted + 1`` entries), -1 padded.
+        num_accepted: (B,) int64, accepted draft tokens (tokens holds num_accepted + 1).
+        status: (B,) int32, 0 ok, 1 non-finite logits, 2 draft token outside [0, V), 3 bad
+            sampling parameters, 4 malformed tree (raised when ``check``). A flagged row emits no
+            token (all -1, num_accepted 0).
+
+    Example
+    -------
+    >>> import torch, specdec_cuda.ops as ops
+    >>> logits = torch.full((3, 5), -9.0); logits[0, 2] = logits[1, 4] = logits[2, 1] = 9.0
+    >>> r = ops.verify_tree(torch.tensor([0, 2, 3]), torch.tensor([-1, 0, 0]),
+    ...                     torch.tensor([0, 3]), logits)
+    >>> r.tokens.tolist(), r.accepted_nodes.tolist()
+    ([[2, 4, -1]], [[0, 1, -1]])
+    """
+    parents = _as_index(parents, "parents")
+    device = parents.device
+    draft_tokens = _as_index(draft_tokens, "draft_tokens", device)
+    cu = _as_index(cu_num_nodes, "cu_num_nodes", device)
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"cu_num_nodes: expected shape (B + 1,), got {tuple(cu.shape)}")
+    batch = cu.numel() - 1
+    m = _max_nodes(cu, max_nodes)
+    if target_logits.stride(-1) != 1:
+        target_logits = target_logits.contiguous()
+    if draft_logits is not None and draft_logits.stride(-1) != 1:
+        draft_logits = draft_logits.contiguous()
+    params = (
+        _per_row(temperature, "temperature", batch, torch.float32, device),
+        _per_row(top_k, "top_k", batch, torch.int32, device),
+        _per_row(top_p, "top_p", batch, torch.float32, device),
+        _per_row(seed, "seed", batch, torch.int64, device),
+        _per_row(position, "position", batch, torch.int64, device),
+    )
+    longs = dict(dtype=torch.int64, device=device)
+    tokens = torch.empty(batch, m, **longs)
+    accepted = torch.empty(batch, m, **longs)
+    num_accepted = torch.empty(batch, **longs)
+    status = torch.empty(batch, dtype=torch.int32, device=device)
+    torch.ops.specdec.verify_tree(draft_tokens, parents, cu, target_logits, draft_logits, *params,
+                                  tokens, accepted, num_accepted, status)
+    if check:
+        _raise_malformed(status, parents, cu, m, "verify_tree")
+    return VerifyTreeResult(tokens, accepted, num_accepted, status)
+
+
+def compact_kv(caches: Sequence[torch.Tensor], accepted_nodes, num_accepted, src_start,
+               dst_start=None, *, check: bool = True) -> torch.Tensor:
+    """Move each row's accepted nodes' K/V to contiguous slots, every cache tensor in one call.
+
+    Row b copies slot ``src_start[b] + accepted_nodes[b, j]`` to ``dst_start[b] + j`` for
+    ``j = 0 .. num_accepted[b]`` in every tensor of ``caches`` (all layers' K and V). With the
+    built-in model's cache ``src_start = dst_start = cache_len`` (node v at slot cache_len + v);
+    with a Hugging Face cache whose tree was appended at slot P for every row,
+    ``src_start = P`` and ``dst_start = cache_len``. Rows flagged by ``verify_tree``
+    (``accepted_nodes[b, 0] == -1``) are left alone. The copy runs in order per row, which is safe
+    although sources and destinations may overlap: nodes increase (so node j >= j) and
+    ``dst_start <= src_start``, hence each destination ``dst + j <= src + node_j`` and a slot is
+    only overwritten after it was read.
+
+    Shape:
+        caches: tensors (B, H, T, D) of one dtype, shape and strides (D contiguous); written in
+            place.
+        accepted_nodes: (B, W) int64 (``verify_tree``'s path, -1 padded).
+        num_accepted, src_start, dst_start: (B,) int64 (dst_start defaults to src_start).
+        returns status: (B,) int32, 0 ok, 1 an invalid request for the row (path not
+            increasing, dst_start > src_start, a slot outside [0, T)); nothing of that row is
+            moved, and with ``check`` a ``ValueError`` names the row.
+
+    Example
+    -------
+    >>> import torch, specdec_cuda.ops as ops
+    >>> k = torch.arange(6.0).reshape(1, 1, 6, 1); v = k.clone()
+    >>> _ = ops.compact_kv([k, v], torch.tensor([[0, 2, 3]]), torch.tensor([2]), torch.tensor([2]))
+    >>> k.flatten().tolist()
+    [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
+    """
+    accepted_nodes = _as_index(accepted_nodes, "accepted_nodes")
+    device = accepted_nodes.device
+    if accepted_nodes.dim() != 2:
+        raise ValueError(f"accepted_nodes: expected shape (B, W), got {tuple(accepted_nodes.shape)}")
+    batch = accepted_nodes.shape[0]
+    num_accepted = _per_row(num_accepted, "num_accepted", batch, torch.int64, device)
+    src_start = _per_row(src_start, "src_start", batch, torch.int64, device)
+    dst_start = src_start if dst_start is None else _per_row(
+        dst_start, "dst_start", batch, torch.int64, device)
+    status = torch.empty(batch, dtype=torch.int32, device=device)
+    torch.ops.specdec.compact_kv(list(caches), accepted_nodes, num_accepted, src_start, dst_start,
+                                 status)
+    if check and not torch.compiler.is_compiling():
+        bad = torch.nonzero(status).flatten().tolist()
+        if bad:
+            b = bad[0]
+            raise ValueError(
+                f"compact_kv: row {b}: accepted_nodes {accepted_nodes[b].tolist()} with "
+                f"num_accepted {int(num_accepted[b])}, src_start {int(src_start[b])}, dst_start "
+                f"{int(dst_start[b])} is not a valid compaction (nodes must increase, "
+                "dst_start <= src_start, every slot inside the cache)")
+    return status
+
+
+@torch.library.register_fake("specdec::build_tree")
+def _build_tree_fake(parents, cu_num_nodes, cache_len, max_prefix, depth, positions, tree_mask,
+                     packed_mask, first_child, next_sibling, hf_mask, status):
+    return None
+
+
+@torch.library.register_fake("specdec::verify_tree")
+def _verify_tree_fake(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits,
+                      temperature, top_k, top_p, seed, position, tokens, accepted_nodes,
+                      num_accepted, status):
+    return None
+
+
+@torch.library.register_fake("specdec::compact_kv")
+def _compact_kv_fake(caches, accepted_nodes, num_accepted, src_start, dst_start, status):
+    return None
