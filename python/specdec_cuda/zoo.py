@@ -57,9 +57,9 @@ class ZooSpec:
     batch_size: int = 16
     target: LMConfig = field(default_factory=lambda: LMConfig(6, 256, 640, 4, 2))
     draft: LMConfig = field(default_factory=lambda: LMConfig(1, 128, 384, 2, 1))
-    target_steps: int = 200
-    draft_steps: int = 150
-    target_lr: float = 2e-3
+    target_steps: int = 100
+    draft_steps: int = 80
+    target_lr: float = 3e-3
     draft_lr: float = 3e-3
     eval_tokens: int = 16384
     seed: int = 0
