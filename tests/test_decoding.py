@@ -171,5 +171,5 @@ def test_bad_checkpoint_folders(tmp_path):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
-    with pytest.raises(Exception, match="gpt2"):
+    with pytest.raises(specdec_cuda.models.UnsupportedModelError, match="gpt2"):
         specdec_cuda.generate(str(gpt2), [[1]])

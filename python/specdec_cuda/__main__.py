@@ -23,6 +23,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--draft", help="draft HF checkpoint folder, same tokenizer (default: the zoo draft)")
         p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
         p.add_argument("--max-new-tokens", type=int, default=96)
+        p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+        p.add_argument("--zoo", choices=("default", "small"), default="default",
+                       help="which zoo pair when --target is not given (small: quicker to train)")
 
     demo = sub.add_parser("demo", help="generate with and without speculation, print text and a table")
     models_args(demo)
@@ -37,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
     zoo = sub.add_parser("zoo", help="train and cache the zoo target/draft pair")
     zoo.add_argument("--force", action="store_true", help="retrain even if cached")
+    zoo.add_argument("--zoo", choices=("default", "small"), default="default")
     return parser
 
 
@@ -52,11 +56,11 @@ def main(argv=None) -> int:
             return e2e.demo(args)
         if args.command == "bench":
             return e2e.bench(args)
-        root = zoo.zoo_root() / zoo.DEFAULT_SPEC.name
+        spec = zoo.SPECS[args.zoo]
         if args.force:
-            shutil.rmtree(root, ignore_errors=True)
-        target, draft = zoo.get_pair()
-        report = zoo.report()
+            shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
+        target, draft = zoo.get_pair(spec)
+        report = zoo.report(spec)
         print(f"target: {target}\ndraft:  {draft}\n"
               f"draft/target greedy agreement {100 * report['agreement']['greedy']:.1f}%, "
               f"expected acceptance at T=1 {100 * report['agreement']['sampled']:.1f}%")

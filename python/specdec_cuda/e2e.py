@@ -33,18 +33,19 @@ class Pair:
     draft: object | None
 
 
-def load_pair(target_dir=None, draft_dir=None, dtype=torch.float32, log=print) -> Pair:
+def load_pair(target_dir=None, draft_dir=None, dtype=torch.float32, device="cpu", zoo_spec="default",
+              log=print) -> Pair:
     """The given HF checkpoint folders, or the zoo pair (trained the first time)."""
     from transformers import AutoTokenizer
 
     from . import models, zoo
 
     if target_dir is None:
-        target_dir, zoo_draft = zoo.get_pair(log=log)
+        target_dir, zoo_draft = zoo.get_pair(zoo.SPECS[zoo_spec], log=log)
         draft_dir = draft_dir or zoo_draft
     target_dir = Path(target_dir)
-    target = models.load(target_dir, dtype=dtype)
-    draft = models.load(draft_dir, dtype=dtype) if draft_dir else None
+    target = models.load(target_dir, dtype=dtype, device=device)
+    draft = models.load(draft_dir, dtype=dtype, device=device) if draft_dir else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
     except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
@@ -79,7 +80,9 @@ def run_hf(model, prompts: list[list[int]], max_new_tokens: int, eos: int | None
     """transformers ``generate`` one prompt at a time (greedy), optionally with ``assistant_model``."""
     tokens, outputs, seconds = 0, [], 0.0
     for p in prompts:
-        ids = torch.tensor([p])
+        ids = torch.tensor([p], device=model.device)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=eos, pad_token_id=eos,
@@ -104,7 +107,7 @@ def print_table(rows: list[dict], baseline: str) -> None:
 
 
 def demo(args) -> int:
-    pair = load_pair(args.target, args.draft)
+    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
     if pair.draft is None:
         raise SystemExit("the demo needs a draft model: pass --draft with --target")
     tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
@@ -142,12 +145,12 @@ def bench(args) -> int:
     """Batch 1 and batch 8, this engine vs transformers generate (plain and assisted)."""
     from transformers import AutoModelForCausalLM
 
-    pair = load_pair(args.target, args.draft)
+    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
     tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
     prompts = encode(tok, PROMPTS[: 4 if args.quick else 8])
     max_new = 32 if args.quick else args.max_new_tokens
-    hf_target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
-    hf_draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
+    hf_target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).to(args.device).eval()
+    hf_draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).to(args.device).eval()
     ar = SpeculativeDecoder(pair.target)
     spec = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k)
     adaptive = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k, adaptive_k=True,
@@ -155,7 +158,7 @@ def bench(args) -> int:
     common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=0.0)
     ar.generate(prompts[:1], max_new_tokens=4)  # warm-up
     with torch.no_grad():
-        hf_target.generate(torch.tensor(prompts[:1]), max_new_tokens=4, do_sample=False, pad_token_id=eos)
+        hf_target.generate(torch.tensor(prompts[:1], device=args.device), max_new_tokens=4, do_sample=False, pad_token_id=eos)
     rows = []
     for batch in (1, len(prompts)):
         ref = run_engine(ar, prompts, batch, **common)
@@ -190,7 +193,7 @@ def bench(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "target": str(pair.target_dir), "draft": str(pair.draft_dir), "max_new_tokens": max_new,
-        "prompts": len(prompts), "threads": torch.get_num_threads(), "ratios": ratios,
+        "prompts": len(prompts), "device": args.device, "threads": torch.get_num_threads(), "ratios": ratios,
         "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}, indent=2))
     print(f"\nwrote {out}")
     return 0
