@@ -81,6 +81,8 @@ step bench_sampling 150 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/
 
 # ==== family: models ==============================================================================
 step bench_models 90 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
+# end to end (issue 4): trains the zoo pair on the CPU first if it is not cached (a few minutes)
+step bench_e2e 420 "$PY" bench/bench_e2e.py --device cuda --quick --out "$OUT/e2e.json"
 # ==== end family: models ==========================================================================
 
 # ==== family: tree ================================================================================

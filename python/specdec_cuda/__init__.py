@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from . import _native
 from . import ops
+from .api import SpeculativeDecoder, generate
+from .decoding import GenerationResult, Metrics
 
 __version__ = _native._C.build_info()["version"]
 
@@ -30,4 +32,4 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["build_info", "ops", "__version__"]
+__all__ = ["GenerationResult", "Metrics", "SpeculativeDecoder", "build_info", "generate", "ops", "__version__"]

@@ -1,0 +1,74 @@
+"""Command line: ``python -m specdec_cuda {demo,bench,zoo}``.
+
+* ``demo``: the zoo pair (trained the first time) or ``--target`` / ``--draft`` HF checkpoint
+  folders; a few prompts decoded autoregressively and speculatively, greedy and sampled; the
+  text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
+* ``bench``: the end-to-end benchmark (also ``python bench/bench_e2e.py``).
+* ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdec_cuda", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def models_args(p):
+        p.add_argument("--target", help="target HF checkpoint folder (default: the zoo target)")
+        p.add_argument("--draft", help="draft HF checkpoint folder, same tokenizer (default: the zoo draft)")
+        p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+        p.add_argument("--max-new-tokens", type=int, default=96)
+        p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+        p.add_argument("--zoo", choices=("default", "small"), default="default",
+                       help="which zoo pair when --target is not given (small: quicker to train)")
+
+    demo = sub.add_parser("demo", help="generate with and without speculation, print text and a table")
+    models_args(demo)
+    demo.add_argument("--prompts", type=int, default=4, help="how many of the built-in prompts (max 8)")
+    demo.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled runs")
+    demo.add_argument("--seed", type=int, default=0)
+
+    bench = sub.add_parser("bench", help="end-to-end tokens/s against transformers generate")
+    models_args(bench)
+    bench.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens")
+    bench.add_argument("--out", default="bench/results/e2e.json")
+
+    zoo = sub.add_parser("zoo", help="train and cache the zoo target/draft pair")
+    zoo.add_argument("--force", action="store_true", help="retrain even if cached")
+    zoo.add_argument("--zoo", choices=("default", "small"), default="default")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command in ("demo", "bench") and args.draft and not args.target:
+        print("error: --draft needs --target", file=sys.stderr)
+        return 2
+    from . import e2e, zoo
+
+    try:
+        if args.command == "demo":
+            return e2e.demo(args)
+        if args.command == "bench":
+            return e2e.bench(args)
+        spec = zoo.SPECS[args.zoo]
+        if args.force:
+            shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
+        target, draft = zoo.get_pair(spec)
+        report = zoo.report(spec)
+        print(f"target: {target}\ndraft:  {draft}\n"
+              f"draft/target greedy agreement {100 * report['agreement']['greedy']:.1f}%, "
+              f"expected acceptance at T=1 {100 * report['agreement']['sampled']:.1f}%")
+        return 0
+    except (FileNotFoundError, ValueError) as exc:  # bad folders, unknown families (UnsupportedModelError)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

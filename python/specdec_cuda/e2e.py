@@ -1,0 +1,199 @@
+"""The demo and the end-to-end benchmark: the zoo pair (or any HF checkpoint folders) decoded
+autoregressively and speculatively, next to ``transformers`` ``generate`` on the same models."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .api import SpeculativeDecoder
+
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "class Stack:\n    def __init__(self):\n",
+    "    for i in range(len(self.items)):\n",
+    "def read_config(path):\n    \"\"\"Read a configuration file.\"\"\"\n",
+    "        if not isinstance(value, str):\n            raise TypeError(",
+    "    def __repr__(self):\n        return ",
+    "try:\n    import threading\nexcept ImportError:\n",
+]
+
+
+@dataclass
+class Pair:
+    target_dir: Path
+    draft_dir: Path | None
+    tokenizer: object
+    target: object  # built-in model
+    draft: object | None
+
+
+def load_pair(target_dir=None, draft_dir=None, dtype=torch.float32, device="cpu", zoo_spec="default",
+              log=print) -> Pair:
+    """The given HF checkpoint folders, or the zoo pair (trained the first time)."""
+    from transformers import AutoTokenizer
+
+    from . import models, zoo
+
+    if target_dir is None:
+        target_dir, zoo_draft = zoo.get_pair(zoo.SPECS[zoo_spec], log=log)
+        draft_dir = draft_dir or zoo_draft
+    target_dir = Path(target_dir)
+    target = models.load(target_dir, dtype=dtype, device=device)
+    draft = models.load(draft_dir, dtype=dtype, device=device) if draft_dir else None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    except Exception as exc:  # noqa: BLE001 - any failure means the same thing to the user
+        raise FileNotFoundError(f"{target_dir}: no tokenizer that transformers can load ({exc})") from exc
+    return Pair(target_dir, Path(draft_dir) if draft_dir else None, tokenizer, target, draft)
+
+
+def encode(tokenizer, prompts: list[str]) -> list[list[int]]:
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+def run_engine(decoder: SpeculativeDecoder, prompts: list[list[int]], batch: int, **kw) -> dict:
+    """Decode ``prompts`` in batches of ``batch``; tokens/s over all of them, τ, acceptance, outputs."""
+    tokens, outputs, seconds, steps, drafted, accepted = 0, [], 0.0, 0, 0, 0
+    row_steps, after_prefill = 0, 0
+    for i in range(0, len(prompts), batch):
+        out = decoder.generate(prompts[i: i + batch], **kw)
+        m = out.metrics
+        tokens += m.new_tokens
+        seconds += m.seconds
+        row_steps += m.row_steps
+        after_prefill += m.new_tokens_after_prefill
+        drafted += sum(m.drafted)
+        accepted += sum(m.accepted)
+        outputs.extend(out.tokens)
+    return dict(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+                tau=after_prefill / row_steps if row_steps else 0.0,
+                acceptance=accepted / drafted if drafted else None, outputs=outputs)
+
+
+def run_hf(model, prompts: list[list[int]], max_new_tokens: int, eos: int | None, assistant=None) -> dict:
+    """transformers ``generate`` one prompt at a time (greedy), optionally with ``assistant_model``."""
+    tokens, outputs, seconds = 0, [], 0.0
+    for p in prompts:
+        ids = torch.tensor([p], device=model.device)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                             assistant_model=assistant)
+        seconds += time.perf_counter() - start
+        new = out[0, len(p):].tolist()
+        tokens += len(new)
+        outputs.append(new)
+    return dict(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds, tau=None, acceptance=None,
+                outputs=outputs)
+
+
+def print_table(rows: list[dict], baseline: str) -> None:
+    base = next(r for r in rows if r["method"] == baseline)["tokens_per_s"]
+    print(f"\n{'method':44s} {'tokens/s':>9s} {'tau':>6s} {'accept':>7s} {'speedup':>8s} {'greedy identical':>17s}")
+    for r in rows:
+        tau = f"{r['tau']:.2f}" if r.get("tau") else "-"
+        acc = f"{100 * r['acceptance']:.0f}%" if r.get("acceptance") is not None else "-"
+        same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
+        print(f"{r['method']:44s} {r['tokens_per_s']:9.1f} {tau:>6s} {acc:>7s} "
+              f"{r['tokens_per_s'] / base:7.2f}x {same:>17s}")
+
+
+def demo(args) -> int:
+    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
+    if pair.draft is None:
+        raise SystemExit("the demo needs a draft model: pass --draft with --target")
+    tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
+    prompts = PROMPTS[: args.prompts]
+    ids = encode(tok, prompts)
+    ar = SpeculativeDecoder(pair.target)
+    methods = {
+        "autoregressive": ar,
+        f"draft model, k={args.k}": SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k),
+        f"draft model, adaptive k from {args.k}": SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k,
+                                                                    adaptive_k=True, confidence_threshold=0.3),
+    }
+    common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+    ar.generate(ids[:1], max_new_tokens=4)  # warm-up (allocator, first-call overheads)
+    rows, greedy_ref = [], None
+    for label, temperature in (("greedy", 0.0), (f"sampled T={args.temperature}", args.temperature)):
+        for name, decoder in methods.items():
+            r = run_engine(decoder, ids, batch=1, temperature=temperature, seed=args.seed, **common)
+            if temperature == 0.0:
+                greedy_ref = greedy_ref or r["outputs"]
+                r["identical"] = r["outputs"] == greedy_ref
+            rows.append(dict(method=f"{name} ({label})", **r))
+    print(f"\ntarget {pair.target_dir}\ndraft  {pair.draft_dir}")
+    for i, prompt in enumerate(prompts):
+        print("\n" + "=" * 80)
+        print(f"prompt {i}:\n{prompt}")
+        for r in rows:
+            if r["method"].startswith(("autoregressive (greedy)", f"draft model, k={args.k} (sampled")):
+                print(f"--- {r['method']}:\n{prompt}{tok.decode(r['outputs'][i])}")
+    print_table(rows, "autoregressive (greedy)")
+    return 0
+
+
+def bench(args) -> int:
+    """Batch 1 and batch 8, this engine vs transformers generate (plain and assisted)."""
+    from transformers import AutoModelForCausalLM
+
+    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
+    tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
+    prompts = encode(tok, PROMPTS[: 4 if args.quick else 8])
+    max_new = 32 if args.quick else args.max_new_tokens
+    hf_target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).to(args.device).eval()
+    hf_draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).to(args.device).eval()
+    ar = SpeculativeDecoder(pair.target)
+    spec = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k)
+    adaptive = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k, adaptive_k=True,
+                                  confidence_threshold=0.3)
+    common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=0.0)
+    ar.generate(prompts[:1], max_new_tokens=4)  # warm-up
+    with torch.no_grad():
+        hf_target.generate(torch.tensor(prompts[:1], device=args.device), max_new_tokens=4, do_sample=False, pad_token_id=eos)
+    rows = []
+    for batch in (1, len(prompts)):
+        ref = run_engine(ar, prompts, batch, **common)
+        rows.append(dict(method=f"engine autoregressive, batch {batch}", batch=batch, **ref))
+        for name, dec in ((f"engine draft k={args.k}", spec), (f"engine draft adaptive k", adaptive)):
+            r = run_engine(dec, prompts, batch, **common)
+            r["identical"] = r["outputs"] == ref["outputs"]
+            rows.append(dict(method=f"{name}, batch {batch}", batch=batch, **r))
+        if batch == 1:
+            with torch.no_grad():
+                plain = run_hf(hf_target, prompts, max_new, eos)
+                assisted = run_hf(hf_target, prompts, max_new, eos, assistant=hf_draft)
+            plain["identical"] = plain["outputs"] == ref["outputs"]
+            assisted["identical"] = assisted["outputs"] == ref["outputs"]
+            rows.append(dict(method="transformers generate, batch 1", batch=1, **plain))
+            rows.append(dict(method="transformers generate + assistant_model, batch 1", batch=1, **assisted))
+    by = {r["method"]: r["tokens_per_s"] for r in rows}
+    ratios = {
+        "speculative / engine AR (batch 1)": by[f"engine draft k={args.k}, batch 1"] / by["engine autoregressive, batch 1"],
+        "speculative / transformers assisted (batch 1)":
+            by[f"engine draft k={args.k}, batch 1"] / by["transformers generate + assistant_model, batch 1"],
+        "engine AR / transformers plain (batch 1)":
+            by["engine autoregressive, batch 1"] / by["transformers generate, batch 1"],
+        f"speculative / engine AR (batch {len(prompts)})":
+            by[f"engine draft k={args.k}, batch {len(prompts)}"] / by[f"engine autoregressive, batch {len(prompts)}"],
+    }
+    print_table(rows, "engine autoregressive, batch 1")
+    print()
+    for name, value in ratios.items():
+        print(f"{name:52s} {value:6.2f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "target": str(pair.target_dir), "draft": str(pair.draft_dir), "max_new_tokens": max_new,
+        "prompts": len(prompts), "device": args.device, "threads": torch.get_num_threads(), "ratios": ratios,
+        "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}, indent=2))
+    print(f"\nwrote {out}")
+    return 0

@@ -1,0 +1,134 @@
+"""Draft-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+A small LM of the target's tokenizer drafts a chain of k tokens autoregressively; the target
+verifies the chain in one forward. The drafter keeps its own KV cache, always a prefix of the
+committed sequence: tokens the target accepted but the drafter has not seen yet (the bonus or
+correction token, and the last draft when all were accepted) are fed at the start of the next
+proposal, ragged per row.
+
+Verification modes (``verification=``):
+
+* ``"rejection"`` (default): drafts are sampled from q with the target's temperature / top-k /
+  top-p and q's logits go to ``verify_chain``, which accepts with probability min(1, p/q).
+  Rows at temperature 0 are verified greedily whatever the mode.
+* ``"match"``: the drafter proposes its argmax and no draft logits are passed: sample-and-match,
+  lossless, and the emitted tokens are exactly the autoregressive samples of the same seed.
+* ``"typical"``: rejection-free typical acceptance (Medusa), lossy, opt-in.
+
+Adaptive k (``adaptive=True``): per row, k grows by 2 after a step whose drafts were all
+accepted and shrinks by 1 otherwise, within ``[k_min, k_max]``. ``confidence_threshold``: a row
+stops drafting at the first position (after the first) where the drafter's own max probability
+falls below it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..decoding import SamplingParams
+from ..reference.philox import Purpose
+from .base import ChainDraft
+
+VERIFICATION_MODES = ("rejection", "match", "typical")
+
+
+class DraftModelProposer:
+    def __init__(self, draft, k: int = 4, adaptive: bool = False, k_min: int = 1, k_max: int | None = None,
+                 confidence_threshold: float | None = None, verification: str = "rejection") -> None:
+        if verification not in VERIFICATION_MODES:
+            raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {verification!r}")
+        k_max = k_max if k_max is not None else (2 * k if adaptive else k)
+        if not 1 <= k_min <= k <= k_max:
+            raise ValueError(f"need 1 <= k_min ({k_min}) <= k ({k}) <= k_max ({k_max})")
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
+        self.draft, self.k, self.adaptive = draft, k, adaptive
+        self.k_min, self.k_max, self.confidence_threshold = k_min, k_max, confidence_threshold
+        self.verification = verification
+        self.uses_draft_logits = verification != "match"
+        self.typical = verification == "typical"
+
+    @property
+    def max_draft(self) -> int:
+        return self.k_max
+
+    def prefill(self, prompts: torch.Tensor, prompt_lens: torch.Tensor, first_tokens: torch.Tensor,
+                params: SamplingParams, max_length: int) -> None:
+        batch, width = prompts.shape
+        device = self.draft.device
+        # Sample-and-match drafts the drafter's argmax: one-hot proposals match most often.
+        self.draft_params = SamplingParams(torch.zeros_like(params.temperature), params.top_k, params.top_p,
+                                           params.seed) if self.verification == "match" else params
+        self.cache = self.draft.new_cache(batch, max_length)
+        self.draft.forward(prompts, torch.arange(width, device=device).expand(batch, width), self.cache)
+        self.cache.commit(prompt_lens)
+        # seq: the committed sequence per row (prompt, then generated); the drafter's cache holds
+        # a prefix of it and catches up at the next proposal.
+        self.seq = torch.zeros(batch, max_length, dtype=torch.int64, device=device)
+        self.seq[:, :width] = prompts
+        self.seq[torch.arange(batch, device=device), prompt_lens] = first_tokens
+        self.k_row = torch.full((batch,), self.k, dtype=torch.int64, device=device)
+
+    def propose(self, last_tokens: torch.Tensor, lengths: torch.Tensor, active: torch.Tensor,
+                budget: torch.Tensor) -> ChainDraft:
+        batch, device = last_tokens.shape[0], last_tokens.device
+        rows = torch.arange(batch, device=device)
+        limit = torch.where(active, torch.minimum(self.k_row, budget.clamp(min=0)), 0)  # [B]
+        k_step = int(limit.max())
+        self._lengths, self._k_step = lengths, k_step
+        if k_step == 0:
+            self._num_draft = torch.zeros(batch, dtype=torch.int64, device=device)
+            return ChainDraft(torch.zeros(batch, 0, dtype=torch.int64, device=device), self._num_draft, None)
+
+        # Catch up: feed committed tokens the drafter has not seen, through `last` at lengths[b].
+        behind = torch.where(active, lengths + 1 - self.cache.lengths, 0)  # [B], >= 1 on active rows
+        width = int(behind.max())
+        idx = self.cache.lengths[:, None] + torch.arange(width, device=device)
+        idx = idx.clamp(max=self.seq.shape[1] - 1)
+        logits = self.draft.forward(self.seq.gather(1, idx), idx, self.cache).logits
+        self.cache.commit(behind)
+        cur = logits[rows, (behind - 1).clamp(min=0)]  # [B, V]: the drafter's view of position lengths+1
+
+        tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
+        draft_logits = torch.empty(batch, k_step, cur.shape[-1], dtype=cur.dtype, device=device)
+        drafting = limit > 0
+        num_draft = torch.zeros(batch, dtype=torch.int64, device=device)
+        for j in range(k_step):
+            drafting = drafting & (j < limit)
+            if self.confidence_threshold is not None and j > 0:
+                confident = torch.softmax(cur.float(), dim=-1).amax(-1) >= self.confidence_threshold
+                drafting = drafting & confident
+                if not bool(drafting.any()):
+                    break
+            sampled = ops.sample(cur, **self.draft_params.kwargs(), position=lengths + 1 + j,
+                                 purpose=Purpose.DRAFT)
+            tokens[:, j] = sampled.tokens.clamp(min=0)  # a flagged row (-1) is caught by verification
+            draft_logits[:, j] = cur
+            num_draft += drafting.to(torch.int64)
+            if j + 1 < k_step:
+                cur = self.draft.forward(tokens[:, j, None], (lengths + 1 + j)[:, None], self.cache).logits[:, 0]
+                self.cache.commit(drafting.to(torch.int64))
+        self._tokens, self._num_draft = tokens, num_draft
+        return ChainDraft(tokens, num_draft, draft_logits if self.uses_draft_logits else None)
+
+    def accept(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor, active: torch.Tensor) -> None:
+        """Extend ``seq`` with the accepted drafts and the next token; roll the drafter back."""
+        lengths, batch = self._lengths, num_accepted.shape[0]
+        device = num_accepted.device
+        rows = torch.arange(batch, device=device)
+        k_step = self._k_step
+        if k_step:
+            cols = lengths[:, None] + 1 + torch.arange(k_step, device=device)
+            keep = (torch.arange(k_step, device=device)[None] < num_accepted[:, None]) & active[:, None]
+            cols = cols.clamp(max=self.seq.shape[1] - 1)
+            self.seq.scatter_(1, cols, torch.where(keep, self._tokens, self.seq.gather(1, cols)))
+        pos = (lengths + 1 + num_accepted).clamp(max=self.seq.shape[1] - 1)
+        self.seq[rows, pos] = torch.where(active, next_tokens, self.seq[rows, pos])
+        # The drafter's cache is valid through the last accepted draft (index lengths + num_accepted).
+        self.cache.truncate(torch.minimum(self.cache.lengths, torch.where(active, lengths + 1 + num_accepted,
+                                                                          self.cache.lengths)))
+        if self.adaptive:
+            full = (num_accepted == self._num_draft) & (self._num_draft > 0)
+            grown = torch.where(full, self.k_row + 2, self.k_row - 1).clamp(self.k_min, self.k_max)
+            self.k_row = torch.where(active, grown, self.k_row)

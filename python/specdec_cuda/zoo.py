@@ -1,0 +1,285 @@
+"""A model zoo of our own: a target and a draft LM trained here, offline, in a few minutes.
+
+No model hub is reachable from the machines this project runs on, so the demo and the end-to-end
+benchmark use a pair trained on a corpus that every Python installation carries: the standard
+library's own source (``Lib/*.py`` of the running interpreter). Both models share one byte-level
+BPE tokenizer, are Llama-family configs trained with ``transformers.LlamaForCausalLM`` in plain
+PyTorch, and are saved as Hugging Face folders (``config.json``, ``model.safetensors``, tokenizer
+files) that load in ``transformers`` and in ``specdec_cuda.models.load``.
+
+The draft is distilled from the target (KL to the target's next-token distribution on the same
+text), so it proposes what the target would say, which is what speculative decoding rewards.
+
+Training is seeded and runs once: the pair is cached under ``$SPECDEC_ZOO_DIR`` or, in a source
+checkout, ``<repo>/.cache/zoo`` (else ``~/.cache/specdec_cuda/zoo``). Entry points:
+``python -m specdec_cuda zoo`` or ``python scripts/train_zoo.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+EOS = "<|endoftext|>"
+
+
+@dataclass
+class LMConfig:
+    """The few Llama hyper-parameters that differ between target and draft."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+
+
+@dataclass
+class ZooSpec:
+    """Everything that determines the trained pair; ``name`` is its cache folder.
+
+    The default is sized for 2 otherwise idle CPU cores: the target's steps take about 1.2 s
+    each there (16 x 256 tokens, 6 layers of 256), about 6.5 minutes for the 320 steps (~1.3M
+    tokens, one pass over the corpus), and the draft's distillation steps about 0.5 s.
+    """
+
+    name: str = "pystdlib-v2"
+    vocab_size: int = 2048
+    max_position: int = 1024
+    seq_len: int = 256
+    batch_size: int = 16
+    target: LMConfig = field(default_factory=lambda: LMConfig(6, 256, 640, 4, 2))
+    draft: LMConfig = field(default_factory=lambda: LMConfig(1, 128, 384, 2, 1))
+    target_steps: int = 320
+    draft_steps: int = 150
+    target_lr: float = 2e-3
+    draft_lr: float = 3e-3
+    eval_tokens: int = 16384
+    seed: int = 0
+
+
+DEFAULT_SPEC = ZooSpec()
+# A quarter of the training (same architectures) for machines whose cores are busy: a weaker
+# target (it has seen ~200k tokens), still a working pair. `--zoo small` on the command line.
+SMALL_SPEC = ZooSpec(name="pystdlib-v1-small", seq_len=128, target_steps=100, draft_steps=80, target_lr=3e-3)
+SPECS = {"default": DEFAULT_SPEC, "small": SMALL_SPEC}
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def zoo_root() -> Path:
+    """Where trained pairs are cached: $SPECDEC_ZOO_DIR, else the checkout's .cache/zoo."""
+    env = os.environ.get("SPECDEC_ZOO_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "setup.py").exists() and (repo / "python" / "specdec_cuda").is_dir():
+        return repo / ".cache" / "zoo"
+    return Path.home() / ".cache" / "specdec_cuda" / "zoo"
+
+
+def stdlib_corpus() -> list[str]:
+    """The running interpreter's standard library sources (top-level ``Lib/*.py``), sorted by name."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(lib.glob("*.py"))
+    if not files:
+        raise RuntimeError(f"no Python sources found under {lib}; pass a corpus explicitly")
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int):
+    """A byte-level BPE (GPT-2 style: every byte is a token, so any text encodes) wrapped for HF."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None)
+
+
+def _llama(cfg: LMConfig, spec: ZooSpec, eos_id: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=spec.max_position, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    return LlamaForCausalLM(config)
+
+
+def _batches(data: torch.Tensor, spec: ZooSpec, steps: int, seed: int):
+    """Random windows of seq_len + 1 tokens, from a seeded generator (reproducible)."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, data.numel() - spec.seq_len - 1, (spec.batch_size,), generator=gen)
+        window = torch.stack([data[s: s + spec.seq_len + 1] for s in starts.tolist()])
+        yield window[:, :-1], window[:, 1:]
+
+
+def _lr(step: int, steps: int, peak: float) -> float:
+    warmup = max(1, steps // 12)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class _Progress:
+    def __init__(self, what: str, steps: int, log: Callable[[str], None], every: int):
+        self.what, self.steps, self.log, self.every = what, steps, log, every
+        self.start = time.perf_counter()
+
+    def __call__(self, step: int, loss: float, tokens: int) -> None:
+        if step % self.every and step != self.steps:
+            return
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / step * (self.steps - step)
+        self.log(f"  {self.what} step {step:4d}/{self.steps}  loss {loss:6.3f}  "
+                 f"{tokens / elapsed:7.0f} tok/s  elapsed {elapsed:5.0f}s  ETA {eta:5.0f}s")
+
+
+def _train(model, data, spec, steps, lr, seed, progress, teacher=None):
+    """AdamW on next-token cross entropy, or on KL to ``teacher``'s distribution (distillation)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    tokens = 0
+    for step, (inputs, labels) in enumerate(_batches(data, spec, steps, seed), start=1):
+        for group in opt.param_groups:
+            group["lr"] = _lr(step - 1, steps, lr)
+        logits = model(input_ids=inputs).logits.float()
+        if teacher is None:
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        else:
+            with torch.no_grad():
+                teacher_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
+            loss = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1),
+                            teacher_logp.flatten(0, 1), log_target=True, reduction="batchmean")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens += inputs.numel()
+        progress(step, float(loss.detach()), tokens)
+    model.eval()
+
+
+@torch.no_grad()
+def agreement(target, draft, data: torch.Tensor, seq_len: int) -> dict:
+    """How often the draft would be accepted, measured on held-out text.
+
+    ``greedy``: top-1 agreement (greedy acceptance per token); ``sampled``: mean of
+    sum_x min(p(x), q(x)), the acceptance probability of rejection sampling at temperature 1.
+    """
+    n = (data.numel() // seq_len) * seq_len
+    windows = data[:n].view(-1, seq_len)
+    greedy = sampled = count = 0.0
+    for chunk in windows.split(8):
+        p = F.softmax(target(input_ids=chunk).logits.float(), dim=-1)
+        q = F.softmax(draft(input_ids=chunk).logits.float(), dim=-1)
+        greedy += float((p.argmax(-1) == q.argmax(-1)).sum())
+        sampled += float(torch.minimum(p, q).sum(-1).sum())
+        count += chunk.numel()
+    return {"greedy": greedy / count, "sampled": sampled / count}
+
+
+def train_pair(out_dir: Path, spec: ZooSpec = DEFAULT_SPEC, texts: Sequence[str] | None = None,
+               log: Callable[[str], None] | None = None) -> dict:
+    """Train tokenizer, target and distilled draft; save ``out_dir/{target,draft}`` HF folders.
+
+    Returns the report (also written to ``out_dir/report.json``): sizes, losses, timings and the
+    draft's agreement with the target on held-out text.
+    """
+    out_dir = Path(out_dir)
+    log = log or _log
+    started = time.perf_counter()
+    torch.manual_seed(spec.seed)
+    texts = stdlib_corpus() if texts is None else list(texts)
+    log(f"[zoo] corpus: {len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of text")
+    tokenizer = train_tokenizer(texts, spec.vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS)
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text)["input_ids"])
+        ids.append(eos_id)
+    data = torch.tensor(ids, dtype=torch.int64)
+    n_eval = min(spec.eval_tokens, data.numel() // 10)
+    train_data, eval_data = data[:-n_eval], data[-n_eval:]
+    log(f"[zoo] tokenizer: vocab {len(tokenizer)}, {data.numel()} tokens "
+        f"({sum(map(len, texts)) / data.numel():.2f} chars/token)")
+
+    torch.manual_seed(spec.seed)
+    target = _llama(spec.target, spec, eos_id)
+    torch.manual_seed(spec.seed + 1)
+    draft = _llama(spec.draft, spec, eos_id)
+    sizes = {k: sum(p.numel() for p in m.parameters()) for k, m in (("target", target), ("draft", draft))}
+    every = max(1, spec.target_steps // 20)
+    log(f"[zoo] training target ({sizes['target'] / 1e6:.1f}M params, {spec.target_steps} steps "
+        f"of {spec.batch_size}x{spec.seq_len} tokens)")
+    _train(target, train_data, spec, spec.target_steps, spec.target_lr, spec.seed,
+           _Progress("target", spec.target_steps, log, every))
+    log(f"[zoo] distilling draft ({sizes['draft'] / 1e6:.1f}M params, {spec.draft_steps} steps)")
+    _train(draft, train_data, spec, spec.draft_steps, spec.draft_lr, spec.seed + 1,
+           _Progress("draft", spec.draft_steps, log, max(1, spec.draft_steps // 10)), teacher=target)
+
+    with torch.no_grad():
+        seq = min(spec.seq_len, eval_data.numel())
+        windows = eval_data[: (eval_data.numel() // seq) * seq].view(-1, seq)
+        eval_loss = float(sum(target(input_ids=w[None], labels=w[None]).loss for w in windows) / len(windows))
+    agree = agreement(target, draft, eval_data, min(spec.seq_len, eval_data.numel()))
+    report = {
+        "spec": dataclasses.asdict(spec), "corpus": f"python {sys.version.split()[0]} stdlib",
+        "tokens": data.numel(), "params": sizes, "target_eval_loss": eval_loss,
+        "agreement": agree, "train_seconds": time.perf_counter() - started,
+    }
+    log(f"[zoo] target held-out loss {eval_loss:.3f}; draft agrees with target on "
+        f"{100 * agree['greedy']:.1f}% of tokens (greedy), expected acceptance at T=1 "
+        f"{100 * agree['sampled']:.1f}%; trained in {report['train_seconds']:.0f}s")
+
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, model in (("target", target), ("draft", draft)):
+        model.generation_config.pad_token_id = eos_id
+        model.save_pretrained(tmp / name)
+        tokenizer.save_pretrained(tmp / name)
+    (tmp / "report.json").write_text(json.dumps(report, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return report
+
+
+def get_pair(spec: ZooSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = None,
+             root: Path | None = None) -> tuple[Path, Path]:
+    """The (target, draft) folders of the zoo pair, training them the first time."""
+    out_dir = Path(root or zoo_root()) / spec.name
+    log = log or _log
+    if not (out_dir / "report.json").exists():
+        log(f"[zoo] no cached pair at {out_dir}; training it once (a few minutes on 2 CPU cores)")
+        train_pair(out_dir, spec, log=log)
+    return out_dir / "target", out_dir / "draft"
+
+
+def report(spec: ZooSpec = DEFAULT_SPEC, root: Path | None = None) -> dict:
+    """The training report of the cached pair."""
+    return json.loads((Path(root or zoo_root()) / spec.name / "report.json").read_text())

@@ -1,0 +1,97 @@
+"""The zoo trainer (tiny corpus, a few steps), the demo / bench CLI, and bad checkpoint folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_cuda import models, zoo
+from specdec_cuda.__main__ import main
+
+TINY = zoo.ZooSpec(
+    name="tiny", vocab_size=300, max_position=256, seq_len=32, batch_size=4,
+    target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 16, 32, 2, 1),
+    target_steps=4, draft_steps=3, eval_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    texts = [Path(zoo.__file__).read_text(), Path(models.__file__).read_text()] * 2
+    lines = []
+    report = zoo.train_pair(root / "tiny", TINY, texts=texts, log=lines.append)
+    return root / "tiny", report, lines
+
+
+def test_zoo_training_saves_loadable_hf_folders(tiny_pair):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, report, lines = tiny_pair
+    assert any("ETA" in line for line in lines)  # progress is shown
+    assert set(report["agreement"]) == {"greedy", "sampled"} and 0 <= report["agreement"]["greedy"] <= 1
+    assert json.loads((folder / "report.json").read_text())["params"] == report["params"]
+    for name in ("target", "draft"):
+        tok = AutoTokenizer.from_pretrained(folder / name)
+        ids = tok("def f(x):\n    return x")["input_ids"]
+        assert tok.decode(ids) == "def f(x):\n    return x"
+        hf = AutoModelForCausalLM.from_pretrained(folder / name).eval()
+        ours = models.load(folder / name)
+        x = torch.tensor([ids])
+        cache = ours.new_cache(1, x.shape[1])
+        got = ours.forward(x, torch.arange(x.shape[1])[None], cache).logits
+        torch.testing.assert_close(got, hf(input_ids=x).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_zoo_training_is_reproducible(tiny_pair, tmp_path):
+    folder, report, _ = tiny_pair
+    texts = [Path(zoo.__file__).read_text(), Path(models.__file__).read_text()] * 2
+    again = zoo.train_pair(tmp_path / "tiny", TINY, texts=texts, log=lambda _: None)
+    assert again["target_eval_loss"] == pytest.approx(report["target_eval_loss"], rel=1e-5)
+
+
+def test_get_pair_uses_the_cache(tiny_pair, monkeypatch):
+    folder, _, _ = tiny_pair
+    monkeypatch.setattr(zoo, "train_pair", lambda *a, **k: pytest.fail("retrained a cached pair"))
+    target, draft = zoo.get_pair(TINY, root=folder.parent)
+    assert target == folder / "target" and draft == folder / "draft"
+
+
+def test_demo_runs_on_given_folders(tiny_pair, capsys):
+    folder, _, _ = tiny_pair
+    rc = main(["demo", "--target", str(folder / "target"), "--draft", str(folder / "draft"),
+               "--max-new-tokens", "12", "--prompts", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "tokens/s" in out and "greedy identical" in out
+    table = out[out.index("greedy identical"):]
+    assert "NO" not in table and table.count("yes") == 3
+
+
+def test_bench_quick_writes_json(tiny_pair, tmp_path, capsys):
+    folder, _, _ = tiny_pair
+    out = tmp_path / "e2e.json"
+    rc = main(["bench", "--quick", "--target", str(folder / "target"), "--draft", str(folder / "draft"),
+               "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    methods = [r["method"] for r in result["rows"]]
+    assert "transformers generate + assistant_model, batch 1" in methods
+    assert all(r["identical"] for r in result["rows"] if r["method"].startswith("engine draft"))
+    assert set(result["ratios"]) >= {"speculative / engine AR (batch 1)", "engine AR / transformers plain (batch 1)"}
+
+
+def test_cli_bad_checkpoint_folders(tmp_path, capsys):
+    assert main(["demo", "--target", str(tmp_path / "nope"), "--draft", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["bench", "--target", str(tmp_path / "empty"), "--draft", str(tmp_path / "empty")]) == 2
+    assert "config.json" in capsys.readouterr().err
+    weird = tmp_path / "weird"
+    weird.mkdir()
+    (weird / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    assert main(["demo", "--target", str(weird), "--draft", str(weird)]) == 2
+    assert "gpt2" in capsys.readouterr().err
+    assert main(["demo", "--draft", str(weird)]) == 2
