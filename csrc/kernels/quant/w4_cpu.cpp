@@ -1,0 +1,193 @@
+// CPU W4A16 kernels (see w4_cpu.h for the layout). Three builds of the same loop, picked once at
+// run time: AVX-512 intrinsics, and a portable loop compiled for AVX2+FMA and for baseline x86-64
+// (a default build targets baseline x86-64, so wider ISAs come in through target attributes).
+#include "kernels/quant/w4_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPECDEC_X86 1
+#endif
+
+namespace specdec::quant {
+namespace {
+
+constexpr int kMaxBlockM = 8;  // activation rows per pass over a tile (registers: see below)
+
+// ---- portable loop (autovectorised: the 16-lane inner loops map onto 2 ymm / 4 xmm) -----------
+template <int MB>
+__attribute__((always_inline)) inline void tile_portable(const float* x, int64_t K,
+                                                         const uint8_t* packed,
+                                                         const float* scales, int64_t group,
+                                                         float (*acc)[kCpuTileN]) {
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < kCpuTileN; ++j) acc[m][j] = 0.f;
+  const int64_t groups = K / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* s = scales + g * kCpuTileN;
+    for (int64_t p = g * group / 2; p < (g + 1) * group / 2; ++p) {
+      const uint8_t* b = packed + p * kCpuTileN;
+      float w0[kCpuTileN], w1[kCpuTileN];
+      for (int j = 0; j < kCpuTileN; ++j) {
+        w0[j] = static_cast<float>(static_cast<int>(b[j] & 15) - 8) * s[j];
+        w1[j] = static_cast<float>(static_cast<int>(b[j] >> 4) - 8) * s[j];
+      }
+      for (int m = 0; m < MB; ++m) {
+        const float x0 = x[m * K + 2 * p], x1 = x[m * K + 2 * p + 1];
+        for (int j = 0; j < kCpuTileN; ++j) acc[m][j] += w0[j] * x0 + w1[j] * x1;
+      }
+    }
+  }
+}
+
+template <int MB>
+void tile_baseline(const float* x, int64_t K, const uint8_t* packed, const float* scales,
+                   int64_t group, float (*acc)[kCpuTileN]) {
+  tile_portable<MB>(x, K, packed, scales, group, acc);
+}
+
+#ifdef SPECDEC_X86
+template <int MB>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t K,
+                                                   const uint8_t* packed, const float* scales,
+                                                   int64_t group, float (*acc)[kCpuTileN]) {
+  tile_portable<MB>(x, K, packed, scales, group, acc);
+}
+
+// ---- AVX-512 ----------------------------------------------------------------------------------
+// Per input-feature pair: one vpmovzxbd (16 bytes -> 16 lanes), and/shift, sub 8, convert,
+// multiply by the 16 rows' scales, then one FMA per activation row with x broadcast from memory.
+// Small MB keeps several independent accumulator chains per row so the 4-cycle FMA latency is
+// hidden: MB <= 2 -> 4 chains, MB <= 4 -> 2, else 1 (MB = 8 uses 8 accumulators + 6 temporaries
+// of the 32 zmm registers).
+template <int MB>
+__attribute__((target("avx512f"))) void tile_avx512(const float* x, int64_t K,
+                                                    const uint8_t* packed, const float* scales,
+                                                    int64_t group, float (*acc_out)[kCpuTileN]) {
+  constexpr int C = MB <= 2 ? 4 : (MB <= 4 ? 2 : 1);
+  __m512 acc[MB][C];
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < C; ++c) acc[m][c] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi32(15);
+  const __m512i eight = _mm512_set1_epi32(8);
+  const int64_t groups = K / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 s = _mm512_loadu_ps(scales + g * kCpuTileN);
+    const int64_t p_end = (g + 1) * group / 2;
+    // group is a multiple of 4, so pairs come in twos: 4 input features per step.
+    for (int64_t p = g * group / 2; p < p_end; p += 2) {
+      const __m512i b0 = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + p * kCpuTileN)));
+      const __m512i b1 = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + (p + 1) * kCpuTileN)));
+      __m512 w[4];
+      w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b0, low4), eight)), s);
+      w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b0, 4), eight)), s);
+      w[2] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b1, low4), eight)), s);
+      w[3] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b1, 4), eight)), s);
+      for (int m = 0; m < MB; ++m) {
+        const float* xm = x + m * K + 2 * p;
+        for (int i = 0; i < 4; ++i)
+          acc[m][i % C] = _mm512_fmadd_ps(w[i], _mm512_set1_ps(xm[i]), acc[m][i % C]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    __m512 total = acc[m][0];
+    for (int c = 1; c < C; ++c) total = _mm512_add_ps(total, acc[m][c]);
+    _mm512_storeu_ps(acc_out[m], total);
+  }
+}
+#endif
+
+using TileFn = void (*)(const float*, int64_t, const uint8_t*, const float*, int64_t,
+                        float (*)[kCpuTileN]);
+
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+#ifdef SPECDEC_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+  return Isa::kBaseline;
+}
+
+const Isa kIsa = detect_isa();
+
+template <int MB>
+TileFn pick() {
+#ifdef SPECDEC_X86
+  if (kIsa == Isa::kAvx512) return &tile_avx512<MB>;
+  if (kIsa == Isa::kAvx2) return &tile_avx2<MB>;
+#endif
+  return &tile_baseline<MB>;
+}
+
+TileFn tile_fn(int mb) {
+  switch (mb) {
+    case 1: return pick<1>();
+    case 2: return pick<2>();
+    case 3: return pick<3>();
+    case 4: return pick<4>();
+    case 5: return pick<5>();
+    case 6: return pick<6>();
+    case 7: return pick<7>();
+    default: return pick<8>();
+  }
+}
+
+}  // namespace
+
+const char* w4a16_cpu_isa() {
+  switch (kIsa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    default: return "baseline";
+  }
+}
+
+void w4a16_matmul_cpu_tiles(const float* x, int64_t M, int64_t K, const uint8_t* packed,
+                            const float* scales, int64_t group, float* y, int64_t N,
+                            int64_t tile_begin, int64_t tile_end) {
+  const int64_t groups = K / group;
+  float acc[kMaxBlockM][kCpuTileN];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    const uint8_t* tile_packed = packed + t * (K / 2) * kCpuTileN;
+    const float* tile_scales = scales + t * groups * kCpuTileN;
+    const int64_t n0 = t * kCpuTileN;
+    const int64_t rows = std::min<int64_t>(kCpuTileN, N - n0);
+    // Blocks of up to 8 activation rows; the tile (K/2 * 16 bytes, 32 KiB at K = 4096) is still
+    // in L2 when the next block re-reads it.
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxBlockM) {
+      const int mb = static_cast<int>(std::min<int64_t>(kMaxBlockM, M - m0));
+      tile_fn(mb)(x + m0 * K, K, tile_packed, tile_scales, group, acc);
+      for (int m = 0; m < mb; ++m) std::memcpy(y + (m0 + m) * N + n0, acc[m], rows * sizeof(float));
+    }
+  }
+}
+
+void w4_dequantize_cpu_tiles(const uint8_t* packed, const float* scales, int64_t K, int64_t group,
+                             float* weight, int64_t N, int64_t tile_begin, int64_t tile_end) {
+  const int64_t groups = K / group;
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    const uint8_t* tile_packed = packed + t * (K / 2) * kCpuTileN;
+    const float* tile_scales = scales + t * groups * kCpuTileN;
+    for (int j = 0; j < kCpuTileN; ++j) {
+      const int64_t n = t * kCpuTileN + j;
+      if (n >= N) break;
+      float* row = weight + n * K;
+      for (int64_t p = 0; p < K / 2; ++p) {
+        const uint8_t b = tile_packed[p * kCpuTileN + j];
+        const float s = tile_scales[(2 * p / group) * kCpuTileN + j];
+        row[2 * p] = static_cast<float>(static_cast<int>(b & 15) - 8) * s;
+        row[2 * p + 1] = static_cast<float>(static_cast<int>(b >> 4) - 8) * s;
+      }
+    }
+  }
+}
+
+}  // namespace specdec::quant
