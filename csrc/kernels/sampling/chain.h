@@ -1,0 +1,145 @@
+// Argument blocks of the sampling family's kernels (torch-free; CPU and CUDA share them).
+//
+// verify_chain's ragged layout: row i owns drafts draft_tokens[cu[i] .. cu[i+1]) (k_i of them), the
+// target logit rows cu[i] + i .. cu[i+1] + i (k_i + 1 rows: one per draft position plus the bonus
+// position) and, when present, draft logit rows cu[i] .. cu[i+1]. Position j of row i is the
+// absolute position position[i] + j, which keys its random streams.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/dtype.h"
+#include "kernels/common/hd.h"
+
+namespace specdec {
+namespace sampling {
+
+// Per-row sampling parameters, each a [rows] array.
+struct RowParams {
+  const float* temperature;  // 0: greedy; < 0 or NaN: status 3
+  const int32_t* top_k;      // <= 0 or >= vocab: off
+  const float* top_p;        // 1: off; outside (0, 1]: status 3
+  const int64_t* seed;
+  const int64_t* position;   // absolute position of the row's first token
+};
+
+// How a row of verify_chain decides (fixed per row by its parameters).
+enum RowKind : int32_t {
+  kKindGreedy = 0,     // temperature 0: accept while draft == argmax
+  kKindTypical = 1,    // typical acceptance (lossy, opt-in)
+  kKindMatch = 2,      // no draft logits: sample from p, accept while it equals the draft
+  kKindRejection = 3,  // draft logits: accept with min(1, p/q), residual on rejection
+};
+
+struct SampleArgs {
+  const void* logits;  // [rows, vocab] of `dtype`, row stride `logits_stride` elements
+  DType dtype;
+  int64_t rows;
+  int64_t vocab;
+  int64_t logits_stride;
+  RowParams params;
+  uint32_t purpose;
+  uint32_t substream;
+  int64_t* tokens;  // [rows]
+  int32_t* status;  // [rows]
+};
+
+struct VerifyArgs {
+  const int64_t* draft_tokens;  // [num_drafts]
+  const int64_t* cu_num_draft;  // [batch + 1]
+  const void* target_logits;    // [num_drafts + batch, vocab], row stride target_stride
+  const void* draft_logits;     // [num_drafts, vocab], row stride draft_stride, or nullptr
+  DType dtype;                  // of both logit tensors
+  int64_t batch;
+  int64_t num_drafts;
+  int64_t vocab;
+  int64_t target_stride;
+  int64_t draft_stride;
+  RowParams params;
+  bool typical;
+  double typical_epsilon;
+  double typical_alpha;
+  int64_t max_draft;       // width of the outputs: tokens [batch, max_draft + 1]
+  int64_t* tokens;         // [batch, max_draft + 1], -1 padded
+  int64_t* num_accepted;   // [batch]
+  int8_t* accepted;        // [batch, max_draft]: 1 accepted, 0 rejected, -1 not reached
+  int32_t* status;         // [batch]
+};
+
+// What one position of one row decided; the walk over positions turns these into outputs.
+struct PositionResult {
+  int64_t token;   // the emitted token at this position (the draft when accepted)
+  int32_t status;  // 0, or 1 when a logit row read here was unusable
+  int32_t accepted;  // 1 when the draft at this position is accepted
+};
+
+SPECDEC_HD RowKind row_kind(float temperature, bool typical, bool has_draft_logits) {
+  if (temperature == 0.0f) return kKindGreedy;
+  if (typical) return kKindTypical;
+  return has_draft_logits ? kKindRejection : kKindMatch;
+}
+
+// Status 3: temperature < 0 or NaN, top_p outside (0, 1] (NaN fails every comparison).
+SPECDEC_HD bool bad_params(float temperature, float top_p) {
+  return !(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f);
+}
+
+// Whether row i's draft layout is readable: offsets inside [0, num_drafts], non-decreasing, and no
+// more drafts than the output width. A row failing this is flagged like an out-of-range draft.
+SPECDEC_HD bool row_layout_ok(const VerifyArgs& a, int64_t row) {
+  const int64_t lo = a.cu_num_draft[row], hi = a.cu_num_draft[row + 1];
+  return lo >= 0 && hi >= lo && hi <= a.num_drafts && hi - lo <= a.max_draft;
+}
+
+}  // namespace sampling
+}  // namespace specdec
+
+namespace specdec {
+namespace sampling {
+
+// Row-level checks that come before any logit is read, in the reference's order: parameters
+// (status 3), then the draft layout and every draft token's range (status 2). Returns 0 or the code.
+SPECDEC_HD int32_t verify_row_precheck(const VerifyArgs& a, int64_t row) {
+  if (bad_params(a.params.temperature[row], a.params.top_p[row])) return 3;
+  if (!row_layout_ok(a, row)) return 2;
+  for (int64_t d = a.cu_num_draft[row]; d < a.cu_num_draft[row + 1]; ++d) {
+    if (a.draft_tokens[d] < 0 || a.draft_tokens[d] >= a.vocab) return 2;
+  }
+  return 0;
+}
+
+// The walk over one row's positions (serial on both devices): writes tokens / accepted /
+// num_accepted / status of row `row`. `evaluate(j)` returns the PositionResult of position j; it is
+// called for j = 0, 1, ... and never past the first rejection, flagged position or the bonus.
+template <class Evaluate>
+SPECDEC_HD void walk_row(const VerifyArgs& a, int64_t row, Evaluate&& evaluate) {
+  const int64_t width = a.max_draft + 1;
+  int64_t* tokens = a.tokens + row * width;
+  int8_t* accepted = a.accepted + row * a.max_draft;
+  for (int64_t j = 0; j < width; ++j) tokens[j] = -1;
+  for (int64_t j = 0; j < a.max_draft; ++j) accepted[j] = -1;
+  a.num_accepted[row] = 0;
+  int32_t status = verify_row_precheck(a, row);
+  if (status == 0) {
+    const int64_t k = a.cu_num_draft[row + 1] - a.cu_num_draft[row];
+    for (int64_t j = 0; j <= k; ++j) {
+      const PositionResult r = evaluate(j);
+      if (r.status != 0) {
+        status = r.status;
+        for (int64_t t = 0; t <= j; ++t) tokens[t] = -1;
+        for (int64_t t = 0; t < j && t < a.max_draft; ++t) accepted[t] = -1;
+        break;
+      }
+      tokens[j] = r.token;
+      if (j < k) accepted[j] = r.accepted ? 1 : 0;
+      if (j == k || !r.accepted) {
+        a.num_accepted[row] = j;
+        break;
+      }
+    }
+  }
+  a.status[row] = status;
+}
+
+}  // namespace sampling
+}  // namespace specdec
