@@ -3,12 +3,17 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "kernels/kv_quant/hier4.h"
 #include "ops/kv_quant_common.h"
 #include "ops/quant_parallel.h"
 
 namespace specdec::ops {
 namespace {
+
+// (row, head) slabs per thread chunk: at least ~64K elements each, worth a thread start.
+int64_t grain_rows(int64_t tokens, int64_t D) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, tokens * D)); }
 
 template <typename F>
 void dispatch_input(const at::Tensor& x, const F& f) {
@@ -35,7 +40,7 @@ void kv_quantize_keys_cpu(const at::Tensor& k, const at::Tensor& start, int64_t 
   const int64_t G = group_size, groups = s.T / G, rows = s.B * s.H;
   const int64_t* st = start.data_ptr<int64_t>();
   dispatch_input(k, [&](auto* kp) {
-    parallel_range(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    parallel_range(0, rows, grain_rows(s.T, s.D), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t t0 = st[r / s.H];
         for (int64_t g = 0; g < groups; ++g)
@@ -61,7 +66,7 @@ void kv_quantize_values_cpu(const at::Tensor& v, const at::Tensor& start, int64_
   const int64_t G = group_size, groups = s.D / G, rows = s.B * s.H;
   const int64_t* st = start.data_ptr<int64_t>();
   dispatch_input(v, [&](auto* vp) {
-    parallel_range(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    parallel_range(0, rows, grain_rows(s.T, s.D), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t t = 0; t < s.T; ++t) {
           const int64_t tok = r * s.capacity + st[r / s.H] + t;  // flat cache token
@@ -88,7 +93,7 @@ void dequantize_cpu(const at::Tensor& upper, const at::Tensor& lower, const at::
   const float* sc = scale.data_ptr<float>();
   const float* ze = zero.data_ptr<float>();
   float* o = outf.data_ptr<float>();
-  parallel_range(0, s.B * s.H, 1, [&](int64_t r0, int64_t r1) {
+  parallel_range(0, s.B * s.H, grain_rows(s.T, s.D), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t t = 0; t < s.T; ++t) {
         const int64_t byte0 = (r * s.capacity + t) * (s.D / 2);

@@ -71,9 +71,9 @@ void w4a16_matmul_cpu(const at::Tensor& x, const at::Tensor& packed, const at::T
   }
   at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({M, N}, x.options().dtype(at::kFloat));
   const int64_t tiles = (N + kCpuTileN - 1) / kCpuTileN;
-  // Output columns (tiles of 16 rows of W) are independent; 16 tiles per chunk is at least
-  // 16 * 16 * K / 2 bytes of weight, enough to amortise the hand-off.
-  parallel_range(0, tiles, 16, [&](int64_t b, int64_t e) {
+  // Output columns (tiles of 16 rows of W) are independent; 32 tiles per chunk is at least
+  // 32 * 16 * K / 2 bytes of weight (256 KiB at K = 1024), worth a thread start.
+  parallel_range(0, tiles, 32, [&](int64_t b, int64_t e) {
     quant::w4a16_matmul_cpu_tiles(xf.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(),
                                   scales.data_ptr<float>(), group, yf.data_ptr<float>(), N, b, e);
   });

@@ -3,17 +3,20 @@
 // at::parallel_for is used when ATen's intra-op backend is compiled into this translation unit.
 // This extension is built without -fopenmp (setup.py passes only -fopenmp-simd), and torch's
 // OpenMP backend is header-inline, so there at::parallel_for would run the whole range on the
-// calling thread; the fallback then fans the range out over torch's inter-op pool (at::launch),
-// at most at::get_num_threads() chunks, and runs the first chunk itself.
+// calling thread; the fallback then runs at most at::get_num_threads() chunks on short-lived
+// std::threads, the first on the calling thread. (Not torch's inter-op pool: a caller that is
+// itself an inter-op task would wait on tasks queued behind it.) Callers pick `grain` so that a
+// chunk is worth a thread start (tens of microseconds).
 #pragma once
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 namespace specdec::ops {
 
@@ -31,34 +34,27 @@ void parallel_range(int64_t begin, int64_t end, int64_t grain, const F& f) {
   }
   const int64_t per = (items + chunks - 1) / chunks;
   chunks = (items + per - 1) / per;
-  std::mutex mu;
-  std::condition_variable done_cv;
-  int64_t pending = chunks - 1;
-  std::exception_ptr error;
+  std::vector<std::exception_ptr> errors(chunks);
+  std::vector<std::thread> workers;
+  workers.reserve(chunks - 1);
   for (int64_t c = 1; c < chunks; ++c) {
     const int64_t b = begin + c * per, e = std::min(end, b + per);
-    at::launch([&, b, e] {
-      std::exception_ptr local;
+    workers.emplace_back([&f, &errors, c, b, e] {
       try {
         f(b, e);
       } catch (...) {
-        local = std::current_exception();
+        errors[c] = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(mu);
-      if (local && !error) error = local;
-      if (--pending == 0) done_cv.notify_one();
     });
   }
-  std::exception_ptr mine;
   try {
     f(begin, std::min(end, begin + per));
   } catch (...) {
-    mine = std::current_exception();
+    errors[0] = std::current_exception();
   }
-  std::unique_lock<std::mutex> lock(mu);
-  done_cv.wait(lock, [&] { return pending == 0; });
-  if (mine) std::rethrow_exception(mine);
-  if (error) std::rethrow_exception(error);
+  for (auto& w : workers) w.join();
+  for (const auto& err : errors)
+    if (err) std::rethrow_exception(err);
 #endif
 }
 
