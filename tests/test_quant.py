@@ -250,3 +250,30 @@ def test_cuda_equals_cpu_and_moves():
     torch.library.opcheck(torch.ops.specdec.w4a16_matmul.default,
                           (x.cuda(), pw.packed, pw.scales, 64, q.LAYOUT_CUDA,
                            torch.empty(4, 96, dtype=torch.float16, device="cuda")))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "baseline"])
+def test_narrower_cpu_kernels(isa):
+    """The AVX2 and baseline kernels (picked on CPUs without AVX-512) against the reference."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from specdec_cuda.ops import quant as q\n"
+        "from specdec_cuda.reference import quant as ref\n"
+        "torch.manual_seed(0)\n"
+        "for m, g in [(1, 32), (5, -1), (9, 64)]:\n"
+        "    w, x = torch.randn(37, 192), torch.randn(m, 192)\n"
+        "    codes, scales = ref.quantize_w4(w, g)\n"
+        "    e = ref.w4a16_matmul(x, codes, scales, g)\n"
+        "    y = q.w4a16_matmul(x, q.quantize_w4(w, g))\n"
+        "    assert ((y - e).abs().max() / e.abs().max()).item() < 2e-5, (m, g)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, SPECDEC_CPU_ISA=isa)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "python"),
+                                         env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr

@@ -4,9 +4,12 @@
 #include "kernels/quant/w4_cpu.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+// GCC 12's own avx512fintrin.h trips -Wmaybe-uninitialized in _mm512_setzero_ps-style helpers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #define SPECDEC_X86 1
 #endif
@@ -117,11 +120,16 @@ using TileFn = void (*)(const float*, int64_t, const uint8_t*, const float*, int
 
 enum class Isa { kBaseline, kAvx2, kAvx512 };
 
+// The widest ISA the CPU has, capped by SPECDEC_CPU_ISA=avx2|baseline (so tests and benches can
+// run the narrower kernels on an AVX-512 machine).
 Isa detect_isa() {
+  const char* cap = std::getenv("SPECDEC_CPU_ISA");
+  const bool allow_avx512 = cap == nullptr || std::strcmp(cap, "avx512") == 0;
+  const bool allow_avx2 = allow_avx512 || std::strcmp(cap, "avx2") == 0;
 #ifdef SPECDEC_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  if (allow_avx512 && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+  if (allow_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
 #endif
   return Isa::kBaseline;
 }
