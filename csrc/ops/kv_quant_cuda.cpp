@@ -63,7 +63,9 @@ void dequantize_cuda(bool keys, const at::Tensor& upper, const at::Tensor& lower
                      const at::Tensor& zero, int64_t group_size, bool use_lower, at::Tensor& out, const KvShape& s) {
   check_on_cuda({{"out", &out}, {"upper", &upper}, {"lower", &lower}, {"scale", &scale}, {"zero", &zero}});
   const c10::cuda::CUDAGuard guard(out.device());
-  at::Tensor outf = out.scalar_type() == at::kFloat ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  // The kernel stores float2 pairs: write to a temporary unless `out` is 8-byte aligned float32.
+  const bool direct = out.scalar_type() == at::kFloat && reinterpret_cast<uintptr_t>(out.data_ptr()) % 8 == 0;
+  at::Tensor outf = direct ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
   check_status(kv::launch_dequantize(keys, upper.data_ptr<uint8_t>(), lower.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                                      zero.data_ptr<float>(), s.B, s.H, s.T, s.D, s.capacity, group_size, use_lower,
                                      outf.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),

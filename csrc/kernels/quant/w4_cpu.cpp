@@ -1,6 +1,6 @@
-// CPU W4A16 kernels (see w4_cpu.h for the layout). Three builds of the same loop, picked once at
-// run time: AVX-512 intrinsics, and a portable loop compiled for AVX2+FMA and for baseline x86-64
-// (a default build targets baseline x86-64, so wider ISAs come in through target attributes).
+// CPU W4A16 kernels (see w4_cpu.h for the layout): AVX-512 and AVX2+FMA intrinsics and a portable
+// loop for baseline x86-64, picked once at run time (a default build targets baseline x86-64, so
+// the wider ISAs come in through target attributes).
 #include "kernels/quant/w4_cpu.h"
 
 #include <algorithm>
@@ -22,7 +22,7 @@ constexpr int kMaxBlockM = 8;  // activation rows per pass over a tile (register
 // Both loops accumulate (code - 8) * x per group unscaled and multiply by the 16 rows' scales
 // once per group (group >= 32 input features), so the inner loop is decode + FMA only.
 
-// ---- portable loop (autovectorised: the 16-lane inner loops map onto 2 ymm / 4 xmm) -----------
+// ---- portable loop (baseline x86-64 / other CPUs; the 16-lane inner loops autovectorise) ------
 template <int MB>
 __attribute__((always_inline)) inline void tile_portable(const float* x, int64_t K,
                                                          const uint8_t* packed,
@@ -58,11 +58,47 @@ void tile_baseline(const float* x, int64_t K, const uint8_t* packed, const float
 }
 
 #ifdef SPECDEC_X86
+// ---- AVX2 -------------------------------------------------------------------------------------
+// 16 ymm registers cannot hold 16-row accumulators for 8 activation rows, so the tile is run as
+// two 8-row halves (the second half re-reads the tile from L2: 16 KiB per half at K = 4096). Per
+// input-feature pair: vpmovzxbd of 8 bytes, and / shift, convert, one FMA each to apply the scale
+// ((code - 8) * s = code * s - 8s, rounded once), then one FMA per activation row. Chains per row:
+// MB <= 2 -> 4, MB <= 4 -> 2, else 1 (at most 8 accumulators + 5 constants / temporaries).
 template <int MB>
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t K,
                                                    const uint8_t* packed, const float* scales,
-                                                   int64_t group, float (*acc)[kCpuTileN]) {
-  tile_portable<MB>(x, K, packed, scales, group, acc);
+                                                   int64_t group, float (*acc_out)[kCpuTileN]) {
+  constexpr int C = MB <= 2 ? 4 : (MB <= 4 ? 2 : 1);
+  const __m256i low4 = _mm256_set1_epi32(15);
+  const int64_t groups = K / group;
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[MB][C];
+    for (int m = 0; m < MB; ++m)
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m256 s = _mm256_loadu_ps(scales + g * kCpuTileN + 8 * half);
+      const __m256 neg8s = _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
+      const int64_t p_end = (g + 1) * group / 2;
+      for (int64_t p = g * group / 2; p < p_end; p += 2) {
+        for (int u = 0; u < 2; ++u) {
+          const __m256i b = _mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + (p + u) * kCpuTileN + 8 * half)));
+          const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, low4)), s, neg8s);
+          const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), s, neg8s);
+          for (int m = 0; m < MB; ++m) {
+            const float* xm = x + m * K + 2 * (p + u);
+            acc[m][(2 * u) % C] = _mm256_fmadd_ps(w0, _mm256_set1_ps(xm[0]), acc[m][(2 * u) % C]);
+            acc[m][(2 * u + 1) % C] = _mm256_fmadd_ps(w1, _mm256_set1_ps(xm[1]), acc[m][(2 * u + 1) % C]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      __m256 total = acc[m][0];
+      for (int c = 1; c < C; ++c) total = _mm256_add_ps(total, acc[m][c]);
+      _mm256_storeu_ps(acc_out[m] + 8 * half, total);
+    }
+  }
 }
 
 // ---- AVX-512 ----------------------------------------------------------------------------------
