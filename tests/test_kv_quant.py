@@ -246,3 +246,20 @@ def test_cuda_equals_cpu(dtype):
         a = kv.kv_dequantize_values(gpu["v_upper"], gpu["v_lower"], gpu["v_scale"], gpu["v_zero"], vg, t, lower)
         e = kv.kv_dequantize_values(cpu["v_upper"], cpu["v_lower"], cpu["v_scale"], cpu["v_zero"], vg, t, lower)
         assert torch.equal(a.cpu(), e)
+
+
+@needs_cuda
+def test_cuda_cache_class_matches_cpu():
+    torch.manual_seed(8)
+    b, hkv, d, n = 2, 2, 64, 3
+    k_full, v_full = torch.randn(b, hkv, 150, d), torch.randn(b, hkv, 150, d)
+    outs = []
+    for device in ("cpu", "cuda"):
+        cache = HierarchicalKVCache(1, b, hkv, d, 256, key_group=32, value_group=32, residual=8, device=device)
+        run_tokens(cache, [(k_full.to(device), v_full.to(device))], 120)
+        cache.flush()
+        cache.write(0, k_full[:, :, 120:123].to(device), v_full[:, :, 120:123].to(device))
+        q = torch.randn(b, 2 * hkv, n, d, generator=torch.Generator().manual_seed(0)).to(device)
+        outs.append([cache.attend(0, q, upper_only=u).cpu() for u in (True, False)])
+    for a, e in zip(outs[1], outs[0]):
+        assert torch.allclose(a, e, atol=1e-4)
