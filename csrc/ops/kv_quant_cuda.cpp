@@ -63,12 +63,12 @@ void dequantize_cuda(bool keys, const at::Tensor& upper, const at::Tensor& lower
                      const at::Tensor& zero, int64_t group_size, bool use_lower, at::Tensor& out, const KvShape& s) {
   check_on_cuda({{"out", &out}, {"upper", &upper}, {"lower", &lower}, {"scale", &scale}, {"zero", &zero}});
   const c10::cuda::CUDAGuard guard(out.device());
-  // The kernel stores float2 pairs: write to a temporary unless `out` is 8-byte aligned float32.
-  const bool direct = out.scalar_type() == at::kFloat && reinterpret_cast<uintptr_t>(out.data_ptr()) % 8 == 0;
-  at::Tensor outf = direct ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  // The kernel stores pairs of outputs as one word: write to a temporary unless `out` is aligned.
+  const bool direct = reinterpret_cast<uintptr_t>(out.data_ptr()) % (2 * out.element_size()) == 0;
+  at::Tensor outf = direct ? out : at::empty(out.sizes(), out.options());
   check_status(kv::launch_dequantize(keys, upper.data_ptr<uint8_t>(), lower.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                                      zero.data_ptr<float>(), s.B, s.H, s.T, s.D, s.capacity, group_size, use_lower,
-                                     outf.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+                                     outf.data_ptr(), kernel_dtype(outf), c10::cuda::getCurrentCUDAStream()),
                keys ? "kv_dequantize_keys" : "kv_dequantize_values", s);
   if (!outf.is_same(out)) out.copy_(outf);
 }

@@ -3,6 +3,9 @@
 // Adjacent threads take adjacent channel pairs / groups, so global accesses coalesce.
 #include "kernels/kv_quant/hier4_cuda.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <type_traits>
 
 #include "kernels/kv_quant/hier4.h"
@@ -49,11 +52,32 @@ __global__ void quantize_values_kernel(const T* __restrict__ v, const int64_t* _
                        lower + tok * (D / 2) + g * G / 2, scale + tok * groups + g, zero + tok * groups + g);
 }
 
-// Thread i: (row r, token t, byte j = channels 2j, 2j+1).
+// Two adjacent outputs in the output dtype, stored as one 8- or 4-byte word.
+template <typename OutT>
+struct Pair;
+template <>
+struct Pair<float> {
+  using type = float2;
+  static __device__ __forceinline__ float2 make(float a, float b) { return make_float2(a, b); }
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ __half2 make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ __nv_bfloat162 make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
+// Thread i: (row r, token t, byte j = channels 2j, 2j+1). Output written in its own dtype so an
+// fp16 / bf16 attention reads the dequantised cache without a conversion pass.
+template <typename OutT>
 __global__ void dequantize_kernel(bool keys, const uint8_t* __restrict__ upper, const uint8_t* __restrict__ lower,
                                   const float* __restrict__ scale, const float* __restrict__ zero, int64_t rows,
                                   int64_t T_, int64_t D, int64_t capacity, int64_t G, bool use_lower,
-                                  float* __restrict__ out) {
+                                  typename Pair<OutT>::type* __restrict__ out) {
   const int64_t half = D / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * T_ * half) return;
@@ -71,9 +95,8 @@ __global__ void dequantize_kernel(bool keys, const uint8_t* __restrict__ upper, 
   float o[2];
   dequantize_byte(upper[byte], use_lower ? lower[byte] : uint8_t{0x88}, scale[p0], zero[p0], scale[p1], zero[p1],
                   use_lower, o);
-  reinterpret_cast<float2*>(out)[(r * T_ + t) * half + j] = make_float2(o[0], o[1]);
+  out[(r * T_ + t) * half + j] = Pair<OutT>::make(o[0], o[1]);
 }
-
 
 template <typename F>
 cudaError_t by_dtype(DType dtype, const F& f) {
@@ -116,12 +139,26 @@ cudaError_t launch_quantize_values(const void* v, DType dtype, const int64_t* st
 
 cudaError_t launch_dequantize(bool keys, const uint8_t* upper, const uint8_t* lower, const float* scale,
                               const float* zero, int64_t B, int64_t H, int64_t T, int64_t D, int64_t capacity,
-                              int64_t G, bool use_lower, float* out, cudaStream_t stream) {
+                              int64_t G, bool use_lower, void* out, DType out_dtype, cudaStream_t stream) {
   if (G <= 0 || D % 2 != 0 || T > capacity) return cudaErrorInvalidValue;
   const int64_t items = B * H * T * (D / 2);
   if (items == 0) return cudaSuccess;
-  dequantize_kernel<<<grid_for(items), kThreads, 0, stream>>>(keys, upper, lower, scale, zero, B * H, T, D, capacity,
-                                                               G, use_lower, out);
+  switch (out_dtype) {
+    case DType::kFloat32:
+      dequantize_kernel<float><<<grid_for(items), kThreads, 0, stream>>>(
+          keys, upper, lower, scale, zero, B * H, T, D, capacity, G, use_lower, static_cast<float2*>(out));
+      break;
+    case DType::kFloat16:
+      dequantize_kernel<__half><<<grid_for(items), kThreads, 0, stream>>>(
+          keys, upper, lower, scale, zero, B * H, T, D, capacity, G, use_lower, static_cast<__half2*>(out));
+      break;
+    case DType::kBFloat16:
+      dequantize_kernel<__nv_bfloat16><<<grid_for(items), kThreads, 0, stream>>>(
+          keys, upper, lower, scale, zero, B * H, T, D, capacity, G, use_lower, static_cast<__nv_bfloat162*>(out));
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

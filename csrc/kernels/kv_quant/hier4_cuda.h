@@ -21,9 +21,10 @@ cudaError_t launch_quantize_values(const void* v, DType dtype, const int64_t* st
                                    int64_t D, int64_t capacity, int64_t G, uint8_t* upper, uint8_t* lower, float* scale,
                                    float* zero, cudaStream_t stream);
 
-// out: [B, H, T, D] float32, tokens [0, T) of the cache. keys: true for key grouping.
+// out: [B, H, T, D] in out_dtype (float32 / float16 / bfloat16; aligned to two elements), tokens
+// [0, T) of the cache. keys: true for key grouping.
 cudaError_t launch_dequantize(bool keys, const uint8_t* upper, const uint8_t* lower, const float* scale,
                               const float* zero, int64_t B, int64_t H, int64_t T, int64_t D, int64_t capacity,
-                              int64_t G, bool use_lower, float* out, cudaStream_t stream);
+                              int64_t G, bool use_lower, void* out, DType out_dtype, cudaStream_t stream);
 
 }  // namespace specdec::kv
