@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/kv_quant/hier4.h"
 #include "ops/kv_quant_common.h"
@@ -81,27 +82,37 @@ void kv_quantize_values_cpu(const at::Tensor& v, const at::Tensor& start, int64_
   });
 }
 
-// Shared read-back loop; `param_index(token, channel)` gives the flat scale / zero index within a
-// (row, head) slab.
-template <typename ParamIndex>
+// Shared read-back loop. For token t of slab r, `params(r, t)` returns the scale / zero offset of
+// channel pair 0 and `pair_param(i)` the offsets of pair i's two channels relative to it, so the
+// inner loop over channel pairs is index arithmetic the compiler can hoist.
+template <typename Params, typename PairParam>
 void dequantize_cpu(const at::Tensor& upper, const at::Tensor& lower, const at::Tensor& scale,
                     const at::Tensor& zero, bool use_lower, at::Tensor& out, const KvShape& s,
-                    int64_t params_per_row, const ParamIndex& param_index) {
+                    const Params& params, const PairParam& pair_param) {
   at::Tensor outf = out.scalar_type() == at::kFloat ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
   const uint8_t* up = upper.data_ptr<uint8_t>();
   const uint8_t* lo = lower.data_ptr<uint8_t>();
   const float* sc = scale.data_ptr<float>();
   const float* ze = zero.data_ptr<float>();
   float* o = outf.data_ptr<float>();
+  const int64_t half = s.D / 2;
   parallel_range(0, s.B * s.H, grain_rows(s.T, s.D), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t t = 0; t < s.T; ++t) {
-        const int64_t byte0 = (r * s.capacity + t) * (s.D / 2);
-        for (int64_t i = 0; i < s.D / 2; ++i) {
-          const int64_t p0 = r * params_per_row + param_index(t, 2 * i);
-          const int64_t p1 = r * params_per_row + param_index(t, 2 * i + 1);
-          kv::dequantize_byte(up[byte0 + i], use_lower ? lo[byte0 + i] : uint8_t{0x88}, sc[p0], ze[p0], sc[p1],
-                              ze[p1], use_lower, o + (r * s.T + t) * s.D + 2 * i);
+        const int64_t byte0 = (r * s.capacity + t) * half;
+        const float* st = sc + params(r, t);
+        const float* zt = ze + params(r, t);
+        float* ot = o + (r * s.T + t) * s.D;
+        if (use_lower) {
+          for (int64_t i = 0; i < half; ++i) {
+            const auto [a, b] = pair_param(i);
+            kv::dequantize_byte(up[byte0 + i], lo[byte0 + i], st[a], zt[a], st[b], zt[b], true, ot + 2 * i);
+          }
+        } else {  // upper only: the lower codes are not read
+          for (int64_t i = 0; i < half; ++i) {
+            const auto [a, b] = pair_param(i);
+            kv::dequantize_byte(up[byte0 + i], 0x88, st[a], zt[a], st[b], zt[b], false, ot + 2 * i);
+          }
         }
       }
   });
@@ -112,18 +123,22 @@ void kv_dequantize_keys_cpu(const at::Tensor& k_upper, const at::Tensor& k_lower
                             const at::Tensor& k_zero, int64_t group_size, bool use_lower, at::Tensor& out) {
   check_activation(out, "out");
   const KvShape s = check_keys(out, k_upper, k_lower, k_scale, k_zero, group_size, /*block=*/false);
-  const int64_t G = group_size, D = s.D;
-  dequantize_cpu(k_upper, k_lower, k_scale, k_zero, use_lower, out, s, (s.capacity / G) * D,
-                 [G, D](int64_t t, int64_t d) { return (t / G) * D + d; });
+  const int64_t G = group_size, D = s.D, per_row = (s.capacity / G) * D;
+  // k_scale: (B, H, capacity/G, D): one entry per channel of the token's group
+  dequantize_cpu(k_upper, k_lower, k_scale, k_zero, use_lower, out, s,
+                 [=](int64_t r, int64_t t) { return r * per_row + (t / G) * D; },
+                 [](int64_t i) { return std::pair<int64_t, int64_t>{2 * i, 2 * i + 1}; });
 }
 
 void kv_dequantize_values_cpu(const at::Tensor& v_upper, const at::Tensor& v_lower, const at::Tensor& v_scale,
                               const at::Tensor& v_zero, int64_t group_size, bool use_lower, at::Tensor& out) {
   check_activation(out, "out");
   const KvShape s = check_values(out, v_upper, v_lower, v_scale, v_zero, group_size, /*block=*/false);
-  const int64_t G = group_size, groups = s.D / G;
-  dequantize_cpu(v_upper, v_lower, v_scale, v_zero, use_lower, out, s, s.capacity * groups,
-                 [G, groups](int64_t t, int64_t d) { return t * groups + d / G; });
+  const int64_t G = group_size, groups = s.D / G, cap = s.capacity;
+  // v_scale: (B, H, capacity, D/G): both channels of a pair share a group (G is even)
+  dequantize_cpu(v_upper, v_lower, v_scale, v_zero, use_lower, out, s,
+                 [=](int64_t r, int64_t t) { return (r * cap + t) * groups; },
+                 [=](int64_t i) { return std::pair<int64_t, int64_t>{2 * i / G, 2 * i / G}; });
 }
 
 }  // namespace
