@@ -29,7 +29,7 @@ test: build
 	$(PY) -m pytest -q tests
 
 bench: build
-	$(PY) -m bench.run_all
+	$(PY) bench/run_all.py
 
 # CPU-only build into a scratch copy, then the CPU tests against it (cheap proof that
 # SPECDEC_CUDA=0 builds and passes).

@@ -110,15 +110,17 @@ SPECDEC_HD int32_t verify_row_precheck(const VerifyArgs& a, int64_t row) {
 
 // The walk over one row's positions (serial on both devices): writes tokens / accepted /
 // num_accepted / status of row `row`. `evaluate(j)` returns the PositionResult of position j; it is
-// called for j = 0, 1, ... and never past the first rejection, flagged position or the bonus.
+// called for j = 0, 1, ... and never past the first rejection, flagged position or the bonus. On
+// CUDA every thread of a block may walk together (evaluate being block-collective, so control flow
+// stays uniform) with only `writer` storing the outputs.
 template <class Evaluate>
-SPECDEC_HD void walk_row(const VerifyArgs& a, int64_t row, Evaluate&& evaluate) {
+SPECDEC_HD void walk_row(const VerifyArgs& a, int64_t row, Evaluate&& evaluate, bool writer = true) {
   const int64_t width = a.max_draft + 1;
   int64_t* tokens = a.tokens + row * width;
   int8_t* accepted = a.accepted + row * a.max_draft;
-  for (int64_t j = 0; j < width; ++j) tokens[j] = -1;
-  for (int64_t j = 0; j < a.max_draft; ++j) accepted[j] = -1;
-  a.num_accepted[row] = 0;
+  int64_t emitted = 0;    // tokens written so far
+  int64_t reached = 0;    // draft positions decided (accepted entries written)
+  int64_t num_acc = 0;
   int32_t status = verify_row_precheck(a, row);
   if (status == 0) {
     const int64_t k = a.cu_num_draft[row + 1] - a.cu_num_draft[row];
@@ -126,18 +128,27 @@ SPECDEC_HD void walk_row(const VerifyArgs& a, int64_t row, Evaluate&& evaluate) 
       const PositionResult r = evaluate(j);
       if (r.status != 0) {
         status = r.status;
-        for (int64_t t = 0; t <= j; ++t) tokens[t] = -1;
-        for (int64_t t = 0; t < j && t < a.max_draft; ++t) accepted[t] = -1;
+        emitted = 0;
+        reached = 0;
+        num_acc = 0;
         break;
       }
-      tokens[j] = r.token;
-      if (j < k) accepted[j] = r.accepted ? 1 : 0;
+      if (writer) tokens[j] = r.token;
+      if (writer && j < k) accepted[j] = r.accepted ? 1 : 0;
+      emitted = j + 1;
+      if (j < k) reached = j + 1;
       if (j == k || !r.accepted) {
-        a.num_accepted[row] = j;
+        num_acc = j;
         break;
       }
     }
   }
+  if (!writer) return;
+  // a flagged row emits nothing; padding: tokens -1 past what was emitted, accepted -1 past the
+  // positions reached (emitted positions are reached; the bonus has no accepted entry)
+  for (int64_t j = emitted; j < width; ++j) tokens[j] = -1;
+  for (int64_t j = reached; j < a.max_draft; ++j) accepted[j] = -1;
+  a.num_accepted[row] = num_acc;
   a.status[row] = status;
 }
 

@@ -16,7 +16,12 @@ its position) and does not move ``lengths``. The caller then commits per row:
   prefix, then keeps them.
 
 ``truncate(lengths)`` rolls rows back to shorter committed lengths. None of these synchronise
-with the host per row: they are batched tensor operations.
+with the host per row: they are batched tensor operations. The built-in model's ``forward``
+makes no host sync at all (the HF adapter's depends on ``transformers``); ``commit`` and
+``truncate`` make one small device-to-host copy per call (it validates the arguments and keeps a
+host copy of ``max(lengths)``, which bounds the slots a forward reads). A forward that is not
+committed is discarded by the next forward. Commits and truncates past what is pending or
+committed raise ValueError, as does a forward that would overflow ``max_length``.
 
 Padding: rows may carry fewer real new tokens than ``n`` (ragged drafts, prompts of different
 lengths). Pad the tail of ``tokens`` with any valid id; pads come after the real tokens, so no real
@@ -76,5 +81,9 @@ class CausalLM(Protocol):
         """Run ``tokens`` [B, n] at absolute ``positions`` [B, n] (RoPE) on top of ``cache``.
 
         ``tree_mask`` [B, n, n] bool: entry (i, j) says new token i may attend to new token j; the
-        committed prefix is always visible. None means causal among the new tokens.
+        committed prefix is always visible, and so is the token itself (whatever the diagonal
+        says). None means causal among the new tokens.
+
+        Both implementations also expose ``eos_token_ids`` (a tuple, from the checkpoint's config
+        and generation config); it is not part of this protocol.
         """

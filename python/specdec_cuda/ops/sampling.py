@@ -207,6 +207,11 @@ def verify_chain(
     * ``typical=True`` (any temperature > 0 row): Medusa's typical acceptance, LOSSY, accept when
       ``p(x) > min(typical_epsilon, typical_alpha * exp(-H(p)))``, else sample from ``p``.
 
+    One call mixes greedy rows with sampled rows of one kind (with draft logits: rejection
+    sampling; without: sample-and-match; typical when ``typical``). To put a one-hot draft (e.g. an
+    n-gram guess) into a batch with draft logits, give it a draft row of -inf except 0 at the
+    guessed token: rejection sampling against a one-hot q is exact too.
+
     ``p`` and ``q`` are softmax(logits / temperature) after top-k / top-p, as in :func:`sample`.
     Draws use Philox streams keyed by (seed, position + j, purpose).
 

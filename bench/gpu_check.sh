@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The one script to run on a GPU machine (target: under 8 minutes on an H200 with 16 cores).
+#
+#   bench/gpu_check.sh OUT_DIR [PYTHON]
+#
+# Builds the extension in place for sm_90 with every core, measures the HBM bandwidth (a 2 GiB
+# device-to-device copy), runs the test suite (-m "not slow": the CUDA tests run since a GPU is
+# present) and each family's benchmarks, writing JSON results and gpu_check.log into OUT_DIR.
+# PYTHON: an interpreter with torch (CUDA build) installed; default $PYTHON, ./.venv/bin/python, or
+# python3. With GPU_CHECK_VENV=1 a virtualenv is created in OUT_DIR/venv on top of it
+# (--system-site-packages, so torch is reused; nothing is downloaded).
+#
+# Families add their tests / benchmarks in their own section below (copy the sampling block).
+set -u
+OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [PYTHON]}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${2:-${PYTHON:-}}
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+if [ "${GPU_CHECK_VENV:-0}" = 1 ]; then
+  "$PY" -m venv --system-site-packages "$OUT/venv" && PY="$OUT/venv/bin/python"
+fi
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+FAILED=()
+START=$(date +%s)
+
+log() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+
+# step NAME TIMEOUT_S CMD...: run with a time limit, log output and result, keep going on failure.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  log "---- $name (limit ${limit}s): $*"
+  local t0=$(date +%s)
+  timeout "$limit" "$@" >> "$LOG" 2>&1
+  local rc=$?
+  log "---- $name: rc=$rc in $(( $(date +%s) - t0 ))s"
+  [ $rc -eq 0 ] || FAILED+=("$name")
+  return $rc
+}
+
+log "repo $(pwd), python $PY, out $OUT"
+nvidia-smi >> "$LOG" 2>&1
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
+
+# ---- build: sm_90, all cores ---------------------------------------------------------------------
+export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=$(nproc) SPECDEC_CUDA=1
+step build 330 "$PY" setup.py build_ext --inplace || { log "build failed: see $LOG"; exit 1; }
+"$PY" -c "import sys; sys.path.insert(0, 'python'); import specdec_cuda; print(specdec_cuda.build_info())" 2>&1 | tee -a "$LOG"
+
+# ---- HBM bandwidth: 2 GiB device-to-device copy (read + write) ----------------------------------
+HBM=$("$PY" - <<'PYEOF' 2>>"$LOG"
+import torch
+n = 2**31
+src = torch.empty(n, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
+for _ in range(3): dst.copy_(src)
+torch.cuda.synchronize()
+times = []
+for _ in range(10):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); dst.copy_(src); b.record(); b.synchronize(); times.append(a.elapsed_time(b))
+times.sort()
+print(f"{2 * n / (times[len(times) // 2] * 1e-3) / 1e9:.1f}")
+PYEOF
+)
+log "HBM bandwidth: ${HBM:-unknown} GB/s"
+echo "{\"hbm_gbps\": ${HBM:-null}}" > "$OUT/hbm.json"
+HBM_ARG=()
+[ -n "${HBM:-}" ] && HBM_ARG=(--hbm-gbps "$HBM")
+
+# ---- tests (all families): the fast suite, CUDA tests included ----------------------------------
+step tests 240 "$PY" -m pytest -q -m "not slow" tests/ -p no:cacheprovider
+
+# ==== family: sampling ===========================================================================
+step bench_sampling 150 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/sampling.json" "${HBM_ARG[@]}"
+# ==== end family: sampling =======================================================================
+
+# ==== family: models ==============================================================================
+step bench_models 90 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
+# ==== end family: models ==========================================================================
+
+# ==== family: tree ================================================================================
+# ==== end family: tree ============================================================================
+
+# ==== family: quant ===============================================================================
+# ==== end family: quant ===========================================================================
+
+# ==== family: kv_quant ============================================================================
+# ==== end family: kv_quant ========================================================================
+
+log "done in $(( $(date +%s) - START ))s; failed steps: ${FAILED[*]:-none}"
+[ ${#FAILED[@]} -eq 0 ]

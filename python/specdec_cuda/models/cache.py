@@ -1,0 +1,149 @@
+"""A static KV cache with one committed length per row, for the built-in model.
+
+Layout: one tensor ``kv`` [L, 2, B, H_kv, T_max, D]; ``keys[l]`` and ``values[l]`` are its
+contiguous [B, H_kv, T_max, D] views, so one indexing op can move slots of every layer at once
+(tree compaction). Row ``b`` holds its committed tokens in slots ``0 .. lengths[b] - 1``; a
+forward over ``n`` new tokens writes them to the pending slots ``lengths[b] .. lengths[b] + n - 1``
+and ``commit`` keeps some of them (see ``protocol.py``). Slots past a row's length hold stale
+values that the attention mask hides; the cache starts zeroed so they are always finite.
+
+Host view: ``max_length_committed`` is ``max(lengths)`` as a Python int. It bounds the slots a
+forward reads (attention over ``max_length_committed + n`` slots, not ``T_max``) and lets forward
+check the capacity without a device sync. ``commit`` and ``truncate`` refresh it with one small
+device-to-host copy per call (never one per row), which also validates their arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticKVCache:
+    """Per-layer K/V [B, H_kv, T_max, D] plus ``lengths`` [B] int64 (see the module docstring).
+
+    Example::
+
+        cache = model.new_cache(batch_size=2, max_length=64)
+        out = model.forward(prompt_tokens, positions, cache)    # writes pending slots
+        cache.commit(torch.tensor([5, 3]))                      # rows keep 5 and 3 tokens
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        max_length: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if batch_size < 1 or max_length < 1:
+            raise ValueError(f"batch_size ({batch_size}) and max_length ({max_length}) must be positive")
+        self.kv = torch.zeros(
+            num_layers, 2, batch_size, num_kv_heads, max_length, head_dim, dtype=dtype, device=device
+        )
+        self.keys = [self.kv[i, 0] for i in range(num_layers)]
+        self.values = [self.kv[i, 1] for i in range(num_layers)]
+        self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.max_length_committed = 0  # host copy of lengths.max()
+        self.num_pending = 0  # new tokens written by the last forward and not yet committed
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    # -- used by the model's forward ------------------------------------------------------------
+
+    def begin_forward(self, n: int) -> int:
+        """Check room for ``n`` new tokens per row; return the number of slots to attend over."""
+        span = self.max_length_committed + n
+        if span > self.max_length:
+            raise ValueError(
+                f"KV cache overflow: a row holds {self.max_length_committed} committed tokens and the "
+                f"forward adds {n}, but the cache was made with max_length={self.max_length}"
+            )
+        self.num_pending = n
+        return span
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def commit(self, num_kept: torch.Tensor, kept_indices: torch.Tensor | None = None) -> None:
+        """Keep pending tokens: the first ``num_kept[b]`` of them, or ``kept_indices[b, :num_kept[b]]``.
+
+        Shape: num_kept [B] int64; kept_indices [B, m] int64 (indices into the last forward's
+        ``n`` new tokens, -1 padded, m <= n) or None.
+        """
+        num_kept = torch.as_tensor(num_kept, dtype=torch.int64, device=self.device)
+        if num_kept.shape != (self.batch_size,):
+            raise ValueError(f"num_kept must have shape [{self.batch_size}], got {tuple(num_kept.shape)}")
+        if kept_indices is not None:
+            kept_indices = torch.as_tensor(kept_indices, dtype=torch.int64, device=self.device)
+            if kept_indices.dim() != 2 or kept_indices.shape[0] != self.batch_size:
+                raise ValueError(
+                    f"kept_indices must have shape [{self.batch_size}, m], got {tuple(kept_indices.shape)}"
+                )
+            if kept_indices.shape[1] > self.num_pending:
+                raise ValueError(
+                    f"kept_indices has {kept_indices.shape[1]} columns but only {self.num_pending} "
+                    "tokens are pending"
+                )
+        new_lengths = self.lengths + num_kept
+        checks = [new_lengths.max(), num_kept.min(), num_kept.max()]
+        if kept_indices is not None and kept_indices.numel():
+            # Out-of-range indices among the kept ones (padding beyond num_kept[b] is ignored).
+            col = torch.arange(kept_indices.shape[1], device=self.device)
+            kept = col < num_kept[:, None]
+            bad = kept & ((kept_indices < 0) | (kept_indices >= self.num_pending))
+            checks.append(bad.any().to(torch.int64))
+        stats = torch.stack(checks).tolist()  # the one host sync of this call
+        new_max, lo, hi = stats[:3]
+        if lo < 0 or hi > self.num_pending:
+            raise ValueError(
+                f"num_kept must lie in [0, {self.num_pending}] (tokens pending), got values in [{lo}, {hi}]"
+            )
+        if kept_indices is not None and len(stats) > 3 and stats[3]:
+            raise ValueError(f"kept_indices must index the {self.num_pending} pending tokens (0 .. n-1)")
+        if kept_indices is not None and kept_indices.numel():
+            self._compact(kept_indices, num_kept)
+        self.lengths.copy_(new_lengths)
+        self.max_length_committed = int(new_max)
+        self.num_pending = 0
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Roll rows back to ``lengths`` [B] int64 (each between 0 and the row's current length)."""
+        lengths = torch.as_tensor(lengths, dtype=torch.int64, device=self.device)
+        if lengths.shape != (self.batch_size,):
+            raise ValueError(f"lengths must have shape [{self.batch_size}], got {tuple(lengths.shape)}")
+        new_max, bad = torch.stack(
+            [lengths.max(), ((lengths < 0) | (lengths > self.lengths)).any().to(torch.int64)]
+        ).tolist()
+        if bad:
+            raise ValueError(
+                f"truncate: lengths {lengths.tolist()} must lie in [0, current lengths {self.lengths.tolist()}]"
+            )
+        self.lengths.copy_(lengths)
+        self.max_length_committed = int(new_max)
+        self.num_pending = 0
+
+    def reset(self) -> None:
+        """Empty every row (the storage is kept)."""
+        self.lengths.zero_()
+        self.max_length_committed = 0
+        self.num_pending = 0
+
+    # -- tree compaction ------------------------------------------------------------------------
+
+    def _compact(self, kept_indices: torch.Tensor, num_kept: torch.Tensor) -> None:
+        # Move pending slot lengths[b] + kept_indices[b, j] to lengths[b] + j, for every layer, K and
+        # V, in one gather and one scatter over kv [L, 2, B, H, T, D]. Columns j >= num_kept[b]
+        # copy a slot onto itself. Gathering first makes overlapping moves safe.
+        m = kept_indices.shape[1]
+        col = torch.arange(m, device=self.device)
+        dst = self.lengths[:, None] + col  # [B, m]
+        src = torch.where(col < num_kept[:, None], self.lengths[:, None] + kept_indices, dst)
+        rows = torch.arange(self.batch_size, device=self.device)[:, None]
+        moved = self.kv[:, :, rows, :, src]  # [B, m, L, 2, H, D] (advanced dims first)
+        self.kv[:, :, rows, :, dst] = moved

@@ -1,0 +1,214 @@
+"""The built-in Llama/Qwen2/Qwen3 causal LM: embeddings, decoder layers, final norm, LM head.
+
+It implements the model protocol (``protocol.py``) over a ``StaticKVCache``. One forward handles
+``[B, n]`` new tokens at per-row positions with per-row cache lengths and an optional tree mask,
+with batched tensor ops only (no per-row Python loop, no host sync).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .cache import StaticKVCache
+from .config import LlamaConfig
+from .layers import DecoderLayer, RMSNorm
+from .protocol import ModelOutput
+from .rope import inverse_frequencies, rope_cos_sin
+
+
+class LlamaModel(nn.Module):
+    """A Llama/Qwen-family decoder behind the model protocol.
+
+    Build it with ``specdec_cuda.models.load(folder)``, or ``LlamaModel(config)`` followed by
+    ``load_hf_state_dict``. Parameters are created uninitialised (use ``torch.device("meta")`` as
+    the default device to skip allocation before loading).
+
+    Example::
+
+        model = specdec_cuda.models.load("path/to/qwen3", dtype=torch.bfloat16)
+        cache = model.new_cache(batch_size=1, max_length=256)
+        tokens = torch.tensor([[1, 15, 27]])
+        out = model.forward(tokens, torch.arange(3)[None], cache)    # logits [1, 3, V]
+        cache.commit(torch.tensor([3]))
+    """
+
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.num_layers = config.num_hidden_layers
+        self.hidden_size = config.hidden_size
+        self.eos_token_ids = config.eos_token_id  # from config.json / generation_config.json
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False, dtype=dtype
+        )
+        for p in self.parameters():
+            p.requires_grad_(False)
+        self._inv_freq: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._mask_scalars: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, batch_size: int, max_length: int) -> StaticKVCache:
+        """An empty cache for ``batch_size`` rows of up to ``max_length`` tokens (pending included)."""
+        c = self.config
+        return StaticKVCache(
+            c.num_hidden_layers, batch_size, c.num_key_value_heads, max_length, c.head_dim, self.dtype, self.device
+        )
+
+    def _mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # 0 and -inf as 0-dim tensors of the model's dtype, so one torch.where makes the mask.
+        key = (self.device, self.dtype)
+        if key not in self._mask_scalars:
+            self._mask_scalars[key] = (
+                torch.zeros((), dtype=self.dtype, device=self.device),
+                torch.full((), float("-inf"), dtype=self.dtype, device=self.device),
+            )
+        return self._mask_scalars[key]
+
+    def _rope_inv_freq(self) -> torch.Tensor:
+        # Angles in fp32 as Hugging Face does (fp64 for an fp64 model); computed once per device.
+        precision = torch.float64 if self.dtype == torch.float64 else torch.float32
+        key = (self.device, precision)
+        if key not in self._inv_freq:
+            inv_freq = inverse_frequencies(self.config, precision)
+            self._inv_freq[key] = torch.cat((inv_freq, inv_freq)).to(self.device)  # [head_dim]
+        return self._inv_freq[key]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: StaticKVCache,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+    ) -> ModelOutput:
+        """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache`` (see ``CausalLM.forward``).
+
+        Shape: tokens [B, n] int64; positions [B, n] int64; tree_mask [B, n, n] bool or None (a
+        token always sees itself, whatever the mask's diagonal says); returns logits [B, n, V] and
+        hidden_states {layer: [B, n, hidden]} for ``hidden_layers`` (``i`` = output of decoder
+        layer ``i``, ``-1`` = the final normed hidden state). The new tokens' K/V go to the pending
+        slots ``cache.lengths[b] + i``; ``cache.lengths`` is not changed (call ``cache.commit``).
+        """
+        B, n = tokens.shape
+        if positions.shape != (B, n):
+            raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")
+        if cache.batch_size != B:
+            raise ValueError(f"tokens has {B} rows but the cache was made for {cache.batch_size}")
+        for i in hidden_layers:
+            if not -1 <= i < self.num_layers:
+                raise ValueError(f"hidden_layers: {i} is not a layer index in [-1, {self.num_layers - 1}]")
+        span = cache.begin_forward(n)
+        device = self.device
+
+        # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
+        lengths = cache.lengths
+        steps = torch.arange(n, device=device)
+        slots = lengths[:, None] + steps  # [B, n]
+        slot_index = slots[:, None, :, None].expand(B, self.config.num_key_value_heads, n, self.config.head_dim)
+        rel = torch.arange(span, device=device) - lengths[:, None]  # [B, span]: slot - length
+        if tree_mask is None:
+            attn_mask = rel[:, None, :] <= steps[None, :, None]  # prefix, then causal
+        else:
+            if tree_mask.shape != (B, n, n):
+                raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
+            tree_mask = tree_mask.to(torch.bool) | torch.eye(n, dtype=torch.bool, device=device)
+            new_col = rel.clamp(0, n - 1)[:, None, :].expand(B, n, span)
+            in_new = (rel >= 0) & (rel < n)
+            attn_mask = (rel < 0)[:, None, :] | (in_new[:, None, :] & tree_mask.gather(2, new_col))
+        # Additive mask [B, 1, n, span]: SDPA's CPU kernel runs a float mask faster than a bool one.
+        zero, minus_inf = self._mask_values()
+        attn_mask = torch.where(attn_mask[:, None], zero, minus_inf)
+
+        cos, sin = rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
+        x = self.embed_tokens(tokens)
+        wanted = set(hidden_layers)
+        hidden_states: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
+            if i in wanted:
+                hidden_states[i] = x
+        x = self.norm(x)
+        if -1 in wanted:
+            hidden_states[-1] = x
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = torch.nn.functional.linear(x, weight)
+        return ModelOutput(logits=logits, hidden_states=hidden_states)
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    def hf_tensor_names(self) -> list[str]:
+        """The Hugging Face tensor names this model reads (without any file's prefix)."""
+        return list(self._hf_layout())
+
+    def _hf_layout(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+        # HF name -> (destination parameter, row offset, rows): fused projections take row slices.
+        c = self.config
+        q_dim, kv_dim = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        inter = c.intermediate_size
+        layout: dict[str, tuple[torch.Tensor, int, int]] = {}
+
+        def whole(name: str, param: torch.Tensor) -> None:
+            layout[name] = (param, 0, param.shape[0])
+
+        whole("model.embed_tokens.weight", self.embed_tokens.weight)
+        whole("model.norm.weight", self.norm.weight)
+        if self.lm_head is not None:
+            whole("lm_head.weight", self.lm_head.weight)
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            for proj, off, rows in (("q", 0, q_dim), ("k", q_dim, kv_dim), ("v", q_dim + kv_dim, kv_dim)):
+                layout[f"{p}self_attn.{proj}_proj.weight"] = (attn.qkv_proj.weight, off, rows)
+                if c.qkv_bias:
+                    layout[f"{p}self_attn.{proj}_proj.bias"] = (attn.qkv_proj.bias, off, rows)
+            whole(f"{p}self_attn.o_proj.weight", attn.o_proj.weight)
+            if c.o_bias:
+                whole(f"{p}self_attn.o_proj.bias", attn.o_proj.bias)
+            if c.qk_norm:
+                whole(f"{p}self_attn.q_norm.weight", attn.q_norm.weight)
+                whole(f"{p}self_attn.k_norm.weight", attn.k_norm.weight)
+            layout[f"{p}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, 0, inter)
+            layout[f"{p}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, inter, inter)
+            whole(f"{p}mlp.down_proj.weight", mlp.down_proj.weight)
+            if c.mlp_bias:
+                layout[f"{p}mlp.gate_proj.bias"] = (mlp.gate_up_proj.bias, 0, inter)
+                layout[f"{p}mlp.up_proj.bias"] = (mlp.gate_up_proj.bias, inter, inter)
+                whole(f"{p}mlp.down_proj.bias", mlp.down_proj.bias)
+            whole(f"{p}input_layernorm.weight", layer.input_layernorm.weight)
+            whole(f"{p}post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+        return layout
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+        """Copy Hugging Face-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...) in.
+
+        ``tensors`` may be any mapping, e.g. a lazy view of safetensors files; each tensor is read
+        once and cast to the model's dtype. Missing tensors or wrong shapes raise ValueError.
+        """
+        layout = self._hf_layout()
+        missing = [name for name in layout if name not in tensors]
+        if missing:
+            shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            raise ValueError(f"{source} lacks tensors the {self.config.family} model needs: {shown}")
+        for name, (param, off, rows) in layout.items():
+            src = tensors[name]
+            want = (rows, *param.shape[1:])
+            if tuple(src.shape) != want:
+                raise ValueError(f"{source}: tensor {name} has shape {tuple(src.shape)}, expected {want}")
+            param[off : off + rows].copy_(src)

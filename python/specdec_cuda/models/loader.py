@@ -1,0 +1,121 @@
+"""``load(path)``: a Hugging Face checkpoint folder (config.json + safetensors) -> ``LlamaModel``.
+
+Reads one ``*.safetensors`` file, several, or a sharded set listed by
+``model.safetensors.index.json``. Tensors are read one at a time straight into the model's
+parameters (allocated uninitialised on the target device), so peak memory is about one model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from .config import LlamaConfig, eos_token_ids
+from .llama import LlamaModel
+
+_INDEX = "model.safetensors.index.json"
+
+
+def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LlamaModel:
+    """Load a Llama / Qwen2 / Qwen3 checkpoint folder into the built-in model.
+
+    Parameters
+    ----------
+    path : folder with ``config.json`` and ``*.safetensors`` (optionally sharded with
+        ``model.safetensors.index.json``), as written by ``save_pretrained``.
+    dtype : parameter and cache dtype (fp32, bf16, fp16 or fp64); the file's dtype is cast.
+    device : where the parameters live.
+
+    Raises
+    ------
+    FileNotFoundError : the folder, its config.json or its weights are missing.
+    UnsupportedModelError (a ValueError) : a family other than llama / qwen2 / qwen3, or a feature
+        of it that the built-in model lacks (e.g. sliding windows); it names what it found.
+    ValueError : tensors missing from the files, or with the wrong shape.
+
+    Example
+    -------
+    >>> model = specdec_cuda.models.load("zoo/target", dtype=torch.bfloat16)  # doctest: +SKIP
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist or is not a folder")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{str(folder)!r} has no config.json; expected a Hugging Face checkpoint folder")
+    try:
+        raw = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+    config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
+    # Chat checkpoints often list their end-of-turn tokens only in generation_config.json.
+    generation_path = folder / "generation_config.json"
+    if generation_path.is_file():
+        try:
+            eos = json.loads(generation_path.read_text()).get("eos_token_id")
+        except json.JSONDecodeError:
+            eos = None
+        if eos is not None:
+            config = dataclasses.replace(config, eos_token_id=eos_token_ids(eos))
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
+
+    tensors = SafetensorsFolder(folder)
+    with torch.device("meta"):
+        model = LlamaModel(config, dtype=dtype)
+    model.to_empty(device=device)
+    model.load_hf_state_dict(tensors, source=str(folder))
+    return model.eval()
+
+
+class SafetensorsFolder(Mapping):
+    """Read-only mapping tensor name -> tensor over the safetensors files of a folder (lazy)."""
+
+    def __init__(self, folder: Path) -> None:
+        index_path = folder / _INDEX
+        if index_path.is_file():
+            weight_map = json.loads(index_path.read_text()).get("weight_map", {})
+            files = {name: folder / f for name, f in weight_map.items()}
+            for f in sorted(set(files.values())):
+                if not f.is_file():
+                    raise FileNotFoundError(f"{index_path} lists shard {f.name!r}, which is missing")
+        else:
+            shards = sorted(folder.glob("*.safetensors"))
+            if not shards:
+                others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+                hint = f" (found {', '.join(others)}; only safetensors are read)" if others else ""
+                raise FileNotFoundError(f"{str(folder)!r} has no *.safetensors weights{hint}")
+            files = {}
+            for f in shards:
+                with safe_open(str(f), framework="pt") as handle:
+                    files.update({name: f for name in handle.keys()})
+        # Checkpoints of a bare decoder (saved without the LM wrapper) lack the "model." prefix.
+        if "model.embed_tokens.weight" not in files and "embed_tokens.weight" in files:
+            files = {(k if k.startswith("lm_head.") else f"model.{k}"): v for k, v in files.items()}
+            self._strip = True
+        else:
+            self._strip = False
+        self._files = files
+        self._handles: dict[Path, object] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        f = self._files[name]
+        if f not in self._handles:
+            self._handles[f] = safe_open(str(f), framework="pt")
+        key = name[len("model."):] if self._strip and name.startswith("model.") else name
+        return self._handles[f].get_tensor(key)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._files
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)

@@ -1,0 +1,131 @@
+"""HFCausalLM: a transformers causal LM behind the model protocol (logits, trees, crop, hidden states).
+
+The cache semantics shared with the built-in model (ragged rows, tree compaction, truncate) are
+tested on both backends in test_models_cache.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from _models_testlib import VOCAB, ancestors_mask, depths, make_hf_model, path_to, save_checkpoint
+
+from specdec_cuda import models
+from specdec_cuda.models import CausalLM, HFCache, HFCausalLM, KVCache, UnsupportedModelError
+
+FP32_TOL = dict(rtol=1e-4, atol=1e-4)
+PARENTS = [-1, 0, 0, 1, 2, 2]
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="module", params=["qwen3", "gpt2"])
+def hf(request):
+    # A family the built-in model also runs, and one it does not (learned absolute positions).
+    return make_hf_model("qwen3") if request.param == "qwen3" else tiny_gpt2()
+
+
+def test_logits_equal_raw_model_prefill_and_decode(hf):
+    model = HFCausalLM(hf)
+    assert isinstance(model, CausalLM)
+    assert model.vocab_size == VOCAB and model.dtype == torch.float32
+    tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(input_ids=tokens).logits
+    cache = model.new_cache(2, 32)
+    assert isinstance(cache, HFCache) and isinstance(cache, KVCache)
+    pieces, start = [], 0
+    for n in (10, 1, 1, 5, 7):
+        out = model.forward(tokens[:, start : start + n], torch.arange(start, start + n).expand(2, n), cache)
+        cache.commit(torch.tensor([n, n]))
+        pieces.append(out.logits)
+        start += n
+    torch.testing.assert_close(torch.cat(pieces, 1), ref, **FP32_TOL)
+    assert cache.dynamic.get_seq_length() == 24
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_forward_equals_raw_model_on_paths(hf, attn):
+    model = HFCausalLM(hf, attn_implementation=attn)
+    prompt = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    tree = torch.randint(0, VOCAB, (1, len(PARENTS)), generator=torch.Generator().manual_seed(3))
+    cache = model.new_cache(1, 32)
+    model.forward(prompt, torch.arange(9)[None], cache)
+    cache.commit(torch.tensor([9]))
+    positions = torch.tensor([[9 + d for d in depths(PARENTS)]])
+    out = model.forward(tree, positions, cache, tree_mask=ancestors_mask(PARENTS)[None])
+    for node in range(len(PARENTS)):
+        with torch.no_grad():
+            ref = hf(input_ids=torch.cat([prompt, tree[:, path_to(PARENTS, node)]], 1)).logits[0, -1]
+        torch.testing.assert_close(out.logits[0, node], ref, **FP32_TOL)
+    hf.set_attn_implementation("sdpa")
+
+
+def test_crop_follows_commit_and_truncate(hf):
+    model = HFCausalLM(hf)
+    cache = model.new_cache(2, 32)
+    model.forward(torch.zeros(2, 8, dtype=torch.int64), torch.arange(8).expand(2, 8), cache)
+    assert cache.dynamic.get_seq_length() == 8  # pending tokens are appended
+    cache.commit(torch.tensor([8, 5]))
+    assert cache.dynamic.get_seq_length() == 8 and not cache.uniform
+    model.forward(torch.zeros(2, 4, dtype=torch.int64), cache.lengths[:, None] + torch.arange(4), cache)
+    assert cache.dynamic.get_seq_length() == 12
+    cache.commit(torch.tensor([1, 2]))  # lengths 9 and 7: physical length = the longest row
+    assert cache.lengths.tolist() == [9, 7] and cache.dynamic.get_seq_length() == 9
+    cache.truncate(torch.tensor([6, 6]))
+    assert cache.dynamic.get_seq_length() == 6 and cache.uniform
+    # An uncommitted forward is cropped away by the next one.
+    model.forward(torch.zeros(2, 3, dtype=torch.int64), torch.arange(6, 9).expand(2, 3), cache)
+    model.forward(torch.zeros(2, 2, dtype=torch.int64), torch.arange(6, 8).expand(2, 2), cache)
+    assert cache.dynamic.get_seq_length() == 8
+
+
+def test_hidden_states_equal_builtin_model(tmp_path):
+    hf = make_hf_model("llama3")
+    builtin = models.load(save_checkpoint(hf, tmp_path / "llama3"))
+    adapter = HFCausalLM(hf)
+    tokens = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(4))
+    layers = tuple(range(builtin.num_layers)) + (-1,)
+    a = adapter.forward(tokens, torch.arange(10).expand(2, 10), adapter.new_cache(2, 16), hidden_layers=layers)
+    b = builtin.forward(tokens, torch.arange(10).expand(2, 10), builtin.new_cache(2, 16), hidden_layers=layers)
+    assert set(a.hidden_states) == set(layers)
+    for i in layers:
+        torch.testing.assert_close(a.hidden_states[i], b.hidden_states[i], **FP32_TOL)
+    torch.testing.assert_close(a.logits, b.logits, **FP32_TOL)
+
+
+def test_flash_attention_needs_a_maskable_implementation():
+    hf = make_hf_model("qwen3")
+    model = HFCausalLM(hf)
+    cache = model.new_cache(1, 16)
+    hf.config._attn_implementation = "flash_attention_2"  # as loaded with FA2 (unavailable on CPU)
+    try:
+        with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+            model.forward(
+                torch.zeros(1, 3, dtype=torch.int64), torch.arange(3)[None], cache,
+                tree_mask=torch.ones(1, 3, 3, dtype=torch.bool),
+            )
+    finally:
+        hf.config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="attn_implementation must be one of"):
+        HFCausalLM(hf, attn_implementation="flash_attention_2")
+
+
+def test_sliding_window_models_are_refused():
+    hf = make_hf_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    with pytest.raises(UnsupportedModelError, match="DynamicSlidingWindowLayer"):
+        HFCausalLM(hf).new_cache(1, 16)
+
+
+def test_eos_token_ids():
+    assert HFCausalLM(tiny_gpt2()).eos_token_ids == (0,)
+    hf = make_hf_model("qwen3", eos_token_id=[5, 6])
+    assert HFCausalLM(hf).eos_token_ids == (5, 6)

@@ -1,0 +1,174 @@
+"""The built-in Llama/Qwen model against transformers on tiny random checkpoints of each family."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _models_testlib import FAMILIES, VOCAB, make_hf_model, save_checkpoint
+
+from specdec_cuda import models
+from specdec_cuda.models import CausalLM, KVCache, LlamaModel, StaticKVCache
+
+# fp32 logits of the built-in model and transformers differ only by summation order (fused q|k|v
+# and gate|up matmuls, SDPA over a static cache); observed differences are 0 to ~1e-6 on logits
+# of magnitude ~5.
+FP32_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_pair(request, tmp_path_factory):
+    """(family, transformers model, built-in model loaded from its saved folder)."""
+    family = request.param
+    hf = make_hf_model(family)
+    folder = save_checkpoint(hf, tmp_path_factory.mktemp(family))
+    return family, hf, models.load(folder), folder
+
+
+def hf_logits(hf, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=tokens).logits
+
+
+def test_prefill_matches_transformers(family_pair):
+    _, hf, model, _ = family_pair
+    tokens = torch.randint(0, VOCAB, (3, 40), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(3, 64)
+    out = model.forward(tokens, torch.arange(40).expand(3, 40), cache)
+    torch.testing.assert_close(out.logits, hf_logits(hf, tokens), **FP32_TOL)
+
+
+def test_incremental_decode_matches_transformers(family_pair):
+    # Prefill, single-token steps, then a chunk: positions reach past the Llama 3 scaling's
+    # original context (32) so the scaled frequencies matter.
+    _, hf, model, _ = family_pair
+    B, T = 2, 60
+    tokens = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(2))
+    ref = hf_logits(hf, tokens)
+    cache = model.new_cache(B, T)
+    pieces, start = [], 0
+    for n in [20] + [1] * 8 + [5, 27]:
+        chunk = tokens[:, start : start + n]
+        out = model.forward(chunk, torch.arange(start, start + n).expand(B, n), cache)
+        cache.commit(torch.full((B,), n))
+        pieces.append(out.logits)
+        start += n
+    assert start == T
+    torch.testing.assert_close(torch.cat(pieces, 1), ref, **FP32_TOL)
+    assert cache.lengths.tolist() == [T, T]
+
+
+def test_hidden_states_match_transformers(family_pair):
+    _, hf, model, _ = family_pair
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    L = model.num_layers
+    out = model.forward(tokens, torch.arange(12).expand(2, 12), model.new_cache(2, 16), hidden_layers=(0, L - 1, -1))
+    with torch.no_grad():
+        # [embeddings, layer 0, ..., layer L-2, final normed]
+        ref = hf(input_ids=tokens, output_hidden_states=True).hidden_states
+    assert set(out.hidden_states) == {0, L - 1, -1}
+    assert out.hidden_states[0].shape == (2, 12, model.hidden_size)
+    torch.testing.assert_close(out.hidden_states[0], ref[1], **FP32_TOL)
+    torch.testing.assert_close(out.hidden_states[-1], ref[-1], **FP32_TOL)
+    # The last decoder layer's raw output, normed, is the final hidden state.
+    torch.testing.assert_close(model.norm(out.hidden_states[L - 1]), out.hidden_states[-1])
+
+
+def test_protocol_and_attributes(family_pair):
+    family, hf, model, _ = family_pair
+    assert isinstance(model, LlamaModel) and isinstance(model, CausalLM)
+    cache = model.new_cache(2, 8)
+    assert isinstance(cache, StaticKVCache) and isinstance(cache, KVCache)
+    assert model.vocab_size == VOCAB and model.num_layers == hf.config.num_hidden_layers
+    assert model.hidden_size == hf.config.hidden_size
+    assert model.dtype == torch.float32 and model.device == torch.device("cpu")
+    assert model.config.family == {"llama3": "llama", "llama_bias_tied": "llama"}.get(family, family)
+    # Cache layout [B, H_kv, T_max, D] per layer.
+    c = model.config
+    assert cache.keys[0].shape == (2, c.num_key_value_heads, 8, c.head_dim)
+    assert cache.keys[0].is_contiguous()
+    assert (model.lm_head is None) == bool(hf.config.tie_word_embeddings)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-4), (torch.bfloat16, 0.1), (torch.float16, 0.02)])
+def test_other_dtypes_track_fp32(family_pair, dtype, tol):
+    # fp64 (used for exactness tests), bf16 and fp16 run and stay close to the fp32 logits. The
+    # tolerance is relative to the logit scale (observed: bf16 <= 0.045, fp16 <= 0.007).
+    _, hf, model, folder = family_pair
+    other = models.load(folder, dtype=dtype)
+    assert other.dtype == dtype and other.new_cache(1, 4).kv.dtype == dtype
+    tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(4))
+    positions = torch.arange(24).expand(2, 24)
+    ref = model.forward(tokens, positions, model.new_cache(2, 24)).logits
+    got = other.forward(tokens, positions, other.new_cache(2, 24)).logits
+    assert got.dtype == dtype
+    scale = ref.abs().max().item()
+    assert (got.double() - ref.double()).abs().max().item() <= tol * scale
+
+
+def test_sharded_checkpoint_loads_the_same(tmp_path):
+    hf = make_hf_model("qwen3")
+    folder = save_checkpoint(hf, tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    model = models.load(folder)
+    tokens = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(5))
+    out = model.forward(tokens, torch.arange(16)[None], model.new_cache(1, 16))
+    torch.testing.assert_close(out.logits, hf_logits(hf, tokens), **FP32_TOL)
+
+
+def test_bf16_checkpoint_is_cast_on_load(tmp_path):
+    hf = make_hf_model("llama3")
+    folder = save_checkpoint(hf.to(torch.bfloat16), tmp_path / "bf16")
+    model = models.load(folder, dtype=torch.float32)
+    assert model.dtype == torch.float32
+    torch.testing.assert_close(
+        model.layers[0].mlp.down_proj.weight, hf.model.layers[0].mlp.down_proj.weight.float(), rtol=0, atol=0
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 0.1)])
+def test_cuda_matches_cpu(family_pair, dtype, tol):
+    # Prefill, a tree step with compaction and a decode step on the GPU track the CPU fp32 run.
+    _, _, cpu_model, folder = family_pair
+    gpu_model = models.load(folder, dtype=dtype, device="cuda")
+    # Tree 0 <- 1 <- 3, 0 <- 2 (rows as a [4, 4] ancestor mask).
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    tree_mask = tree_mask[None].expand(2, 4, 4)
+    prompt = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    tree = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(7))
+    results = []
+    for model, device in ((cpu_model, "cpu"), (gpu_model, "cuda")):
+        cache = model.new_cache(2, 32)
+        logits = [model.forward(prompt.to(device), torch.arange(12, device=device).expand(2, 12), cache).logits]
+        cache.commit(torch.tensor([12, 10], device=device))
+        positions = cache.lengths[:, None] + torch.tensor([0, 1, 1, 2], device=device)
+        logits.append(model.forward(tree.to(device), positions, cache, tree_mask=tree_mask.to(device)).logits)
+        cache.commit(torch.tensor([3, 2], device=device), torch.tensor([[0, 1, 3], [0, 2, -1]], device=device))
+        logits.append(model.forward(tree[:, :1].to(device), cache.lengths[:, None], cache).logits)
+        results.append([x.float().cpu() for x in logits])
+    for ref, got in zip(*results):
+        assert (got - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def test_greedy_decoding_equals_transformers_generate(family_pair):
+    # One forward + commit per token over the static cache gives hf.generate's greedy tokens.
+    _, hf, model, _ = family_pair
+    prompts = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    expected = hf.generate(
+        prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=12, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )[:, 7:]
+    cache = model.new_cache(2, 19)
+    out = model.forward(prompts, torch.arange(7).expand(2, 7), cache)
+    cache.commit(torch.tensor([7, 7]))
+    tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(11):
+        out = model.forward(tokens[-1], cache.lengths[:, None], cache)
+        cache.commit(torch.tensor([1, 1]))
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+    assert torch.equal(torch.cat(tokens, 1), expected)
