@@ -44,8 +44,33 @@ TORCH_LIBRARY(specdec, m) {
   // ---- end family: tree ----
 
   // ---- family: quant (csrc/kernels/quant, ops/quant_{cpu,cuda}.cpp) ----
+  // w4a16_matmul: out = x · dequant(W)ᵀ, W packed in `layout` (0 LAYOUT_CPU, 1 LAYOUT_CUDA, see
+  // reference/quant.py); group_size -1 = per channel.
+  m.def(
+      "w4a16_matmul(Tensor x, Tensor packed, Tensor scales, int group_size, int layout, "
+      "Tensor(a!) out) -> ()");
+  // w4_dequantize: the dense weight [N, K] of a packed one.
+  m.def(
+      "w4_dequantize(Tensor packed, Tensor scales, int group_size, int layout, "
+      "Tensor(a!) weight) -> ()");
   // ---- end family: quant ----
 
   // ---- family: kv_quant (csrc/kernels/kv_quant, ops/kv_quant_{cpu,cuda}.cpp) ----
+  // Hierarchical 4-bit KV cache (reference/kv_quant.py). Quantise a block of keys (grouped along
+  // tokens) / values (grouped along channels) into the cache at token `start[b]` of each row.
+  m.def(
+      "kv_quantize_keys(Tensor k, Tensor start, int group_size, Tensor(a!) k_upper, "
+      "Tensor(b!) k_lower, Tensor(c!) k_scale, Tensor(d!) k_zero) -> ()");
+  m.def(
+      "kv_quantize_values(Tensor v, Tensor start, int group_size, Tensor(a!) v_upper, "
+      "Tensor(b!) v_lower, Tensor(c!) v_scale, Tensor(d!) v_zero) -> ()");
+  // Read tokens [0, out.size(2)) back, upper only or upper + lower (lower ignored when
+  // use_lower is false).
+  m.def(
+      "kv_dequantize_keys(Tensor k_upper, Tensor k_lower, Tensor k_scale, Tensor k_zero, "
+      "int group_size, bool use_lower, Tensor(a!) out) -> ()");
+  m.def(
+      "kv_dequantize_values(Tensor v_upper, Tensor v_lower, Tensor v_scale, Tensor v_zero, "
+      "int group_size, bool use_lower, Tensor(a!) out) -> ()");
   // ---- end family: kv_quant ----
 }

@@ -1,5 +1,5 @@
 """Plain-PyTorch specification of every op; tests hold the kernels to it."""
 
-from . import philox, sampling, tree
+from . import kv_quant, philox, quant, sampling, tree
 
-__all__ = ["philox", "sampling", "tree"]
+__all__ = ["kv_quant", "philox", "quant", "sampling", "tree"]

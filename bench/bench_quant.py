@@ -1,0 +1,155 @@
+"""Benchmark w4a16_matmul against the dense matmul of the same shape and activation dtype.
+
+    python bench/bench_quant.py [--quick] [--out PATH] [--device cpu|cuda]
+
+Weights are [N, K] = (out_features, in_features); M activation rows. Several copies of every
+weight (int4 and dense) are rotated so that no cache holds the one being read (the working set of
+the rotation exceeds the last-level cache / L2 several times). Reported per case: median time of
+both, the ratio dense / int4 (> 1: int4 faster), and the effective bandwidth of the int4 kernel
+(packed weight + scales + x + y bytes per second); on CUDA also the percentage of the HBM
+bandwidth measured in the same run (a device-to-device copy). Writes JSON (default
+bench/results/quant.json) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+import specdec_cuda  # noqa: E402
+from specdec_cuda.ops import quant as q  # noqa: E402
+
+CPU_SHAPES_QUICK = [(14336, 4096)]
+CPU_SHAPES = [(14336, 4096), (4096, 4096), (4096, 14336)]
+CUDA_SHAPES_QUICK = [(8192, 8192), (14336, 4096)]
+CUDA_SHAPES = [(8192, 8192), (4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+
+
+def copies_for(nbytes: int, cache_bytes: int) -> int:
+    return max(2, min(16, math.ceil(4 * cache_bytes / max(nbytes, 1))))
+
+
+def make_weights(n: int, k: int, dtype: torch.dtype, device: str, group: int, cache_bytes: int):
+    """Independent dense and int4 copies, enough of each that their rotation overflows the cache."""
+    elem = torch.finfo(dtype).bits // 8
+    dense_copies = copies_for(n * k * elem, cache_bytes)
+    int4_copies = copies_for(n * k // 2, cache_bytes)
+    dense, packed = [], []
+    for i in range(max(dense_copies, int4_copies)):
+        g = torch.Generator().manual_seed(i)
+        w = torch.randn(n, k, generator=g) * 0.02
+        if i < int4_copies:
+            packed.append(q.quantize_w4(w, group, device=device, scale_dtype=dtype if device == "cuda" else None))
+        if i < dense_copies:
+            dense.append(w.to(device=device, dtype=dtype))
+        del w
+    return dense, packed
+
+
+def time_cpu(fn, copies: int, reps: int) -> float:
+    fn(0)
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i % copies)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_cuda(fn, copies: int, reps: int) -> float:
+    for i in range(3):
+        fn(i % copies)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i % copies)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def hbm_bandwidth() -> float:
+    """Bytes/s of a 2 GiB device-to-device copy (read + write)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = time_cuda(lambda i: b.copy_(a), 1, 10)
+    del a, b
+    return 2 * (1 << 30) / t
+
+
+def int4_bytes(pw: q.PackedW4, m: int, elem: int) -> int:
+    return pw.packed.numel() * pw.packed.element_size() + pw.scales.numel() * pw.scales.element_size() + \
+        m * (pw.in_features + pw.out_features) * elem
+
+
+def run(device: str, quick: bool, group: int) -> dict:
+    cuda = device == "cuda"
+    shapes = (CUDA_SHAPES_QUICK if quick else CUDA_SHAPES) if cuda else (CPU_SHAPES_QUICK if quick else CPU_SHAPES)
+    dtypes = [torch.float16, torch.bfloat16] if cuda else ([torch.float32] if quick else [torch.float32, torch.bfloat16])
+    ms = [1, 4, 16]
+    reps = 50 if cuda else (7 if quick else 11)
+    cache_bytes = (60 << 20) if cuda else (48 << 20)  # H200 L2: 50 MiB (60 for margin); this CPU's L3: 48 MiB
+    timer = time_cuda if cuda else time_cpu
+    peak = hbm_bandwidth() if cuda else None
+    rows = []
+    for n, k in shapes:
+        for dtype in dtypes:
+            elem = torch.finfo(dtype).bits // 8
+            dense, packed = make_weights(n, k, dtype, device, group, cache_bytes)
+            for m in ms:
+                x = torch.randn(m, k, device=device).to(dtype)
+                t_dense = timer(lambda i: x @ dense[i].T, len(dense), reps)
+                t_int4 = timer(lambda i: q.w4a16_matmul(x, packed[i]), len(packed), reps)
+                bw = int4_bytes(packed[0], m, elem) / t_int4
+                row = {
+                    "device": device, "N": n, "K": k, "M": m, "dtype": str(dtype).replace("torch.", ""),
+                    "group_size": group, "dense_ms": t_dense * 1e3, "int4_ms": t_int4 * 1e3,
+                    "speedup_vs_dense": t_dense / t_int4, "int4_GBps": bw / 1e9,
+                    "dense_GBps": (n * k + m * (n + k)) * elem / t_dense / 1e9,
+                }
+                if peak:
+                    row["int4_pct_of_hbm"] = 100 * bw / peak
+                rows.append(row)
+                pct = f" {row['int4_pct_of_hbm']:5.1f}%" if peak else ""
+                print(f"{device:4} {n:6}x{k:<6} M={m:<3} {row['dtype']:8} dense {row['dense_ms']:8.3f} ms  "
+                      f"int4 {row['int4_ms']:8.3f} ms  x{row['speedup_vs_dense']:5.2f}  "
+                      f"{row['int4_GBps']:7.1f} GB/s{pct}", flush=True)
+            del dense, packed
+    info = {"torch": torch.__version__, "threads": torch.get_num_threads(), "build": specdec_cuda.build_info()}
+    if cuda:
+        info["gpu"] = torch.cuda.get_device_name()
+        info["hbm_copy_GBps"] = peak / 1e9
+    else:
+        info["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
+    return {"bench": "quant", "baseline": "dense matmul of the same shape and activation dtype", "info": info,
+            "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes / dtypes / repetitions")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "quant.json"))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--group-size", type=int, default=128)
+    args = ap.parse_args()
+    result = run(args.device, args.quick, args.group_size)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

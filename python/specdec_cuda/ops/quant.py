@@ -1,0 +1,158 @@
+"""4-bit weights: ``quantize_w4`` (offline) and ``w4a16_matmul`` (y = x · dequant(W)ᵀ).
+
+Weights are quantised symmetrically to int4 with one scale per group of ``group_size`` input
+features (32, 64, 128, or -1 for one scale per output channel) and packed in the layout of the
+device that will run them (see ``specdec_cuda.reference.quant`` for both layouts, bit by bit):
+
+* CPU: ``packed`` uint8 ``[ceil(N/16), K/2, 16]``, ``scales`` float32 ``[ceil(N/16), K/g, 16]``;
+* CUDA: ``packed`` int32 ``[N, K/8]``, ``scales`` float16 / bfloat16 ``[N, K/g]``.
+
+``K`` must be a multiple of 32 (and of the group size); other shapes are rejected naming the shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..reference import quant as ref
+
+LAYOUT_CPU = ref.LAYOUT_CPU
+LAYOUT_CUDA = ref.LAYOUT_CUDA
+
+__all__ = ["LAYOUT_CPU", "LAYOUT_CUDA", "PackedW4", "quantize_w4", "w4a16_matmul", "w4_dequantize", "layout_of"]
+
+
+class PackedW4(NamedTuple):
+    """A 4-bit weight ready for ``w4a16_matmul`` (see the module docstring for the layouts)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+    out_features: int
+    in_features: int
+
+
+def _check_shape(n: int, k: int, group_size: int) -> int:
+    if k <= 0 or k % 32 != 0:
+        raise ValueError(f"4-bit weights need in_features to be a positive multiple of 32; got weight shape [{n}, {k}]")
+    g = k if group_size == -1 else group_size
+    if g <= 0 or g % 32 != 0 or k % g != 0:
+        raise ValueError(
+            f"group_size must be -1 (per channel) or a multiple of 32 dividing in_features; got {group_size} "
+            f"for weight shape [{n}, {k}]"
+        )
+    return g
+
+
+def layout_of(packed: torch.Tensor) -> int:
+    """LAYOUT_CPU for a 3-D uint8 ``packed``, LAYOUT_CUDA for a 2-D int32 one."""
+    if packed.dtype == torch.uint8 and packed.dim() == 3:
+        return LAYOUT_CPU
+    if packed.dtype == torch.int32 and packed.dim() == 2:
+        return LAYOUT_CUDA
+    raise ValueError(f"packed must be uint8 [tiles, K/2, 16] or int32 [N, K/8]; got {packed.dtype} {tuple(packed.shape)}")
+
+
+@torch.no_grad()
+def quantize_w4(
+    weight: torch.Tensor,
+    group_size: int = 128,
+    *,
+    device: torch.device | str | None = None,
+    scale_dtype: torch.dtype | None = None,
+) -> PackedW4:
+    """Quantise a linear weight to symmetric int4 and pack it for ``device``.
+
+    Parameters
+    ----------
+    weight : Tensor
+        Shape: ``[N, K]`` (out_features, in_features), any float dtype.
+    group_size : int
+        Input features per scale: 32, 64, 128 (any multiple of 32 dividing K) or -1 (per channel).
+    device : device, optional
+        Where the weight will run (default: ``weight.device``); picks the layout.
+    scale_dtype : dtype, optional
+        CUDA only: float16 or bfloat16 (default: the weight's dtype if 16-bit, else float16). CPU
+        scales are float32.
+
+    Returns
+    -------
+    PackedW4
+        ``packed`` / ``scales`` in the device's layout, plus the group size and shape.
+
+    Example
+    -------
+    >>> w = torch.randn(256, 512)
+    >>> q = quantize_w4(w, group_size=64)
+    >>> y = w4a16_matmul(torch.randn(3, 512), q)          # Shape: [3, 256]
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [out_features, in_features]; got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    _check_shape(n, k, group_size)
+    device = torch.device(device) if device is not None else weight.device
+    codes, scales = ref.quantize_w4(weight.detach().to("cpu"), group_size)
+    if device.type == "cpu":
+        packed, scales = ref.pack_cpu(codes, scales)
+    else:
+        if scale_dtype is None:
+            scale_dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        if scale_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"scale_dtype must be float16 or bfloat16 on CUDA; got {scale_dtype}")
+        packed, scales = ref.pack_cuda(codes, scales, scale_dtype)
+    return PackedW4(packed.to(device), scales.to(device), group_size, n, k)
+
+
+def w4a16_matmul(x: torch.Tensor, weight: PackedW4) -> torch.Tensor:
+    """``x · dequant(W)ᵀ``, accumulated in float32 and rounded once to x's dtype.
+
+    Parameters
+    ----------
+    x : Tensor
+        Shape: ``[..., K]``; float32 / float16 / bfloat16 on CPU, float16 / bfloat16 on CUDA.
+    weight : PackedW4
+        From ``quantize_w4`` for x's device.
+
+    Returns
+    -------
+    Tensor
+        Shape: ``[..., N]``, x's dtype (freshly allocated).
+
+    Example
+    -------
+    >>> q = quantize_w4(torch.randn(64, 128), group_size=32)
+    >>> w4a16_matmul(torch.randn(2, 5, 128), q).shape
+    torch.Size([2, 5, 64])
+    """
+    n, k = weight.out_features, weight.in_features
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features but the weight expects {k} (x shape {tuple(x.shape)})")
+    if x.device != weight.packed.device:
+        raise ValueError(f"x is on {x.device} but the packed weight is on {weight.packed.device}")
+    layout = layout_of(weight.packed)
+    scales = weight.scales
+    if layout == LAYOUT_CUDA and scales.dtype != x.dtype:
+        scales = scales.to(x.dtype)
+    x2 = x.reshape(-1, k).contiguous()
+    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    torch.ops.specdec.w4a16_matmul(x2, weight.packed, scales, weight.group_size, layout, out)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def w4_dequantize(weight: PackedW4, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The dense weight ``dequant(W)``.  Shape: ``[N, K]`` in ``dtype``, on the weight's device."""
+    out = torch.empty(weight.out_features, weight.in_features, dtype=dtype, device=weight.packed.device)
+    torch.ops.specdec.w4_dequantize(weight.packed, weight.scales, weight.group_size, layout_of(weight.packed), out)
+    return out
+
+
+@torch.library.register_fake("specdec::w4a16_matmul")
+def _w4a16_matmul_fake(x, packed, scales, group_size, layout, out):
+    return None
+
+
+@torch.library.register_fake("specdec::w4_dequantize")
+def _w4_dequantize_fake(packed, scales, group_size, layout, weight):
+    return None

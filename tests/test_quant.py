@@ -1,0 +1,279 @@
+"""W4A16: quantize_w4 / w4a16_matmul / w4_dequantize against reference/quant.py, W4Linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from specdec_cuda.ops import quant as q
+from specdec_cuda.quant import W4Linear, quantize_linears
+from specdec_cuda.reference import quant as ref
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+# Max-abs error relative to max |reference| (both rounded to the output dtype once; fp32 sees only
+# summation-order differences).
+REL_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def rel_err(y: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((y.float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-30)).item()
+
+
+def reference_output(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Tensor:
+    codes, scales = ref.quantize_w4(w, group_size)
+    return ref.w4a16_matmul(x.cpu(), codes, scales, group_size)
+
+
+# ---- quantisation and layouts ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+def test_quantize_codes_and_scales(group_size):
+    torch.manual_seed(0)
+    w = torch.randn(37, 256) * 0.02
+    w[3, :] = 0.0  # an all-zero row: scale 0, codes 8
+    codes, scales = ref.quantize_w4(w, group_size)
+    g = 256 if group_size == -1 else group_size
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
+    assert scales.shape == (37, 256 // g)
+    assert torch.all(codes[3] == 8) and torch.all(scales[3] == 0)
+    # Symmetric rounding: the dequantisation error is at most half a step.
+    err = (ref.dequantize_w4(codes, scales, group_size) - w).abs().reshape(37, 256 // g, g)
+    assert torch.all(err <= scales[..., None] / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("n", [1, 16, 37, 111])
+@pytest.mark.parametrize("group_size", [32, -1])
+def test_pack_unpack_round_trip(n, group_size):
+    torch.manual_seed(n)
+    codes = torch.randint(0, 16, (n, 96), dtype=torch.uint8)
+    scales = torch.rand(n, 96 // (96 if group_size == -1 else group_size))
+    packed, s = ref.pack_cpu(codes, scales)
+    assert packed.shape == ((n + 15) // 16, 48, 16) and s.shape[0] == (n + 15) // 16
+    c2, s2 = ref.unpack_cpu(packed, s, n)
+    assert torch.equal(c2, codes) and torch.equal(s2, scales)
+    words, s16 = ref.pack_cuda(codes, scales, torch.float16)
+    assert words.dtype == torch.int32 and words.shape == (n, 12)
+    c3, _ = ref.unpack_cuda(words, s16)
+    assert torch.equal(c3, codes)
+    # Nibble j of word c is code 8c + j (little-endian nibble order).
+    assert (int(words[0, 0]) & 0xF) == int(codes[0, 0]) and ((int(words[0, 0]) >> 28) & 0xF) == int(codes[0, 7])
+
+
+def test_quantize_w4_packs_reference_codes():
+    torch.manual_seed(1)
+    w = torch.randn(50, 128)
+    pw = q.quantize_w4(w, 64)
+    codes, scales = ref.quantize_w4(w, 64)
+    c2, s2 = ref.unpack_cpu(pw.packed, pw.scales, 50)
+    assert torch.equal(c2, codes) and torch.equal(s2, scales)
+    assert torch.equal(q.w4_dequantize(pw), ref.dequantize_w4(codes, scales, 64))
+
+
+# ---- matmul ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 33, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_matmul_batch_sizes(m, dtype):
+    torch.manual_seed(m)
+    w = torch.randn(111, 256)
+    x = torch.randn(m, 256).to(dtype)
+    y = q.w4a16_matmul(x, q.quantize_w4(w, 128))
+    assert y.dtype == dtype and y.shape == (m, 111)
+    assert rel_err(y, reference_output(x, w, 128)) <= REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+@pytest.mark.parametrize("shape", [(7, 96), (33, 384), (100, 512)])
+def test_matmul_group_sizes_and_odd_shapes(group_size, shape):
+    n, k = shape
+    g = k if group_size == -1 else group_size
+    if k % g:
+        pytest.skip("group does not divide K")
+    torch.manual_seed(n + k)
+    w, x = torch.randn(n, k), torch.randn(5, k)
+    y = q.w4a16_matmul(x, q.quantize_w4(w, group_size))
+    assert rel_err(y, reference_output(x, w, group_size)) <= REL_TOL[torch.float32]
+
+
+def test_matmul_leading_dims_and_empty():
+    torch.manual_seed(2)
+    pw = q.quantize_w4(torch.randn(64, 128), 32)
+    x = torch.randn(2, 3, 128)
+    assert torch.allclose(q.w4a16_matmul(x, pw), q.w4a16_matmul(x.reshape(6, 128), pw).reshape(2, 3, 64))
+    assert q.w4a16_matmul(torch.randn(0, 128), pw).shape == (0, 64)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_matmul_4096x4096(m):
+    torch.manual_seed(3)
+    w = torch.randn(4096, 4096) * 0.02
+    x = torch.randn(m, 4096, dtype=torch.bfloat16)
+    y = q.w4a16_matmul(x, q.quantize_w4(w, 128))
+    assert rel_err(y, reference_output(x, w, 128)) <= REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(14336, 4096), (4096, 14336)])
+def test_matmul_real_layer_shapes(shape):
+    torch.manual_seed(4)
+    w = torch.randn(*shape) * 0.02
+    codes, scales = ref.quantize_w4(w, 128)
+    dense = ref.dequantize_w4(codes, scales, 128)
+    pw = q.quantize_w4(w, 128)
+    for m in (1, 4, 16, 33):
+        x = torch.randn(m, shape[1])
+        assert rel_err(q.w4a16_matmul(x, pw), x @ dense.T) <= 1e-4, m
+
+
+def test_large_m_dense_path_matches_gemv_path():
+    torch.manual_seed(5)
+    pw = q.quantize_w4(torch.randn(48, 256), 64)
+    x = torch.randn(70, 256)
+    y = q.w4a16_matmul(x, pw)  # M >= 64: dequantise + BLAS
+    y_small = torch.cat([q.w4a16_matmul(x[i:i + 8], pw) for i in range(0, 70, 8)])
+    assert rel_err(y, y_small) <= 2e-5
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+def test_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"\[8, 100\]"):
+        q.quantize_w4(torch.randn(8, 100), 32)
+    with pytest.raises(ValueError, match="group_size"):
+        q.quantize_w4(torch.randn(8, 96), 64)
+    pw = q.quantize_w4(torch.randn(8, 96), 32)
+    with pytest.raises(ValueError, match="features"):
+        q.w4a16_matmul(torch.randn(2, 64), pw)
+    with pytest.raises(RuntimeError, match="scales"):
+        out = torch.empty(2, 8)
+        torch.ops.specdec.w4a16_matmul(torch.randn(2, 96), pw.packed, pw.scales[:, :1].contiguous(), 32, 0, out)
+    with pytest.raises(RuntimeError, match="LAYOUT_CPU"):
+        torch.ops.specdec.w4a16_matmul(torch.randn(2, 96), pw.packed, pw.scales, 32, 1, torch.empty(2, 8))
+
+
+# ---- registration ------------------------------------------------------------------------------
+
+
+def test_opcheck():
+    torch.manual_seed(6)
+    pw = q.quantize_w4(torch.randn(20, 64), 32)
+    x = torch.randn(3, 64)
+    torch.library.opcheck(torch.ops.specdec.w4a16_matmul.default,
+                          (x, pw.packed, pw.scales, 32, q.LAYOUT_CPU, torch.empty(3, 20)))
+    torch.library.opcheck(torch.ops.specdec.w4_dequantize.default,
+                          (pw.packed, pw.scales, 32, q.LAYOUT_CPU, torch.empty(20, 64)))
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(7)
+    lin = W4Linear.from_linear(nn.Linear(64, 48), group_size=32)
+    x = torch.randn(4, 64)
+    compiled = torch.compile(lambda t: lin(t).relu(), fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(x), lin(x).relu())
+
+
+# ---- modules -----------------------------------------------------------------------------------
+
+
+def test_w4linear_from_linear():
+    torch.manual_seed(8)
+    lin = nn.Linear(128, 40)
+    ql = W4Linear.from_linear(lin, group_size=64)
+    x = torch.randn(6, 128)
+    codes, scales = ref.quantize_w4(lin.weight.detach(), 64)
+    expected = x @ ref.dequantize_w4(codes, scales, 64).T + lin.bias.detach()
+    assert rel_err(ql(x), expected) <= 2e-5
+    assert (ql(x) - lin(x)).abs().max() < 0.1 * lin(x).abs().max()  # int4 is close to the original
+    assert "group_size=64" in repr(ql)
+
+
+def test_quantize_linears_only_mlp():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.Module()
+            self.attn.q_proj = nn.Linear(64, 64)
+            self.mlp = nn.Module()
+            self.mlp.up_proj = nn.Linear(64, 128)
+            self.mlp.down_proj = nn.Linear(128, 64)
+            self.mlp.odd = nn.Linear(40, 8)  # in_features not a multiple of 32: skipped
+
+    model = nn.Module()
+    model.layers = nn.ModuleList([Block(), Block()])
+    model.lm_head = nn.Linear(64, 10)
+    replaced = quantize_linears(model, include=["*mlp*"], group_size=32)
+    assert replaced == ["layers.0.mlp.up_proj", "layers.0.mlp.down_proj", "layers.1.mlp.up_proj",
+                        "layers.1.mlp.down_proj"]
+    assert isinstance(model.layers[1].mlp.down_proj, W4Linear)
+    assert isinstance(model.layers[0].attn.q_proj, nn.Linear) and isinstance(model.lm_head, nn.Linear)
+    assert isinstance(model.layers[0].mlp.odd, nn.Linear)
+
+
+# ---- CUDA --------------------------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16, 17, 33, 70, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_size", [32, 128, -1])
+def test_cuda_matches_reference(m, dtype, group_size):
+    torch.manual_seed(m)
+    w = torch.randn(111, 512) * 0.05
+    x = torch.randn(m, 512).to(dtype)
+    pw = q.quantize_w4(w, group_size, device="cuda", scale_dtype=dtype)
+    y = q.w4a16_matmul(x.cuda(), pw)
+    # Scales are rounded to the activation dtype on CUDA; the reference uses the same rounding.
+    codes, scales = ref.quantize_w4(w, group_size)
+    expected = ref.w4a16_matmul(x, codes, scales.to(dtype).float(), group_size)
+    assert rel_err(y.cpu(), expected) <= REL_TOL[dtype]
+    dense = q.w4_dequantize(pw, dtype).cpu()
+    assert torch.equal(dense, ref.dequantize_w4(codes, scales.to(dtype).float(), group_size).to(dtype))
+
+
+@needs_cuda
+def test_cuda_equals_cpu_and_moves():
+    torch.manual_seed(9)
+    lin = nn.Linear(256, 96).half()
+    ql = W4Linear.from_linear(lin, group_size=64)
+    x = torch.randn(4, 256, dtype=torch.float16)
+    y_cpu = ql(x.float()).half()
+    ql_cuda = W4Linear.from_linear(lin, group_size=64, device="cuda")
+    assert rel_err(ql_cuda(x.cuda()).cpu(), y_cpu) <= REL_TOL[torch.float16]
+    assert rel_err(ql.cuda()(x.cuda()).cpu(), y_cpu) <= REL_TOL[torch.float16]
+    pw = q.quantize_w4(lin.weight.float(), 64, device="cuda", scale_dtype=torch.float16)
+    torch.library.opcheck(torch.ops.specdec.w4a16_matmul.default,
+                          (x.cuda(), pw.packed, pw.scales, 64, q.LAYOUT_CUDA,
+                           torch.empty(4, 96, dtype=torch.float16, device="cuda")))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "baseline"])
+def test_narrower_cpu_kernels(isa):
+    """The AVX2 and baseline kernels (picked on CPUs without AVX-512) against the reference."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from specdec_cuda.ops import quant as q\n"
+        "from specdec_cuda.reference import quant as ref\n"
+        "torch.manual_seed(0)\n"
+        "for m, g in [(1, 32), (5, -1), (9, 64)]:\n"
+        "    w, x = torch.randn(37, 192), torch.randn(m, 192)\n"
+        "    codes, scales = ref.quantize_w4(w, g)\n"
+        "    e = ref.w4a16_matmul(x, codes, scales, g)\n"
+        "    y = q.w4a16_matmul(x, q.quantize_w4(w, g))\n"
+        "    assert ((y - e).abs().max() / e.abs().max()).item() < 2e-5, (m, g)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, SPECDEC_CPU_ISA=isa)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "python"),
+                                         env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr
