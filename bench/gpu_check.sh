@@ -87,9 +87,11 @@ step bench_models 90 "$PY" bench/bench_models.py --device cuda --quick --out "$O
 # ==== end family: tree ============================================================================
 
 # ==== family: quant ===============================================================================
+step bench_quant 180 "$PY" bench/bench_quant.py --device cuda --quick --out "$OUT/quant.json" "${HBM_ARG[@]}"
 # ==== end family: quant ===========================================================================
 
 # ==== family: kv_quant ============================================================================
+step bench_kv_quant 60 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
 log "done in $(( $(date +%s) - START ))s; failed steps: ${FAILED[*]:-none}"
