@@ -45,8 +45,8 @@ def make_weights(n: int, k: int, dtype: torch.dtype, device: str, group: int, ca
     int4_copies = copies_for(n * k // 2, cache_bytes)
     dense, packed = [], []
     for i in range(max(dense_copies, int4_copies)):
-        g = torch.Generator().manual_seed(i)
-        w = torch.randn(n, k, generator=g) * 0.02
+        g = torch.Generator(device=device).manual_seed(i)
+        w = torch.randn(n, k, generator=g, device=device) * 0.02
         if i < int4_copies:
             packed.append(q.quantize_w4(w, group, device=device, scale_dtype=dtype if device == "cuda" else None))
         if i < dense_copies:
@@ -94,7 +94,7 @@ def int4_bytes(pw: q.PackedW4, m: int, elem: int) -> int:
         m * (pw.in_features + pw.out_features) * elem
 
 
-def run(device: str, quick: bool, group: int) -> dict:
+def run(device: str, quick: bool, group: int, hbm_gbps: float | None = None) -> dict:
     cuda = device == "cuda"
     shapes = (CUDA_SHAPES_QUICK if quick else CUDA_SHAPES) if cuda else (CPU_SHAPES_QUICK if quick else CPU_SHAPES)
     dtypes = [torch.float16, torch.bfloat16] if cuda else ([torch.float32] if quick else [torch.float32, torch.bfloat16])
@@ -102,7 +102,7 @@ def run(device: str, quick: bool, group: int) -> dict:
     reps = 50 if cuda else (7 if quick else 11)
     cache_bytes = (60 << 20) if cuda else (48 << 20)  # H200 L2: 50 MiB (60 for margin); this CPU's L3: 48 MiB
     timer = time_cuda if cuda else time_cpu
-    peak = hbm_bandwidth() if cuda else None
+    peak = (hbm_gbps * 1e9 if hbm_gbps else hbm_bandwidth()) if cuda else None
     rows = []
     for n, k in shapes:
         for dtype in dtypes:
@@ -143,8 +143,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "quant.json"))
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--hbm-gbps", type=float, default=None, help="HBM bandwidth measured elsewhere (skips the copy)")
     args = ap.parse_args()
-    result = run(args.device, args.quick, args.group_size)
+    result = run(args.device, args.quick, args.group_size, args.hbm_gbps)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -91,9 +91,11 @@ step bench_tree 200 "$PY" bench/bench_tree.py --device cuda --quick --out "$OUT/
 # ==== end family: tree ============================================================================
 
 # ==== family: quant ===============================================================================
+step bench_quant 180 "$PY" bench/bench_quant.py --device cuda --quick --out "$OUT/quant.json" "${HBM_ARG[@]}"
 # ==== end family: quant ===========================================================================
 
 # ==== family: kv_quant ============================================================================
+step bench_kv_quant 60 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
 log "done in $(( $(date +%s) - START ))s; failed steps: ${FAILED[*]:-none}"

@@ -93,14 +93,16 @@ def quantize_w4(
     n, k = weight.shape
     _check_shape(n, k, group_size)
     device = torch.device(device) if device is not None else weight.device
-    codes, scales = ref.quantize_w4(weight.detach().to("cpu"), group_size)
     if device.type == "cpu":
+        codes, scales = ref.quantize_w4(weight.detach().cpu(), group_size)
         packed, scales = ref.pack_cpu(codes, scales)
     else:
         if scale_dtype is None:
             scale_dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float16
         if scale_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"scale_dtype must be float16 or bfloat16 on CUDA; got {scale_dtype}")
+        # Quantise and pack on the GPU itself (the same float32 arithmetic as on the CPU).
+        codes, scales = ref.quantize_w4(weight.detach().to(device), group_size)
         packed, scales = ref.pack_cuda(codes, scales, scale_dtype)
     return PackedW4(packed.to(device), scales.to(device), group_size, n, k)
 

@@ -92,7 +92,7 @@ def pack_cuda(codes: torch.Tensor, scales: torch.Tensor, scale_dtype: torch.dtyp
     """LAYOUT_CUDA.  Shape: codes [N, K], scales [N, K/g] -> int32 [N, K/8], scale_dtype [N, K/g]."""
     n, k = codes.shape
     c = codes.to(torch.int64).reshape(n, k // 8, 8)
-    shifts = torch.arange(8, dtype=torch.int64) * 4
+    shifts = torch.arange(8, dtype=torch.int64, device=codes.device) * 4
     words = (c << shifts).sum(dim=-1)  # nibbles are disjoint, so the sum is a bitwise or
     words = torch.where(words >= 2**31, words - 2**32, words)  # reinterpret as int32
     return words.to(torch.int32), scales.to(scale_dtype).contiguous()
@@ -102,6 +102,6 @@ def unpack_cuda(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tenso
     """Inverse of ``pack_cuda``."""
     n, words = packed.shape
     w = packed.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(8, dtype=torch.int64) * 4
+    shifts = torch.arange(8, dtype=torch.int64, device=packed.device) * 4
     codes = ((w[..., None] >> shifts) & 0xF).reshape(n, words * 8)
     return codes.to(torch.uint8), scales
