@@ -113,8 +113,10 @@ def make_extension():
     write_build_meta(with_cuda, archs, debug, reason)
 
     opt = ["-O0", "-g"] if debug else ["-O3"]
-    # -fopenmp-simd: honour `#pragma omp simd` reductions without an OpenMP runtime dependency.
-    cxx = ["-std=c++20", "-fopenmp-simd", "-fvisibility=hidden"] + opt
+    # -fopenmp: ATen's at::parallel_for is header-inline over OpenMP (torch's own backend), so
+    # without it every parallel_for in the glue would run serially. The runtime is the libgomp.so.1
+    # that libtorch_cpu already loaded (same soname), so torch.set_num_threads applies.
+    cxx = ["-std=c++20", "-fopenmp", "-fvisibility=hidden"] + opt
     cxx += [f'-DSPECDEC_TORCH_VERSION="{torch.__version__}"', f'-DSPECDEC_VERSION="{VERSION}"']
     nvcc = ["-std=c++20", "--expt-relaxed-constexpr", "-Xcompiler=-fvisibility=hidden"]
     nvcc += ["-lineinfo", "-O0", "-G"] if debug else ["-O3", "-lineinfo"]
@@ -129,6 +131,7 @@ def make_extension():
         sources=sources,
         include_dirs=include_dirs,
         extra_compile_args=extra,
+        extra_link_args=["-fopenmp"],
     )
 
 
