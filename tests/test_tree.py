@@ -450,3 +450,44 @@ def test_compact_kv_cuda_equals_cpu(dtype):
     ops.compact_kv(gpu, nodes.cuda(), num.cuda(), cache_len.cuda())
     for c, g in zip(caches, gpu):
         assert torch.equal(c, g.cpu())
+
+
+@cuda
+@pytest.mark.cuda
+def test_tree_step_captures_in_cuda_graph():
+    tokens, parents, cu, target, draft = (t.cuda() for t in _case([6, 9], 1000, torch.float32, 15, True))
+    cache_len = torch.tensor([3, 5], device="cuda")
+    params = dict(temperature=torch.ones(2, device="cuda"),
+                  top_k=torch.zeros(2, dtype=torch.int32, device="cuda"),
+                  top_p=torch.ones(2, device="cuda"), seed=torch.tensor([7, 8], device="cuda"),
+                  position=cache_len + 1)
+    caches = [torch.randn(2, 2, 32, 8, device="cuda") for _ in range(2)]
+    want_caches = [c.clone() for c in caches]
+    want_layout = ops.build_tree(parents, cu, cache_len, 9, hf_mask_dtype=torch.float16,
+                                 max_prefix=8)
+    want = ops.verify_tree(tokens, parents, cu, target, draft, max_nodes=9, **params)
+    ops.compact_kv(want_caches, want.accepted_nodes, want.num_accepted, cache_len)
+
+    def step():
+        layout = ops.build_tree(parents, cu, cache_len, 9, hf_mask_dtype=torch.float16,
+                                max_prefix=8, check=False)
+        res = ops.verify_tree(tokens, parents, cu, target, draft, max_nodes=9, check=False,
+                              **params)
+        return layout, res
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (caches untouched)
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layout, res = step()
+        ops.compact_kv(caches, res.accepted_nodes, res.num_accepted, cache_len, check=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(layout.hf_mask, want_layout.hf_mask)
+    for got, exp in zip(res, want):
+        assert torch.equal(got, exp)
+    for got, exp in zip(caches, want_caches):
+        assert torch.equal(got, exp)
