@@ -1,8 +1,8 @@
 """A static KV cache with one committed length per row, for the built-in model.
 
 Layout: one tensor ``kv`` [L, 2, B, H_kv, T_max, D]; ``keys[l]`` and ``values[l]`` are its
-contiguous [B, H_kv, T_max, D] views, so one indexing op can move slots of every layer at once
-(tree compaction). Row ``b`` holds its committed tokens in slots ``0 .. lengths[b] - 1``; a
+contiguous [B, H_kv, T_max, D] views, which tree compaction hands to the `compact_kv` kernel
+all at once. Row ``b`` holds its committed tokens in slots ``0 .. lengths[b] - 1``; a
 forward over ``n`` new tokens writes them to the pending slots ``lengths[b] .. lengths[b] + n - 1``
 and ``commit`` keeps some of them (see ``protocol.py``). Slots past a row's length hold stale
 values that the attention mask hides; the cache starts zeroed so they are always finite.
@@ -16,6 +16,8 @@ device-to-host copy per call (never one per row), which also validates their arg
 from __future__ import annotations
 
 import torch
+
+from ..ops.tree import compact_kv
 
 
 class StaticKVCache:
@@ -137,13 +139,11 @@ class StaticKVCache:
     # -- tree compaction ------------------------------------------------------------------------
 
     def _compact(self, kept_indices: torch.Tensor, num_kept: torch.Tensor) -> None:
-        # Move pending slot lengths[b] + kept_indices[b, j] to lengths[b] + j, for every layer, K and
-        # V, in one gather and one scatter over kv [L, 2, B, H, T, D]. Columns j >= num_kept[b]
-        # copy a slot onto itself. Gathering first makes overlapping moves safe.
-        m = kept_indices.shape[1]
-        col = torch.arange(m, device=self.device)
-        dst = self.lengths[:, None] + col  # [B, m]
-        src = torch.where(col < num_kept[:, None], self.lengths[:, None] + kept_indices, dst)
-        rows = torch.arange(self.batch_size, device=self.device)[:, None]
-        moved = self.kv[:, :, rows, :, src]  # [B, m, L, 2, H, D] (advanced dims first)
-        self.kv[:, :, rows, :, dst] = moved
+        # Move pending slot lengths[b] + kept_indices[b, j] to lengths[b] + j (j < num_kept[b]) in
+        # every layer's K and V with one `compact_kv` kernel call, no loop over rows or layers.
+        # Rows keeping nothing get a -1 path, which compact_kv leaves alone; it raises if a kept
+        # path is not increasing (the protocol requires increasing kept_indices).
+        col = torch.arange(kept_indices.shape[1], device=self.device)
+        path = torch.where(col < num_kept[:, None], kept_indices, -1)  # [B, m]
+        layers = [self.kv[layer, kv] for layer in range(self.kv.shape[0]) for kv in range(2)]
+        compact_kv(layers, path, (num_kept - 1).clamp(min=0), self.lengths)
