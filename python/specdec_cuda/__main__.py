@@ -21,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     def models_args(p):
         p.add_argument("--target", help="target HF checkpoint folder (default: the zoo target)")
         p.add_argument("--draft", help="draft HF checkpoint folder, same tokenizer (default: the zoo draft)")
-        p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+        p.add_argument("--k", type=int, default=2,
+                       help="draft tokens per step (default 2: on a CPU the drafter costs a large share of a step)")
         p.add_argument("--max-new-tokens", type=int, default=96)
         p.add_argument("--confidence-threshold", type=float, default=0.0,
                        help="adaptive k: stop a draft where the drafter's max probability is below this")

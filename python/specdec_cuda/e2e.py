@@ -191,6 +191,10 @@ def bench(args) -> int:
             by[f"engine draft k={args.k} T=0.8, batch 1"] / by["engine autoregressive T=0.8, batch 1"],
         "engine AR / transformers plain (batch 1)":
             by["engine autoregressive, batch 1"] / by["transformers generate, batch 1"],
+        "adaptive-k speculative / engine AR (batch 1)":
+            by["engine draft adaptive k, batch 1"] / by["engine autoregressive, batch 1"],
+        "adaptive-k speculative / transformers assisted (batch 1)":
+            by["engine draft adaptive k, batch 1"] / by["transformers generate + assistant_model, batch 1"],
         f"speculative / engine AR (batch {len(prompts)})":
             by[f"engine draft k={args.k}, batch {len(prompts)}"] / by[f"engine autoregressive, batch {len(prompts)}"],
     }
