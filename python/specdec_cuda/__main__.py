@@ -21,8 +21,13 @@ def _parser() -> argparse.ArgumentParser:
     def models_args(p):
         p.add_argument("--target", help="target HF checkpoint folder (default: the zoo target)")
         p.add_argument("--draft", help="draft HF checkpoint folder, same tokenizer (default: the zoo draft)")
-        p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+        p.add_argument("--k", type=int, default=2,
+                       help="draft tokens per step (default 2: on a CPU the drafter costs a large share of a step)")
         p.add_argument("--max-new-tokens", type=int, default=96)
+        p.add_argument("--confidence-threshold", type=float, default=0.0,
+                       help="adaptive k: stop a draft where the drafter's max probability is below this")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: torch's choice; 1 is faster on a busy machine)")
         p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
         p.add_argument("--zoo", choices=("default", "small"), default="default",
                        help="which zoo pair when --target is not given (small: quicker to train)")
@@ -41,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     zoo = sub.add_parser("zoo", help="train and cache the zoo target/draft pair")
     zoo.add_argument("--force", action="store_true", help="retrain even if cached")
     zoo.add_argument("--zoo", choices=("default", "small"), default="default")
+    zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return parser
 
 
@@ -51,6 +57,10 @@ def main(argv=None) -> int:
         return 2
     from . import e2e, zoo
 
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         if args.command == "demo":
             return e2e.demo(args)

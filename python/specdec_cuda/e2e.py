@@ -117,8 +117,9 @@ def demo(args) -> int:
     methods = {
         "autoregressive": ar,
         f"draft model, k={args.k}": SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k),
-        f"draft model, adaptive k from {args.k}": SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k,
-                                                                    adaptive_k=True, confidence_threshold=0.3),
+        f"draft model, adaptive k from {args.k}": SpeculativeDecoder(
+            pair.target, "draft", pair.draft, k=args.k, adaptive_k=True,
+            confidence_threshold=args.confidence_threshold or None),
     }
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
     ar.generate(ids[:1], max_new_tokens=4)  # warm-up (allocator, first-call overheads)
@@ -147,14 +148,14 @@ def bench(args) -> int:
 
     pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
     tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
-    prompts = encode(tok, PROMPTS[: 4 if args.quick else 8])
+    prompts = encode(tok, PROMPTS)
     max_new = 32 if args.quick else args.max_new_tokens
     hf_target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).to(args.device).eval()
     hf_draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).to(args.device).eval()
     ar = SpeculativeDecoder(pair.target)
     spec = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k)
     adaptive = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k, adaptive_k=True,
-                                  confidence_threshold=0.3)
+                                  confidence_threshold=args.confidence_threshold or None)
     common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=0.0)
     ar.generate(prompts[:1], max_new_tokens=4)  # warm-up
     with torch.no_grad():
@@ -175,13 +176,25 @@ def bench(args) -> int:
             assisted["identical"] = assisted["outputs"] == ref["outputs"]
             rows.append(dict(method="transformers generate, batch 1", batch=1, **plain))
             rows.append(dict(method="transformers generate + assistant_model, batch 1", batch=1, **assisted))
+            # Sampled (T=0.8): acceptance below 100% even where the greedy output is repetitive.
+            sampled = dict(common, temperature=0.8, seed=0)
+            ar_s = run_engine(ar, prompts, batch, **sampled)
+            spec_s = run_engine(spec, prompts, batch, **sampled)
+            rows.append(dict(method="engine autoregressive T=0.8, batch 1", batch=1, **ar_s))
+            rows.append(dict(method=f"engine draft k={args.k} T=0.8, batch 1", batch=1, **spec_s))
     by = {r["method"]: r["tokens_per_s"] for r in rows}
     ratios = {
         "speculative / engine AR (batch 1)": by[f"engine draft k={args.k}, batch 1"] / by["engine autoregressive, batch 1"],
         "speculative / transformers assisted (batch 1)":
             by[f"engine draft k={args.k}, batch 1"] / by["transformers generate + assistant_model, batch 1"],
+        "speculative / engine AR, sampled T=0.8 (batch 1)":
+            by[f"engine draft k={args.k} T=0.8, batch 1"] / by["engine autoregressive T=0.8, batch 1"],
         "engine AR / transformers plain (batch 1)":
             by["engine autoregressive, batch 1"] / by["transformers generate, batch 1"],
+        "adaptive-k speculative / engine AR (batch 1)":
+            by["engine draft adaptive k, batch 1"] / by["engine autoregressive, batch 1"],
+        "adaptive-k speculative / transformers assisted (batch 1)":
+            by["engine draft adaptive k, batch 1"] / by["transformers generate + assistant_model, batch 1"],
         f"speculative / engine AR (batch {len(prompts)})":
             by[f"engine draft k={args.k}, batch {len(prompts)}"] / by[f"engine autoregressive, batch {len(prompts)}"],
     }
