@@ -19,7 +19,7 @@ deps: $(VENV)/.deps-installed
 
 # Editable build: the extension lands in python/specdec_cuda/, where the tests import it.
 build: deps
-	$(PIP) install --no-build-isolation --no-deps -e .
+	$(PIP) install --no-build-isolation --no-deps -v -e .  # -v: shows the compile progress
 	$(PY) -c "import specdec_cuda, json; print(json.dumps(specdec_cuda.build_info()))"
 
 demo: build
