@@ -49,7 +49,7 @@ nvidia-smi >> "$LOG" 2>&1
 
 # ---- build: sm_90, all cores ---------------------------------------------------------------------
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=$(nproc) SPECDEC_CUDA=1
-step build 330 "$PY" setup.py build_ext --inplace || { log "build failed: see $LOG"; exit 1; }
+step build 240 "$PY" setup.py build_ext --inplace || { log "build failed: see $LOG"; exit 1; }
 "$PY" -c "import sys; sys.path.insert(0, 'python'); import specdec_cuda; print(specdec_cuda.build_info())" 2>&1 | tee -a "$LOG"
 
 # ---- HBM bandwidth: 2 GiB device-to-device copy (read + write) ----------------------------------
@@ -73,29 +73,34 @@ HBM_ARG=()
 [ -n "${HBM:-}" ] && HBM_ARG=(--hbm-gbps "$HBM")
 
 # ---- tests (all families): the fast suite, CUDA tests included ----------------------------------
-step tests 240 "$PY" -m pytest -q -m "not slow" tests/ -p no:cacheprovider
+step tests 150 "$PY" -m pytest -q -m "not slow" tests/ -p no:cacheprovider
 
 # ==== family: sampling ===========================================================================
-step bench_sampling 150 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/sampling.json" "${HBM_ARG[@]}"
+step bench_sampling 75 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/sampling.json" "${HBM_ARG[@]}"
 # ==== end family: sampling =======================================================================
 
 # ==== family: models ==============================================================================
-step bench_models 90 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
-# end to end (issue 4): trains the zoo pair on the CPU first if it is not cached (a few minutes)
-step bench_e2e 420 "$PY" bench/bench_e2e.py --device cuda --quick --out "$OUT/e2e.json"
+step bench_models 45 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
+# end to end (issue 4) needs the trained zoo pair: training it here would eat the time budget, so
+# carry .cache/zoo from the development machine (the device tool's `carry`); without it, skipped.
+if [ -d .cache/zoo/pystdlib-v2 ]; then
+  step bench_e2e 150 "$PY" bench/bench_e2e.py --device cuda --quick --out "$OUT/e2e.json"
+else
+  log "bench_e2e skipped: no trained zoo pair in .cache/zoo (carry it)"
+fi
 # ==== end family: models ==========================================================================
 
 # ==== family: tree ================================================================================
 # budgets 16 and 64, B 1 and 8, three modes; the JSON flags the B = 8 / 64-node H200 target (< 100 us)
-step bench_tree 200 "$PY" bench/bench_tree.py --device cuda --quick --out "$OUT/tree.json" "${HBM_ARG[@]}"
+step bench_tree 75 "$PY" bench/bench_tree.py --device cuda --quick --out "$OUT/tree.json" "${HBM_ARG[@]}"
 # ==== end family: tree ============================================================================
 
 # ==== family: quant ===============================================================================
-step bench_quant 180 "$PY" bench/bench_quant.py --device cuda --quick --out "$OUT/quant.json" "${HBM_ARG[@]}"
+step bench_quant 60 "$PY" bench/bench_quant.py --device cuda --quick --out "$OUT/quant.json" "${HBM_ARG[@]}"
 # ==== end family: quant ===========================================================================
 
 # ==== family: kv_quant ============================================================================
-step bench_kv_quant 60 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
+step bench_kv_quant 30 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
 log "done in $(( $(date +%s) - START ))s; failed steps: ${FAILED[*]:-none}"
