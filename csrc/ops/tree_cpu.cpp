@@ -33,13 +33,14 @@ void verify_tree_cpu(const at::Tensor& draft_tokens, const at::Tensor& parents,
       draft_tokens, parents, cu_num_nodes, target_logits, draft_logits, temperature, top_k, top_p,
       seed, position, tokens, accepted_nodes, num_accepted, status);
   if (a.batch == 0) return;
-  // workspace: (B, 3, V) float32 — scaled target row, scaled draft row, adjusted probabilities.
-  at::Tensor workspace = at::empty({a.batch, 3, a.vocab}, parents.options().dtype(at::kFloat));
+  // workspace: (B, 4, V) float32 — scaled target row, scaled draft row, adjusted target
+  // probabilities, draft probabilities.
+  at::Tensor workspace = at::empty({a.batch, 4, a.vocab}, parents.options().dtype(at::kFloat));
   float* ws = workspace.data_ptr<float>();
   at::parallel_for(0, a.batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       tree::VerifyTreeArgs row = a;
-      row.workspace = ws + b * 3 * a.vocab;
+      row.workspace = ws + b * 4 * a.vocab;
       tree::verify_tree_row_cpu(row, b);
     }
   });

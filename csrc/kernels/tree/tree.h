@@ -54,7 +54,7 @@ struct VerifyTreeArgs {
   int64_t* accepted_nodes;      // (B, M) -1 padded, root first
   int64_t* num_accepted;        // (B,)
   int32_t* status;              // (B,)
-  float* workspace;             // CPU: 3 * V floats for the row; CUDA: (B, V) floats
+  float* workspace;             // CPU: 4 * V floats for the row; CUDA: (B, V) floats
 };
 
 struct CompactArgs {

@@ -218,6 +218,7 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
   float* s = a.workspace;              // (V,) target row, scaled
   float* sd = a.workspace + vocab;     // (V,) draft row, scaled
   float* p = a.workspace + 2 * vocab;  // (V,) adjusted target probabilities, then the residual
+  float* q = a.workspace + 3 * vocab;  // (V,) draft probabilities at the current node
   const uint64_t seed = static_cast<uint64_t>(a.seed[b]);
   const int64_t top_k = a.top_k[b];
 
@@ -251,11 +252,16 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
         float dmax;
         if (!load_scaled(draft, vocab, temperature, sd, dmax)) return fail(kStatusNonFiniteLogits);
         const RowDist dq = make_dist(sd, vocab, dmax, top_k, top_p);
-        for (int64_t i = 0; i < vocab; ++i) p[i] = prob(d, s[i]);
+        // p and q once per node (one exp each per token); the attempts below are then plain
+        // subtract / clamp passes that vectorise.
+        for (int64_t i = 0; i < vocab; ++i) {
+          p[i] = prob(d, s[i]);
+          q[i] = prob(dq, sd[i]);
+        }
         for (uint32_t attempt = 0; c >= 0; ++attempt) {
           const int64_t x = tokens[c];
           const float u = uniform_open01(RandomStream(seed, pos, kPurposeAccept, attempt).element(0));
-          if (sampling::accept_draft(u, prob(dq, sd[x]), p[x])) {
+          if (sampling::accept_draft(u, q[x], p[x])) {
             next = c;
             break;
           }
@@ -263,13 +269,13 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
           // r = max(0, p - q): the next p after normalising, or the residual to sample from
           float total = 0.0f;
           for (int64_t i = 0; i < vocab; ++i) {
-            const float r = p[i] - prob(dq, sd[i]);
+            const float r = p[i] - q[i];
             total += r > 0.0f ? r : 0.0f;
           }
           if (later < 0) {  // all rejected: race over r, or over p when r is zero everywhere
             if (total > 0.0f)
               for (int64_t i = 0; i < vocab; ++i) {
-                const float r = p[i] - prob(dq, sd[i]);
+                const float r = p[i] - q[i];
                 p[i] = r > 0.0f ? r : 0.0f;
               }
             emit = residual_race_cpu(p, vocab, RandomStream(seed, pos, kPurposeResidual, 0));
@@ -277,7 +283,7 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
           }
           if (total > 0.0f)  // p <- normalise(max(0, p - q)); unchanged when that is zero
             for (int64_t i = 0; i < vocab; ++i) {
-              const float r = p[i] - prob(dq, sd[i]);
+              const float r = p[i] - q[i];
               p[i] = (r > 0.0f ? r : 0.0f) / total;
             }
           c = later;
