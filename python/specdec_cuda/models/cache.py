@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.tree import compact_kv
+from .protocol import check_commit_args
 
 
 class StaticKVCache:
@@ -78,28 +79,12 @@ class StaticKVCache:
         Shape: num_kept [B] int64; kept_indices [B, m] int64 (indices into the last forward's
         ``n`` new tokens, -1 padded, m <= n) or None.
         """
-        num_kept = torch.as_tensor(num_kept, dtype=torch.int64, device=self.device)
-        if num_kept.shape != (self.batch_size,):
-            raise ValueError(f"num_kept must have shape [{self.batch_size}], got {tuple(num_kept.shape)}")
-        if kept_indices is not None:
-            kept_indices = torch.as_tensor(kept_indices, dtype=torch.int64, device=self.device)
-            if kept_indices.dim() != 2 or kept_indices.shape[0] != self.batch_size:
-                raise ValueError(
-                    f"kept_indices must have shape [{self.batch_size}, m], got {tuple(kept_indices.shape)}"
-                )
-            if kept_indices.shape[1] > self.num_pending:
-                raise ValueError(
-                    f"kept_indices has {kept_indices.shape[1]} columns but only {self.num_pending} "
-                    "tokens are pending"
-                )
+        num_kept, kept_indices, bad_index = check_commit_args(
+            num_kept, kept_indices, self.batch_size, self.num_pending, self.device)
         new_lengths = self.lengths + num_kept
         checks = [new_lengths.max(), num_kept.min(), num_kept.max()]
-        if kept_indices is not None and kept_indices.numel():
-            # Out-of-range indices among the kept ones (padding beyond num_kept[b] is ignored).
-            col = torch.arange(kept_indices.shape[1], device=self.device)
-            kept = col < num_kept[:, None]
-            bad = kept & ((kept_indices < 0) | (kept_indices >= self.num_pending))
-            checks.append(bad.any().to(torch.int64))
+        if bad_index is not None:
+            checks.append(bad_index)
         stats = torch.stack(checks).tolist()  # the one host sync of this call
         new_max, lo, hi = stats[:3]
         if lo < 0 or hi > self.num_pending:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from .config import UnsupportedModelError, eos_token_ids
-from .protocol import ModelOutput
+from ..ops.tree import compact_kv
+from .protocol import ModelOutput, check_commit_args
 
 _MASKABLE = ("sdpa", "eager")
 
@@ -66,25 +67,10 @@ class HFCache:
 
     def commit(self, num_kept: torch.Tensor, kept_indices: torch.Tensor | None = None) -> None:
         """Keep pending tokens (see ``protocol.py``). num_kept [B]; kept_indices [B, m] or None."""
-        num_kept = torch.as_tensor(num_kept, dtype=torch.int64, device=self.device)
-        if num_kept.shape != (self.batch_size,):
-            raise ValueError(f"num_kept must have shape [{self.batch_size}], got {tuple(num_kept.shape)}")
+        num_kept, kept_indices, bad_index = check_commit_args(
+            num_kept, kept_indices, self.batch_size, self.num_pending, self.device)
         base = self.max_length_committed  # physical slot of pending token 0
-        col = None
-        checks = []
-        if kept_indices is not None:
-            kept_indices = torch.as_tensor(kept_indices, dtype=torch.int64, device=self.device)
-            if kept_indices.dim() != 2 or kept_indices.shape[0] != self.batch_size:
-                raise ValueError(
-                    f"kept_indices must have shape [{self.batch_size}, m], got {tuple(kept_indices.shape)}"
-                )
-            if kept_indices.shape[1] > self.num_pending:
-                raise ValueError(
-                    f"kept_indices has {kept_indices.shape[1]} columns but only {self.num_pending} tokens are pending"
-                )
-            col = torch.arange(kept_indices.shape[1], device=self.device)
-            kept = col < num_kept[:, None]
-            checks.append((kept & ((kept_indices < 0) | (kept_indices >= self.num_pending))).any().to(torch.int64))
+        checks = [] if bad_index is None else [bad_index]
         new_lengths = self.lengths + num_kept
         lo_len, hi_len, lo, hi, *bad = torch.stack(
             [new_lengths.min(), new_lengths.max(), num_kept.min(), num_kept.max(), *checks]
@@ -101,14 +87,15 @@ class HFCache:
         if kept_indices is not None or not self.uniform:
             m = kept_indices.shape[1] if kept_indices is not None else hi
             if m > 0:
+                # One `compact_kv` kernel call moves every layer's K and V: pending token i of row b
+                # sits at slot base + i and goes to lengths[b] + j. Rows keeping nothing get a -1
+                # path, which compact_kv leaves alone.
                 col = torch.arange(m, device=self.device)
-                dst = self.lengths[:, None] + col  # [B, m]
-                src = base + (kept_indices if kept_indices is not None else col.expand(self.batch_size, m))
-                src = torch.where(col < num_kept[:, None], src, dst)
-                rows = torch.arange(self.batch_size, device=self.device)[:, None]
-                for layer in self._layers():
-                    for t in (layer.keys, layer.values):
-                        t[rows, :, dst] = t[rows, :, src]  # [B, m, H, D]; gathered before written
+                kept = kept_indices if kept_indices is not None else col.expand(self.batch_size, m)
+                path = torch.where(col < num_kept[:, None], kept, -1)  # [B, m]
+                caches = [t for layer in self._layers() for t in (layer.keys, layer.values)]
+                compact_kv(caches, path, (num_kept - 1).clamp(min=0), torch.full_like(num_kept, base),
+                           self.lengths)
         self._crop_to(hi_len)
         self.lengths.copy_(new_lengths)
         self.max_length_committed = int(hi_len)

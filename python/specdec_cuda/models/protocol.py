@@ -87,3 +87,31 @@ class CausalLM(Protocol):
         Both implementations also expose ``eos_token_ids`` (a tuple, from the checkpoint's config
         and generation config); it is not part of this protocol.
         """
+
+
+def check_commit_args(
+    num_kept, kept_indices, batch_size: int, num_pending: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The argument checks of ``KVCache.commit`` that every cache shares.
+
+    Shape checks raise at once; the value check is returned as a 0-dim int64 tensor (nonzero when
+    a kept index, ``j < num_kept[b]``, lies outside the ``num_pending`` pending tokens) so the
+    caller reads it with its one host sync. Returns num_kept [B] int64, kept_indices [B, m] int64
+    (or None) and that flag (None without kept_indices).
+    """
+    num_kept = torch.as_tensor(num_kept, dtype=torch.int64, device=device)
+    if num_kept.shape != (batch_size,):
+        raise ValueError(f"num_kept must have shape [{batch_size}], got {tuple(num_kept.shape)}")
+    if kept_indices is None:
+        return num_kept, None, None
+    kept_indices = torch.as_tensor(kept_indices, dtype=torch.int64, device=device)
+    if kept_indices.dim() != 2 or kept_indices.shape[0] != batch_size:
+        raise ValueError(f"kept_indices must have shape [{batch_size}, m], got {tuple(kept_indices.shape)}")
+    if kept_indices.shape[1] > num_pending:
+        raise ValueError(
+            f"kept_indices has {kept_indices.shape[1]} columns but only {num_pending} tokens are pending"
+        )
+    col = torch.arange(kept_indices.shape[1], device=device)
+    kept = col < num_kept[:, None]  # padding beyond num_kept[b] is ignored
+    bad_index = (kept & ((kept_indices < 0) | (kept_indices >= num_pending))).any().to(torch.int64)
+    return num_kept, kept_indices, bad_index
