@@ -17,15 +17,14 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import specdec_cuda  # noqa: E402
+import timing  # noqa: E402  (bench/timing.py, beside this script)
 from specdec_cuda.ops import quant as q  # noqa: E402
 
 CPU_SHAPES_QUICK = [(14336, 4096)]
@@ -55,40 +54,6 @@ def make_weights(n: int, k: int, dtype: torch.dtype, device: str, group: int, ca
     return dense, packed
 
 
-def time_cpu(fn, copies: int, reps: int) -> float:
-    fn(0)
-    times = []
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn(i % copies)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def time_cuda(fn, copies: int, reps: int) -> float:
-    for i in range(3):
-        fn(i % copies)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i % copies)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
-def hbm_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy (read + write)."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = time_cuda(lambda i: b.copy_(a), 1, 10)
-    del a, b
-    return 2 * (1 << 30) / t
-
-
 def int4_bytes(pw: q.PackedW4, m: int, elem: int) -> int:
     return pw.packed.numel() * pw.packed.element_size() + pw.scales.numel() * pw.scales.element_size() + \
         m * (pw.in_features + pw.out_features) * elem
@@ -101,8 +66,8 @@ def run(device: str, quick: bool, group: int, hbm_gbps: float | None = None) -> 
     ms = [1, 4, 16]
     reps = 50 if cuda else (7 if quick else 11)
     cache_bytes = (60 << 20) if cuda else (48 << 20)  # H200 L2: 50 MiB (60 for margin); this CPU's L3: 48 MiB
-    timer = time_cuda if cuda else time_cpu
-    peak = (hbm_gbps * 1e9 if hbm_gbps else hbm_bandwidth()) if cuda else None
+    timer = timing.time_cuda if cuda else timing.time_cpu
+    peak = (hbm_gbps * 1e9 if hbm_gbps else timing.hbm_bytes_per_s()) if cuda else None
     rows = []
     for n, k in shapes:
         for dtype in dtypes:
@@ -110,8 +75,8 @@ def run(device: str, quick: bool, group: int, hbm_gbps: float | None = None) -> 
             dense, packed = make_weights(n, k, dtype, device, group, cache_bytes)
             for m in ms:
                 x = torch.randn(m, k, device=device).to(dtype)
-                t_dense = timer(lambda i: x @ dense[i].T, len(dense), reps)
-                t_int4 = timer(lambda i: q.w4a16_matmul(x, packed[i]), len(packed), reps)
+                t_dense = timer(lambda i: x @ dense[i % len(dense)].T, reps)
+                t_int4 = timer(lambda i: q.w4a16_matmul(x, packed[i % len(packed)]), reps)
                 bw = int4_bytes(packed[0], m, elem) / t_int4
                 row = {
                     "device": device, "N": n, "K": k, "M": m, "dtype": str(dtype).replace("torch.", ""),

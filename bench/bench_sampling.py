@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -37,6 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import specdec_cuda.ops as ops  # noqa: E402
 from specdec_cuda.reference import sampling as ref  # noqa: E402
+import timing  # noqa: E402  (bench/timing.py, beside this script)
 
 
 # ---- inputs -------------------------------------------------------------------------------------
@@ -93,40 +93,10 @@ def torch_sample(logits, temperature):
 
 # ---- timing -------------------------------------------------------------------------------------
 
-def time_cpu(fn, repeats, warmup=1):
-    for _ in range(warmup):
-        fn(0)
-    times = []
-    for r in range(repeats):
-        start = time.perf_counter()
-        fn(r)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def time_cuda(fn, repeats, warmup=3):
-    for r in range(warmup):
-        fn(r)
-    torch.cuda.synchronize()
-    times = []
-    for r in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(r)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def measure_hbm_gbps():
-    """Device-to-device copy of 2 GiB: read + write bytes per second."""
-    n = 2**31
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_cuda(lambda _: dst.copy_(src), 10)
-    del src, dst
-    return 2 * n / (ms * 1e-3) / 1e9
+def timer_ms(on_cuda):
+    """bench/timing.py's median timer for the device, in milliseconds."""
+    timer = timing.time_cuda if on_cuda else timing.time_cpu
+    return lambda fn, repeats: timer(fn, repeats) * 1e3
 
 
 # ---- runs ---------------------------------------------------------------------------------------
@@ -142,7 +112,7 @@ def bench_shape(batch, k, vocab, dtype, device, quick, hbm_gbps):
         for _ in range(max(1, min(8, (400 * 2**20) // max(1, logit_bytes)))):
             copies.append({key: v.clone() for key, v in base.items()})
     repeats = 5 if quick else (50 if on_cuda else 9)
-    timer = time_cuda if on_cuda else time_cpu
+    timer = timer_ms(on_cuda)
     records = []
 
     torch_ms = timer(lambda r: torch_verify_chain(
@@ -229,7 +199,7 @@ def main():
     args = parser.parse_args()
     hbm = None
     if args.device == "cuda":
-        hbm = args.hbm_gbps or measure_hbm_gbps()
+        hbm = args.hbm_gbps or timing.hbm_bytes_per_s() / 1e9
         print(f"HBM bandwidth (device-to-device copy): {hbm:.0f} GB/s")
     shapes = [(b, 8, v, dt) for v in (32000, 128256) for b in (8, 32)
               for dt in (torch.float32, torch.bfloat16)]
