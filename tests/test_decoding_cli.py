@@ -13,7 +13,7 @@ from specdec_cuda.__main__ import main
 
 TINY = zoo.ZooSpec(
     name="tiny", vocab_size=300, max_position=256, seq_len=32, batch_size=4,
-    target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 16, 32, 2, 1),
+    target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 32, 64, 2, 1),
     target_steps=4, draft_steps=3, eval_tokens=256)
 
 
@@ -24,6 +24,23 @@ def tiny_pair(tmp_path_factory):
     lines = []
     report = zoo.train_pair(root / "tiny", TINY, texts=texts, log=lines.append)
     return root / "tiny", report, lines
+
+
+def test_draft_init_copies_the_target_layers():
+    target = zoo._llama(TINY.target, TINY, 0)
+    draft = zoo._llama(TINY.draft, TINY, 0)
+    zoo.init_draft_from_target(draft, target)
+    ids = torch.randint(0, TINY.vocab_size, (1, 9))
+    # The draft is the target with layer 1 dropped: same embedding, layer 0, norm and head.
+    with torch.no_grad():
+        h = target.model.layers[0](target.model.embed_tokens(ids), position_embeddings=target.model.rotary_emb(
+            target.model.embed_tokens(ids), torch.arange(9)[None]))
+        h = h[0] if isinstance(h, tuple) else h
+        expected = target.lm_head(target.model.norm(h))
+        torch.testing.assert_close(draft(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+    narrow = zoo._llama(zoo.LMConfig(1, 16, 32, 2, 1), TINY, 0)
+    with pytest.raises(ValueError, match="width"):
+        zoo.init_draft_from_target(narrow, target)
 
 
 def test_zoo_training_saves_loadable_hf_folders(tiny_pair):

@@ -172,3 +172,22 @@ def test_greedy_decoding_equals_transformers_generate(family_pair):
         cache.commit(torch.tensor([1, 1]))
         tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
     assert torch.equal(torch.cat(tokens, 1), expected)
+
+
+def test_dtype_change_after_a_forward_uses_the_new_parameters(family_pair):
+    # Layers bind their tensors on first use; .to() must drop that binding (LlamaModel._apply),
+    # or the fp64 copy below would still read the fp32 tensors (and fail on the dtype mix).
+    _, hf, _, folder = family_pair
+    model = models.load(folder)
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(12)[None]
+    model.forward(tokens, positions, model.new_cache(1, 16))
+    model.to(torch.float64)
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.weight.zero_()  # the new tensors are the ones read
+    out = model.forward(tokens, positions, model.new_cache(1, 16)).logits
+    assert out.dtype == torch.float64
+    fresh = models.load(folder, dtype=torch.float64)
+    with torch.no_grad():
+        fresh.layers[0].mlp.down_proj.weight.zero_()
+    torch.testing.assert_close(out, fresh.forward(tokens, positions, fresh.new_cache(1, 16)).logits, rtol=0, atol=0)

@@ -30,7 +30,8 @@ StreamCallback = Callable[[int, list[int]], None]  # (row, newly emitted token i
 
 @dataclass
 class SamplingParams:
-    """Per-row sampling parameters. Shape: each [B] (temperature/top_p float32, top_k/seed int64)."""
+    """Per-row sampling parameters. Shape: each [B] (temperature/top_p float32, top_k int32, seed int64:
+    the dtypes the sampling kernels take, so no call converts them)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
@@ -49,7 +50,7 @@ class SamplingParams:
                 raise ValueError(f"{name} has {t.numel()} values for a batch of {batch} prompts")
             return t.to(device).contiguous()
 
-        return cls(per_row("temperature", temperature, torch.float32), per_row("top_k", top_k, torch.int64),
+        return cls(per_row("temperature", temperature, torch.float32), per_row("top_k", top_k, torch.int32),
                    per_row("top_p", top_p, torch.float32), per_row("seed", seed, torch.int64))
 
     def kwargs(self) -> dict:
@@ -190,28 +191,42 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         else:
             # Propose, score bonus + drafts in one target forward, verify the whole batch in one call.
             num_draft = torch.where(active, draft.num_draft, 0)
+            num_draft_host = num_draft.tolist()  # small; the step reads its results on the host anyway
             k = draft.tokens.shape[1]
             steps = torch.arange(k + 1, device=device)
             fed = torch.cat([last[:, None], draft.tokens], dim=1)  # [B, 1 + k]
             logits = target.forward(fed, lengths[:, None] + steps, cache).logits  # [B, 1 + k, V]
-            is_draft = steps[None, :k] < num_draft[:, None]  # [B, k]
+            if all(n == k for n in num_draft_host):
+                # Every row drafted k: the ragged layout verify_chain takes is a plain reshape.
+                draft_tokens, draft_logits = draft.tokens.reshape(-1), draft.logits
+                target_logits = logits.reshape(batch * (k + 1), -1)
+                draft_logits = None if draft_logits is None else draft_logits.reshape(batch * k, -1)
+                cu_num_draft = steps.new_tensor([k * b for b in range(batch + 1)])
+            else:
+                is_draft = steps[None, :k] < num_draft[:, None]  # [B, k]
+                draft_tokens = draft.tokens[is_draft]
+                target_logits = logits[steps[None, :] <= num_draft[:, None]]
+                draft_logits = None if draft.logits is None else draft.logits[is_draft]
+                cu_num_draft = torch.nn.functional.pad(num_draft.cumsum(0), (1, 0))
             # Rejection sampling (Leviathan et al. / Chen et al.): accept d_j with probability
             # min(1, p(d_j) / q(d_j)); at the first rejection sample from max(0, p - q) normalised;
             # if all k survive, sample a bonus token from p. Greedy rows: accept while d_j == argmax p.
             result = ops.verify_chain(
-                draft.tokens[is_draft], torch.nn.functional.pad(num_draft.cumsum(0), (1, 0)),
-                logits[steps[None, :] <= num_draft[:, None]],
-                None if draft.logits is None else draft.logits[is_draft],
+                draft_tokens, cu_num_draft, target_logits, draft_logits,
                 **params.kwargs(), position=lengths + 1, typical=typical, max_draft=k)
             new_tokens, num_accepted, status = result.tokens, result.num_accepted, result.status
-            metrics.drafted = [a + b for a, b in zip(metrics.drafted, is_draft.sum(0).tolist() + [0] * max_draft)]
-            metrics.accepted = [a + b for a, b in
-                                zip(metrics.accepted, (result.accepted == 1).sum(0).tolist() + [0] * max_draft)]
         # Commit: the target keeps `last` and the accepted drafts; finished rows keep nothing.
         num_kept = torch.where(active, num_accepted + 1, 0)
         cache.commit(num_kept)
         host = torch.cat([new_tokens, num_accepted[:, None], status[:, None].to(torch.int64)], 1).tolist()
         _check_status([h[-1] for h in host], "sampling" if draft is None else "verification")
+        if draft is not None and draft.tokens.shape[1]:
+            # A chain's accepted drafts are its first num_accepted ones.
+            for b, n in enumerate(num_draft_host):
+                for j in range(n):
+                    metrics.drafted[j] += 1
+                for j in range(host[b][-2]):
+                    metrics.accepted[j] += 1
         for b in range(batch):
             if active_list[b]:
                 before = len(rows.out[b])

@@ -82,16 +82,16 @@ class StaticKVCache:
         num_kept, kept_indices, bad_index = check_commit_args(
             num_kept, kept_indices, self.batch_size, self.num_pending, self.device)
         new_lengths = self.lengths + num_kept
-        checks = [new_lengths.max(), num_kept.min(), num_kept.max()]
-        if bad_index is not None:
-            checks.append(bad_index)
-        stats = torch.stack(checks).tolist()  # the one host sync of this call
-        new_max, lo, hi = stats[:3]
+        # The one host sync of this call: [new lengths | num_kept | bad-index flag] in one copy.
+        parts = [new_lengths, num_kept] if bad_index is None else [new_lengths, num_kept, bad_index[None]]
+        host = torch.cat(parts).tolist()
+        B = self.batch_size
+        new_max, lo, hi = max(host[:B]), min(host[B : 2 * B]), max(host[B : 2 * B])
         if lo < 0 or hi > self.num_pending:
             raise ValueError(
                 f"num_kept must lie in [0, {self.num_pending}] (tokens pending), got values in [{lo}, {hi}]"
             )
-        if kept_indices is not None and len(stats) > 3 and stats[3]:
+        if bad_index is not None and host[-1]:
             raise ValueError(f"kept_indices must index the {self.num_pending} pending tokens (0 .. n-1)")
         if kept_indices is not None and kept_indices.numel():
             self._compact(kept_indices, num_kept)
@@ -104,13 +104,11 @@ class StaticKVCache:
         lengths = torch.as_tensor(lengths, dtype=torch.int64, device=self.device)
         if lengths.shape != (self.batch_size,):
             raise ValueError(f"lengths must have shape [{self.batch_size}], got {tuple(lengths.shape)}")
-        new_max, bad = torch.stack(
-            [lengths.max(), ((lengths < 0) | (lengths > self.lengths)).any().to(torch.int64)]
-        ).tolist()
-        if bad:
-            raise ValueError(
-                f"truncate: lengths {lengths.tolist()} must lie in [0, current lengths {self.lengths.tolist()}]"
-            )
+        host = torch.cat((lengths, self.lengths)).tolist()  # the one host sync of this call
+        new, current = host[: self.batch_size], host[self.batch_size :]
+        if any(n < 0 or n > c for n, c in zip(new, current)):
+            raise ValueError(f"truncate: lengths {new} must lie in [0, current lengths {current}]")
+        new_max = max(new)
         self.lengths.copy_(lengths)
         self.max_length_committed = int(new_max)
         self.num_pending = 0

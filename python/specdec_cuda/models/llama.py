@@ -58,6 +58,15 @@ class LlamaModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() / .to_empty() replace parameter tensors: drop the layers' bound tuples
+        # (layers.py) so that no forward reads the old ones.
+        for layer in self.layers:
+            layer.unbind()
+        self._inv_freq.clear()
+        self._mask_scalars.clear()
+        return super()._apply(fn, recurse)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype

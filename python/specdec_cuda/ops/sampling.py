@@ -90,6 +90,8 @@ def raise_on_status(status: torch.Tensor) -> None:
 def _per_row(value: Scalar, name: str, rows: int, dtype: torch.dtype, device) -> torch.Tensor:
     """A scalar or a [rows] tensor as a contiguous [rows] tensor of ``dtype`` on ``device``."""
     if isinstance(value, torch.Tensor):
+        if value.dtype == dtype and value.shape == (rows,) and value.device == device and value.is_contiguous():
+            return value  # the decoding loop's per-row parameters: nothing to convert
         if value.dim() == 0:
             return value.to(device=device, dtype=dtype).expand(rows).contiguous()
         if value.shape != (rows,):

@@ -33,10 +33,12 @@ class ChainProposer(Protocol):
                 params: SamplingParams, max_length: int) -> None:
         """Start on padded ``prompts`` [B, P] (``prompt_lens`` [B]) followed by ``first_tokens`` [B]."""
 
-    def propose(self, last_tokens: torch.Tensor, lengths: torch.Tensor, active: torch.Tensor) -> ChainDraft:
+    def propose(self, last_tokens: torch.Tensor, lengths: torch.Tensor, active: torch.Tensor,
+                budget: torch.Tensor) -> ChainDraft:
         """Drafts following ``last_tokens`` [B], which sit at absolute positions ``lengths`` [B].
 
-        Rows with ``active[b]`` False are finished: they may get any draft of length 0.
+        Rows with ``active[b]`` False are finished: they may get any draft of length 0. Row ``b``
+        needs at most ``budget[b]`` drafts (its remaining token budget less the bonus token).
         """
 
     def accept(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor, active: torch.Tensor) -> None:

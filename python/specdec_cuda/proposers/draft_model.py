@@ -92,10 +92,13 @@ class DraftModelProposer:
 
         tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
         draft_logits = torch.empty(batch, k_step, cur.shape[-1], dtype=cur.dtype, device=device)
+        # Uniform steps (every row drafts k_step, no confidence stop) skip the per-row masks.
+        uniform = self.confidence_threshold is None and bool((limit == k_step).all())
         drafting = limit > 0
-        num_draft = torch.zeros(batch, dtype=torch.int64, device=device)
+        num_draft = limit if uniform else torch.zeros(batch, dtype=torch.int64, device=device)
         for j in range(k_step):
-            drafting = drafting & (j < limit)
+            if not uniform:
+                drafting = drafting & (j < limit)
             if self.confidence_threshold is not None and j > 0:
                 confident = torch.softmax(cur.float(), dim=-1).amax(-1) >= self.confidence_threshold
                 drafting = drafting & confident
@@ -105,29 +108,29 @@ class DraftModelProposer:
                                  purpose=Purpose.DRAFT)
             tokens[:, j] = sampled.tokens.clamp(min=0)  # a flagged row (-1) is caught by verification
             draft_logits[:, j] = cur
-            num_draft += drafting.to(torch.int64)
+            if not uniform:
+                num_draft += drafting.to(torch.int64)
             if j + 1 < k_step:
                 cur = self.draft.forward(tokens[:, j, None], (lengths + 1 + j)[:, None], self.cache).logits[:, 0]
-                self.cache.commit(drafting.to(torch.int64))
+                self.cache.commit(limit.new_ones(batch) if uniform else drafting.to(torch.int64))
         self._tokens, self._num_draft = tokens, num_draft
         return ChainDraft(tokens, num_draft, draft_logits if self.uses_draft_logits else None)
 
     def accept(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor, active: torch.Tensor) -> None:
         """Extend ``seq`` with the accepted drafts and the next token; roll the drafter back."""
-        lengths, batch = self._lengths, num_accepted.shape[0]
-        device = num_accepted.device
-        rows = torch.arange(batch, device=device)
-        k_step = self._k_step
+        lengths, k_step = self._lengths, self._k_step
+        last_col = self.seq.shape[1] - 1
+        # Positions past a row's committed length are scratch (nothing reads them before they are
+        # rewritten), so all drafts go in and the next token then overwrites the first rejected
+        # one; finished rows only get scratch writes.
         if k_step:
-            cols = lengths[:, None] + 1 + torch.arange(k_step, device=device)
-            keep = (torch.arange(k_step, device=device)[None] < num_accepted[:, None]) & active[:, None]
-            cols = cols.clamp(max=self.seq.shape[1] - 1)
-            self.seq.scatter_(1, cols, torch.where(keep, self._tokens, self.seq.gather(1, cols)))
-        pos = (lengths + 1 + num_accepted).clamp(max=self.seq.shape[1] - 1)
-        self.seq[rows, pos] = torch.where(active, next_tokens, self.seq[rows, pos])
-        # The drafter's cache is valid through the last accepted draft (index lengths + num_accepted).
-        self.cache.truncate(torch.minimum(self.cache.lengths, torch.where(active, lengths + 1 + num_accepted,
-                                                                          self.cache.lengths)))
+            cols = (lengths[:, None] + 1 + torch.arange(k_step, device=lengths.device)).clamp(max=last_col)
+            self.seq.scatter_(1, cols, self._tokens)
+        pos = (lengths + 1 + num_accepted).clamp(max=last_col)
+        self.seq.scatter_(1, pos[:, None], next_tokens[:, None])
+        # The drafter's cache is valid through the last accepted draft (index lengths + num_accepted);
+        # it never runs ahead of a finished row (num_accepted 0 there).
+        self.cache.truncate(torch.minimum(self.cache.lengths, lengths + 1 + num_accepted))
         if self.adaptive:
             full = (num_accepted == self._num_draft) & (self._num_draft > 0)
             grown = torch.where(full, self.k_row + 2, self.k_row - 1).clamp(self.k_min, self.k_max)
