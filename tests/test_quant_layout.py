@@ -131,49 +131,68 @@ def kernel_b_tiles(packed: torch.Tensor, scales: torch.Tensor, k: int, group_siz
     return b
 
 
-def kernel_a_tiles(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The A operand of every mma.  Shape: x [M <= 16, K] -> [chunks, 8 steps, 16 (m), 16 (k)].
-
-    Lane (g, t) copies x[g + 8r, 128c + 32t + 8wd .. + 8] (16 bytes = words 0..3 of piece wd),
-    zero-filled for rows >= M and features >= K; step 2wd + o uses A registers
-    {x0 word 2o, x1 word 2o, x0 word 2o + 1, x1 word 2o + 1} (x0: row g, x1: row g + 8).
-    """
+def lane_x_words(x: torch.Tensor, k: int) -> torch.Tensor:
+    """What lane (g, t) copies of x per chunk: x[g + 8r, 128c + 32t + 8wd + (0..7)], zero-filled for
+    rows >= M and features >= K.  Shape: x [M <= 16, K] -> [chunks, 32 lanes, 2 (r), 4 (wd), 4 words, 2]."""
     m = x.shape[0]
     chunks = -(-k // ref.CUDA_CHUNK_K)
     xp = torch.zeros(16, chunks * ref.CUDA_CHUNK_K, dtype=x.dtype)
     xp[:m, :k] = x
-    a = torch.zeros(chunks, 8, 16, 16, dtype=x.dtype)
-    for c in range(chunks):
-        for lane in range(32):
-            g, t = lane >> 2, lane % 4
-            for wd in range(4):
-                base = 128 * c + 32 * t + 8 * wd
-                x0, x1 = xp[g, base:base + 8], xp[g + 8, base:base + 8]  # 4 words each
-                for o in range(2):
-                    regs = [x0[4 * o:4 * o + 2], x1[4 * o:4 * o + 2], x0[4 * o + 2:4 * o + 4], x1[4 * o + 2:4 * o + 4]]
-                    for reg, pair in enumerate(regs):
-                        for h in range(2):
-                            row, col = ptx_a(lane, reg, h)
-                            a[c, 2 * wd + o, row, col] = pair[h]
-    return a
+    out = torch.zeros(chunks, 32, 2, 4, 4, 2, dtype=x.dtype)
+    for lane in range(32):
+        g, t = lane >> 2, lane % 4
+        for r in range(2):
+            run = xp[g + 8 * r].reshape(chunks, 4, 32)[:, t]  # [chunks, 32]: the lane's 32 features
+            out[:, lane, r] = run.reshape(chunks, 4, 4, 2)
+    return out
+
+
+# The kernel's two mma per (tile, chunk, word wd), for each A-tile variant: A registers as
+# (row half r, word of the x piece), B registers as indices into b[0..3], and the accumulator.
+MMA_PLAN = {
+    # MT = 16: A = {x0 w0, x1 w0, x0 w1, x1 w1} with b[0], b[1]; then words 2, 3 with b[2], b[3]
+    16: [([(0, 0), (1, 0), (0, 1), (1, 1)], (0, 1), 0), ([(0, 2), (1, 2), (0, 3), (1, 3)], (2, 3), 0)],
+    # MT = 8: the quad {x0 w0, x0 w1, x0 w2, x0 w3} as loaded, with (b[0], b[2]) into acc, (b[1], b[3]) into acc2
+    8: [([(0, 0), (0, 1), (0, 2), (0, 3)], (0, 2), 0), ([(0, 0), (0, 1), (0, 2), (0, 3)], (1, 3), 1)],
+}
 
 
 def emulate_kernel(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, n: int, k: int,
-                   group_size: int) -> torch.Tensor:
-    """y = x · Wᵀ through the emulated fragments (float64 sums), stored as the kernel stores C.  Shape: [M, N]."""
-    a = kernel_a_tiles(x, k).double()  # [C, 8, 16, 16]
-    b = kernel_b_tiles(packed, scales, k, group_size).double()  # [T, C, 8, 16, 8]
-    d = torch.einsum("csmk,tcskn->tmn", a, b)  # every k-step of every chunk into one accumulator per tile
+                   group_size: int, mt: int) -> torch.Tensor:
+    """y = x · Wᵀ through the emulated registers of every mma (float64 sums), reduced and stored
+    as the kernel's epilogue does.  Shape: [M, N]."""
+    tiles, chunks, _ = packed.shape
+    xw = lane_x_words(x, k).double()  # [C, 32, 2, 4, 4, 2]
+    words = (packed.to(torch.int64) & MASK32).reshape(tiles, chunks, 32, 4)
+    b_regs = dequant_registers(words, lane_scales(scales, k, group_size)[..., None], scales.dtype).double()
+    acc = torch.zeros(2, tiles, 16, 8, dtype=torch.float64)  # acc, acc2 as (row, col) tiles
+    for wd in range(4):
+        for a_plan, (b_lo, b_hi), which in MMA_PLAN[mt]:
+            a = torch.zeros(chunks, 16, 16, dtype=torch.float64)
+            b = torch.zeros(tiles, chunks, 16, 8, dtype=torch.float64)
+            for lane in range(32):
+                for reg, (r, word) in enumerate(a_plan):
+                    for h in range(2):
+                        row, col = ptx_a(lane, reg, h)
+                        a[:, row, col] = xw[:, lane, r, wd, word, h]
+                for reg, bi in enumerate((b_lo, b_hi)):
+                    for h in range(2):
+                        row, col = ptx_b(lane, reg, h)
+                        b[:, :, row, col] = b_regs[:, :, lane, wd, bi, h]
+            acc[which] += torch.einsum("cmk,tckn->tmn", a, b)
     y = torch.zeros(x.shape[0], n, dtype=torch.float64)
-    for nt in range(d.shape[0]):
+    for nt in range(tiles):
         for lane in range(32):
-            for i in range(4):
-                row, col = ptx_c(lane, i)  # register c_i of this lane
-                g, t = lane >> 2, lane % 4
-                m_out, n_out = g + 8 * (i >> 1), nt * 8 + 2 * t + (i & 1)  # the kernel's store
-                assert (m_out, n_out - nt * 8) == (row, col)
+            g, t = lane >> 2, lane % 4
+            regs = [acc[0, nt][ptx_c(lane, i)] for i in range(4)]
+            regs2 = [acc[1, nt][ptx_c(lane, i)] for i in range(4)]
+            # the kernel's partial[e] and store: MT = 16 c0..c3 -> rows g, g, g+8, g+8;
+            # MT = 8 acc c0, c1 + acc2 c2, c3 -> row g
+            v = regs if mt == 16 else [regs[0] + regs2[2], regs[1] + regs2[3], 0.0, 0.0]
+            for e in range(4):
+                m_out, n_out = g + 8 * (e >> 1), nt * 8 + 2 * t + (e & 1)
                 if m_out < x.shape[0] and n_out < n:
-                    y[m_out, n_out] = d[nt, row, col]
+                    y[m_out, n_out] = v[e]
     return y
 
 
@@ -278,11 +297,28 @@ def test_b_fragments_land_on_dequantised_weight(dtype, group_size):
 @pytest.mark.parametrize("m", [1, 3, 8, 11, 16])
 @pytest.mark.parametrize("group_size", [32, 96, -1])  # 96: groups straddle chunks
 def test_emulated_kernel_matches_reference(dtype, m, group_size):
-    """The whole register path (A from x, B from packed, C to y) against x · dequant(W)ᵀ."""
+    """The whole register path (A from x, B from packed, C to y) against x · dequant(W)ᵀ, through
+    the kernel's A-tile variant for this M (8 rows up to M = 8, else 16) and, up to M = 8, the other one too."""
     n, k = 21, 288  # odd N (a partial tile), K padded inside the last chunk
     codes, scales, (packed, s) = make_weight(n, k, group_size, dtype, seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).to(dtype)
-    y = emulate_kernel(x, packed, s, n, k, group_size)
     dense = ref.dequantize_w4(codes, scales.to(dtype).float(), group_size).to(dtype)
     expected = x.double() @ dense.double().T
-    assert torch.allclose(y, expected, rtol=1e-12, atol=1e-12)
+    for mt in ([8, 16] if m <= 8 else [16]):
+        y = emulate_kernel(x, packed, s, n, k, group_size, mt)
+        assert torch.allclose(y, expected, rtol=1e-12, atol=1e-12), mt
+
+
+@pytest.mark.parametrize("mt", [8, 16])
+def test_emulation_is_sensitive_to_the_register_plan(mt, monkeypatch):
+    """Pairing the A quad with the naive B registers (b[0], b[1]) then (b[2], b[3]) is right only
+    for the 16-row plan; for the 8-row plan (and swapped pairs for the 16-row one) it must fail."""
+    codes, scales, (packed, s) = make_weight(16, 128, 128, torch.float16)
+    x = torch.randn(5, 128).half()
+    dense = ref.dequantize_w4(codes, scales.half().float(), 128).half()
+    expected = x.double() @ dense.double().T
+    assert torch.allclose(emulate_kernel(x, packed, s, 16, 128, 128, mt), expected, rtol=1e-12, atol=1e-12)
+    plan = [(a, pair, which) for (a, _, which), pair in zip(MMA_PLAN[mt], [(0, 1), (2, 3)] if mt == 8 else
+                                                             [(0, 2), (1, 3)])]
+    monkeypatch.setitem(MMA_PLAN, mt, plan)
+    assert not torch.allclose(emulate_kernel(x, packed, s, 16, 128, 128, mt), expected, rtol=1e-3, atol=1e-3)

@@ -31,6 +31,10 @@
 //                          x        x[g (+8), 128c + 32t + (0..31)]     4 x 16 B per 8 rows
 //   step s uses elements 4s..4s+3 of both: A = {x[g][4s,4s+1], x[g+8][4s,4s+1], x[g][4s+2,4s+3],
 //   x[g+8][4s+2,4s+3]}, B = {W[4s,4s+1], W[4s+2,4s+3]} (each a pair of 16-bit values).
+//   For M <= 8 the A tile's rows 8..15 are not needed, and the kernel feeds the 16 bytes of row g
+//   it loaded as the A registers unchanged (no register shuffling): rows g then pair elements
+//   (0,1), (4,5) of the 8 with weights (0,1), (4,5) in one mma, rows g + 8 elements (2,3), (6,7) with
+//   weights (2,3), (6,7) in a second one (a second accumulator), and the epilogue adds the two.
 //
 // Pipeline: every thread copies its own bytes with cp.async into a per-thread slot ring of STAGES
 // chunks in shared memory (weights .cg, i.e. L2 only since they are read once; x and scales .ca,
@@ -70,24 +74,25 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared through L2 only; src_bytes = 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async_cg16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-               "l"(__cvta_generic_to_global(src)), "r"(src_bytes)
+// 16 bytes global -> shared (dst: a shared-window address) through L2 only; src_bytes = 0 reads
+// nothing and zero-fills the destination.
+__device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(__cvta_generic_to_global(src)),
+               "r"(src_bytes)
                : "memory");
 }
 
 // 16 bytes global -> shared, cached in L1 too.
-__device__ __forceinline__ void cp_async_ca16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-               "l"(__cvta_generic_to_global(src)), "r"(src_bytes)
+__device__ __forceinline__ void cp_async_ca16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(__cvta_generic_to_global(src)),
+               "r"(src_bytes)
                : "memory");
 }
 
 // 4 bytes global -> shared, cached in L1 too.
-__device__ __forceinline__ void cp_async_ca4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)),
-               "l"(__cvta_generic_to_global(src)), "r"(src_bytes)
+__device__ __forceinline__ void cp_async_ca4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(__cvta_generic_to_global(src)),
+               "r"(src_bytes)
                : "memory");
 }
 
@@ -228,6 +233,11 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
                                                              const typename Ops<D>::T* __restrict__ scales,
                                                              typename Ops<D>::T* __restrict__ y, int64_t ldy, int M,
                                                              int N, int K, int group) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // bf16 mma.m16n8k16 and cp.async need sm_80; the launcher refuses older devices, this keeps
+  // builds for them compiling.
+  return;
+#else
   using O = Ops<D>;
   using T = typename O::T;
   using Cfg = MmaConfig<MT, TN, STAGES>;
@@ -251,41 +261,73 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
     return reinterpret_cast<uint32_t*>(ring + s * Cfg::kStageBytes + Cfg::kWeightBytes + Cfg::kXBytes);
   };
 
-  // Copy this thread's share of chunk c into ring slot s.
-  auto issue = [&](int c, int s) {
-    const int k0 = c * kChunkK + 32 * t;  // first input feature of this lane's 32
-    const int grp = min(k0 / group, groups - 1);  // k0 >= K only in the zero padding of the last chunk
+  // Copy cursor. Chunks are copied in increasing order (c_begin, c_begin + 1, ...), so the source
+  // pointers are set up once and advanced one chunk per copy: the loop does no index arithmetic.
+  // Lanes whose tile / row is out of range keep a valid pointer and copy 0 bytes (zero-fill).
+  const uint4* w_src[TN];  // packed[nt, c, lane]
+  const T* s_src[TN];      // scales[nt, 0, g & ~1]: the aligned pair holding row g's scale
+  int w_step[TN], tile_ok[TN];
+#pragma unroll
+  for (int i = 0; i < TN; ++i) {
+    const int nt = tile0 + i;
+    tile_ok[i] = nt < tiles;
+    w_src[i] = packed + (tile_ok[i] ? (static_cast<int64_t>(nt) * chunks + c_begin) * 32 + lane : 0);
+    w_step[i] = tile_ok[i] ? 32 : 0;
+    s_src[i] = scales + (tile_ok[i] ? static_cast<int64_t>(nt) * groups * kTileN + (g & ~1) : 0);
+  }
+  const T* x_src[Cfg::kRowHalves];  // x[g + 8r, 128c + 32t]
+  int row_ok[Cfg::kRowHalves];
+#pragma unroll
+  for (int r = 0; r < Cfg::kRowHalves; ++r) {
+    row_ok[r] = g + 8 * r < M;
+    x_src[r] = x + (row_ok[r] ? static_cast<int64_t>(g + 8 * r) * ldx + c_begin * kChunkK + 32 * t : 0);
+  }
+  int k_next = c_begin * kChunkK + 32 * t;  // first input feature of this lane's 32 in the next chunk
+  int grp = k_next / group;                 // its group, tracked without dividing again
+  int grp_rem = k_next - grp * group;
+
+  const uint32_t ring_u32 = smem_u32(ring);
+  // Copy the next chunk into ring slot s.
+  auto issue = [&](int s) {
+    const uint32_t stage = ring_u32 + s * Cfg::kStageBytes;
+    const int grp_clamped = min(grp, groups - 1);  // past K only inside the zero padding
 #pragma unroll
     for (int i = 0; i < TN; ++i) {
-      const int nt = tile0 + i;
-      const bool ok = nt < tiles;
-      const uint4* src = packed + (ok ? (static_cast<int64_t>(nt) * chunks + c) * 32 + lane : 0);
-      cp_async_cg16(slot_w(s) + i * 32 + lane, src, ok ? 16 : 0);
-      // the aligned pair of scales holding row g's (its half is picked when used)
-      const T* ssrc = scales + (ok ? (static_cast<int64_t>(nt) * groups + grp) * kTileN + (g & ~1) : 0);
-      cp_async_ca4(slot_s(s) + i * 32 + lane, ssrc, ok ? 4 : 0);
+      cp_async_cg16(stage + (i * 32 + lane) * 16, w_src[i], tile_ok[i] ? 16 : 0);
+      cp_async_ca4(stage + Cfg::kWeightBytes + Cfg::kXBytes + (i * 32 + lane) * 4, s_src[i] + grp_clamped * kTileN,
+                   tile_ok[i] ? 4 : 0);
+      w_src[i] += w_step[i];
     }
+    const bool k_ok = k_next < K;  // whole 32-feature runs: K % 32 == 0
 #pragma unroll
     for (int r = 0; r < Cfg::kRowHalves; ++r) {
-      const int m = g + 8 * r;
-      const bool ok = m < M && k0 < K;
-      const T* xs = x + (ok ? static_cast<int64_t>(m) * ldx + k0 : 0);
+      const int bytes = row_ok[r] && k_ok ? 16 : 0;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) cp_async_ca16(slot_x(s) + (r * 4 + q) * 32 + lane, xs + (ok ? 8 * q : 0), ok ? 16 : 0);
+      for (int q = 0; q < 4; ++q)
+        cp_async_ca16(stage + Cfg::kWeightBytes + ((r * 4 + q) * 32 + lane) * 16, x_src[r] + 8 * q, bytes);
+      x_src[r] += row_ok[r] ? kChunkK : 0;
+    }
+    k_next += kChunkK;
+    grp_rem += kChunkK;
+    while (grp_rem >= group) {  // at most 4 steps (group >= 32)
+      grp_rem -= group;
+      ++grp;
     }
   };
 
-  float acc[TN][4];
+  // MT = 16: acc[i] is the C fragment of tile i. MT = 8: acc[i] rows g and acc2[i] rows g + 8
+  // both hold parts of activation row g (see the loop); acc2 is unused for MT = 16.
+  float acc[TN][4], acc2[TN][4];
 #pragma unroll
   for (int i = 0; i < TN; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+    for (int e = 0; e < 4; ++e) acc[i][e] = acc2[i][e] = 0.f;
   const uint32_t scale_sel = (g & 1) ? 0x3232u : 0x1010u;  // the lane's 16-bit scale in both halves
 
   // Prologue: STAGES chunks in flight (empty groups past the end keep the group count uniform).
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) {
-    if (c_begin + s < c_end) issue(c_begin + s, s);
+    if (c_begin + s < c_end) issue(s);
     cp_async_commit();
   }
 
@@ -302,25 +344,38 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
       s2[i] = __byte_perm(slot_s(slot)[i * 32 + lane], 0u, scale_sel);
     }
 #pragma unroll
-    for (int wd = 0; wd < 4; ++wd) {  // word wd = k-steps 2wd and 2wd + 1
-      const uint4 x0 = slot_x(slot)[wd * 32 + lane];  // x[g, 128c + 32t + 8wd .. +7]
-      const uint4 x1 = MT == 16 ? slot_x(slot)[(4 + wd) * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);  // row g + 8
-      // A registers: (row g, kappa 2t..2t+1), (row g+8, same), (row g, kappa 2t+8..2t+9), (row g+8, same)
-      const uint32_t a_even[4] = {x0.x, x1.x, x0.y, x1.y};
-      const uint32_t a_odd[4] = {x0.z, x1.z, x0.w, x1.w};
+    for (int wd = 0; wd < 4; ++wd) {  // word wd: codes j = 0..7 at 128c + 32t + 8wd + j, two mma
+      // x0 / x1: words 0..3 = elements (0,1) (2,3) (4,5) (6,7) of x[g / g + 8, 128c + 32t + 8wd ..]
+      const uint4 x0 = slot_x(slot)[wd * 32 + lane];
 #pragma unroll
       for (int i = 0; i < TN; ++i) {
         const uint32_t q = wd == 0 ? w[i].x : wd == 1 ? w[i].y : wd == 2 ? w[i].z : w[i].w;
-        uint32_t b[4];
+        uint32_t b[4];  // weight pairs (j0,j1) (j2,j3) (j4,j5) (j6,j7)
         O::dequant(q, s2[i], b);
-        O::mma(acc[i], a_even, b[0], b[1]);
-        O::mma(acc[i], a_odd, b[2], b[3]);
+        if constexpr (MT == 16) {
+          // A registers: (row g, kappa 2t..2t+1), (row g+8, same), (row g, kappa 2t+8..), (row g+8, same):
+          // k-step 2wd takes elements (0,1) and (2,3), k-step 2wd + 1 elements (4,5) and (6,7).
+          const uint4 x1 = slot_x(slot)[(4 + wd) * 32 + lane];
+          const uint32_t a_even[4] = {x0.x, x1.x, x0.y, x1.y};
+          const uint32_t a_odd[4] = {x0.z, x1.z, x0.w, x1.w};
+          O::mma(acc[i], a_even, b[0], b[1]);
+          O::mma(acc[i], a_odd, b[2], b[3]);
+        } else {
+          // Only activation rows 0..7 exist, so the A tile's rows g + 8 may hold anything: the
+          // loaded quad is used as is (no register shuffling). Its rows g see elements (0,1) and
+          // (4,5), its rows g + 8 elements (2,3) and (6,7); the first mma takes the matching
+          // weights into acc rows g, the second into acc2 rows g + 8, and the epilogue adds
+          // acc rows g + acc2 rows g + 8 (the other halves are cross terms, discarded).
+          const uint32_t a[4] = {x0.x, x0.y, x0.z, x0.w};
+          O::mma(acc[i], a, b[0], b[2]);
+          O::mma(acc2[i], a, b[1], b[3]);
+        }
       }
     }
     // Refill the slot just read with chunk c + STAGES. The barrier-free ring relies on program
     // order within the thread; __syncwarp orders the shared-memory reads above before the copy.
     __syncwarp();
-    if (c + STAGES < c_end) issue(c + STAGES, slot);
+    if (c + STAGES < c_end) issue(slot);  // chunk c + STAGES
     cp_async_commit();
     slot = slot + 1 == STAGES ? 0 : slot + 1;
   }
@@ -331,7 +386,8 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
 #pragma unroll
   for (int i = 0; i < TN; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) partial[warp][i][e][lane] = acc[i][e];
+    for (int e = 0; e < 4; ++e)
+      partial[warp][i][e][lane] = MT == 16 ? acc[i][e] : e < 2 ? acc[i][e] + acc2[i][e + 2] : 0.f;
   __syncthreads();
   if (warp < TN && tile0 + warp < tiles) {
     const int i = warp;
@@ -349,6 +405,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
       if (m < M && col < N) y[static_cast<int64_t>(m) * ldy + col] = O::from_float(v[e]);
     }
   }
+#endif
 }
 
 // ---- dequantiser (dense path) -----------------------------------------------------------------
@@ -415,6 +472,11 @@ cudaError_t launch_w4a16_mma(const void* x, int64_t ldx, const int32_t* packed, 
       N > (int64_t{1} << 30) || K > (int64_t{1} << 30) || ldx < K || ldx % 8 != 0 || ldy < N || !aligned(x, 16) ||
       !aligned(packed, 16) || !aligned(scales, 4))
     return cudaErrorInvalidValue;
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  if (major < 8) return cudaErrorNotSupported;  // mma.m16n8k16.bf16 / cp.async: sm_80 and newer
   return dtype == ActDType::kFloat16
              ? dispatch_mma<ActDType::kFloat16>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream)
              : dispatch_mma<ActDType::kBFloat16>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
