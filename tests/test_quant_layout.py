@@ -11,6 +11,9 @@ wrong interleave or fragment order fails these tests.
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import pytest
 import torch
 
@@ -322,3 +325,39 @@ def test_emulation_is_sensitive_to_the_register_plan(mt, monkeypatch):
                                                              [(0, 2), (1, 3)])]
     monkeypatch.setitem(MMA_PLAN, mt, plan)
     assert not torch.allclose(emulate_kernel(x, packed, s, 16, 128, 128, mt), expected, rtol=1e-3, atol=1e-3)
+
+
+def test_kernel_source_uses_the_emulated_constants():
+    """The emulation above re-types the kernel's masks, exponents, biases and permute selectors;
+    this ties them to csrc/kernels/quant/w4a16_cuda.cu so that neither changes alone."""
+    src = (pathlib.Path(__file__).resolve().parents[1] / "csrc/kernels/quant/w4a16_cuda.cu").read_text()
+
+    def body(dtype_enum: str) -> str:
+        start = src.index(f"struct Ops<ActDType::{dtype_enum}>")
+        return src[start:src.index("static __device__ __forceinline__ void mma", start)]
+
+    fp16, bf16 = body("kFloat16"), body("kBFloat16")
+    for const in ["0x000f000fu", "0x00f000f0u", "0x64006400u", "0x64086408u", "0x2c002c00u", "0xd480d480u", "q >> 8",
+                  "and_or(q, kLow, kExp)", "and_or(q, kHigh, kExp)", "and_or(q8, kLow, kExp)", "and_or(q8, kHigh, kExp)",
+                  "__hsub2(r0, bias_low)", "__hfma2(r1, sixteenth, bias_high)", "__hsub2(r2, bias_low)",
+                  "__hfma2(r3, sixteenth, bias_high)"]:
+        assert const in fp16, const
+    for const in ["q & 0x0f0f0f0fu", "(q >> 4) & 0x0f0f0f0fu", "kExp = 0x43u", "0x43084308u",
+                  "__byte_perm(lo, kExp, 0x4140u)", "__byte_perm(lo, kExp, 0x4342u)",
+                  "__byte_perm(hi, kExp, 0x4140u)", "__byte_perm(hi, kExp, 0x4342u)"]:
+        assert const in bf16, const
+    assert "0xea" in src  # and_or's LUT: (a & b) | c
+    # the A quads and B pairs of MMA_PLAN
+    assert "a_even[4] = {x0.x, x1.x, x0.y, x1.y}" in src and "a_odd[4] = {x0.z, x1.z, x0.w, x1.w}" in src
+    assert "O::mma(acc[i], a_even, b[0], b[1])" in src and "O::mma(acc[i], a_odd, b[2], b[3])" in src
+    assert "a[4] = {x0.x, x0.y, x0.z, x0.w}" in src
+    assert "O::mma(acc[i], a, b[0], b[2])" in src and "O::mma(acc2[i], a, b[1], b[3])" in src
+    assert "acc[i][e] + acc2[i][e + 2]" in src
+    # the lane's copies: weights [nt, c, lane], x at 128c + 32t, scale pair at (g & ~1), half by g & 1
+    assert "(static_cast<int64_t>(nt) * chunks + c_begin) * 32 + lane" in src
+    assert "c_begin * kChunkK + 32 * t" in src and "(g & ~1)" in src and "(g & 1) ? 0x3232u : 0x1010u" in src
+    assert re.search(r"nibble_j\(int p\) \{ return p < 4 \? 2 \* p : 2 \* \(p - 4\) \+ 1; \}", fp16)
+    assert re.search(r"nibble_j\(int p\) \{ return \(p & 1\) \? 4 \+ p / 2 : p / 2; \}", bf16)
+    # ... which the dequantiser of the dense path uses: the reference's NIBBLE_ORDER
+    assert tuple(2 * p if p < 4 else 2 * (p - 4) + 1 for p in range(8)) == ref.NIBBLE_ORDER[torch.float16]
+    assert tuple(4 + p // 2 if p & 1 else p // 2 for p in range(8)) == ref.NIBBLE_ORDER[torch.bfloat16]
