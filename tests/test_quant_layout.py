@@ -224,7 +224,8 @@ def test_pack_unpack_cuda_round_trip(dtype, group_size, shape):
     assert torch.equal(c2, codes) and torch.equal(s2, scales.to(dtype))
     # padding: codes 8 (weight 0) beyond N and K, scales 0 beyond N
     full, _ = ref.unpack_cuda(packed, s, tiles * 8, chunks * 128)
-    assert torch.all(full[n:] == 8) and torch.all(full[:, k:] == 8) and torch.all(s.permute(0, 2, 1).reshape(-1, k // g)[n:] == 0)
+    assert torch.all(full[n:] == 8) and torch.all(full[:, k:] == 8)
+    assert torch.all(s.permute(0, 2, 1).reshape(-1, k // g)[n:] == 0)
 
 
 def test_interleaves_differ_and_are_as_specified():
@@ -338,7 +339,8 @@ def test_kernel_source_uses_the_emulated_constants():
 
     fp16, bf16 = body("kFloat16"), body("kBFloat16")
     for const in ["0x000f000fu", "0x00f000f0u", "0x64006400u", "0x64086408u", "0x2c002c00u", "0xd480d480u", "q >> 8",
-                  "and_or(q, kLow, kExp)", "and_or(q, kHigh, kExp)", "and_or(q8, kLow, kExp)", "and_or(q8, kHigh, kExp)",
+                  "and_or(q, kLow, kExp)", "and_or(q, kHigh, kExp)",
+                  "and_or(q8, kLow, kExp)", "and_or(q8, kHigh, kExp)",
                   "__hsub2(r0, bias_low)", "__hfma2(r1, sixteenth, bias_high)", "__hsub2(r2, bias_low)",
                   "__hfma2(r3, sixteenth, bias_high)"]:
         assert const in fp16, const

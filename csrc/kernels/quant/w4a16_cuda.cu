@@ -37,10 +37,10 @@
 //   weights (2,3), (6,7) in a second one (a second accumulator), and the epilogue adds the two.
 //
 // Pipeline: every thread copies its own bytes with cp.async into a per-thread slot ring of STAGES
-// chunks in shared memory (weights .cg, i.e. L2 only since they are read once; x and scales .ca,
-// since every block reads them), waits with cp.async.wait_group and reads back only what it
-// copied itself, so the main loop needs no barrier at all. Out-of-range rows / tiles / chunks are
-// zero-filled by the copy (src-size 0), never read.
+// chunks in shared memory (weights .cg, i.e. L2 only, under an evict-first L2 policy since they
+// are read once; x and scales .ca, since every block reads them), waits with cp.async.wait_group
+// and reads back only what it copied itself, so the main loop needs no barrier at all.
+// Out-of-range rows / tiles / chunks are zero-filled by the copy (src-size 0), never read.
 //
 // Dequantisation (per 32-bit word = 8 codes = the B fragments of two k-steps; the interleave
 // differs by dtype, see the reference):
@@ -74,11 +74,19 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared (dst: a shared-window address) through L2 only; src_bytes = 0 reads
-// nothing and zero-fills the destination.
-__device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(__cvta_generic_to_global(src)),
-               "r"(src_bytes)
+// An L2 policy that evicts first what it covers: for the weight stream, read exactly once, so that
+// it does not push x, the scales (re-read by every block) or the caller's other data out of L2.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes global -> shared (dst: a shared-window address) through L2 only, under `policy`;
+// src_bytes = 0 reads nothing and zero-fills the destination.
+__device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, int src_bytes, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src)), "r"(src_bytes), "l"(policy)
                : "memory");
 }
 
@@ -287,13 +295,14 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
   int grp_rem = k_next - grp * group;
 
   const uint32_t ring_u32 = smem_u32(ring);
+  const uint64_t weight_policy = l2_evict_first_policy();
   // Copy the next chunk into ring slot s.
   auto issue = [&](int s) {
     const uint32_t stage = ring_u32 + s * Cfg::kStageBytes;
     const int grp_clamped = min(grp, groups - 1);  // past K only inside the zero padding
 #pragma unroll
     for (int i = 0; i < TN; ++i) {
-      cp_async_cg16(stage + (i * 32 + lane) * 16, w_src[i], tile_ok[i] ? 16 : 0);
+      cp_async_cg16(stage + (i * 32 + lane) * 16, w_src[i], tile_ok[i] ? 16 : 0, weight_policy);
       cp_async_ca4(stage + Cfg::kWeightBytes + Cfg::kXBytes + (i * 32 + lane) * 4, s_src[i] + grp_clamped * kTileN,
                    tile_ok[i] ? 4 : 0);
       w_src[i] += w_step[i];
