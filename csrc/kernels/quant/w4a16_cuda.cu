@@ -40,7 +40,8 @@
 // chunks in shared memory (weights .cg, i.e. L2 only, under an evict-first L2 policy since they
 // are read once; x and scales .ca, since every block reads them), waits with cp.async.wait_group
 // and reads back only what it copied itself, so the main loop needs no barrier at all.
-// Out-of-range rows / tiles / chunks are zero-filled by the copy (src-size 0), never read.
+// Out-of-range tiles and features past K are zero-filled by the copy (src-size 0), never read;
+// activation rows >= M are neither copied nor read.
 //
 // Dequantisation (per 32-bit word = 8 codes = the B fragments of two k-steps; the interleave
 // differs by dtype, see the reference):
@@ -271,7 +272,9 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
 
   // Copy cursor. Chunks are copied in increasing order (c_begin, c_begin + 1, ...), so the source
   // pointers are set up once and advanced one chunk per copy: the loop does no index arithmetic.
-  // Lanes whose tile / row is out of range keep a valid pointer and copy 0 bytes (zero-fill).
+  // Lanes whose tile is out of range keep a valid pointer and copy 0 bytes (zero-fill); lanes of
+  // activation rows >= M copy nothing and read zeros instead (at M = 1, 7 of 8 x rows: this keeps
+  // the ring's shared-memory traffic close to the weight bytes).
   const uint4* w_src[TN];  // packed[nt, c, lane]
   const T* s_src[TN];      // scales[nt, 0, g & ~1]: the aligned pair holding row g's scale
   int w_step[TN], tile_ok[TN];
@@ -307,14 +310,15 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
                    tile_ok[i] ? 4 : 0);
       w_src[i] += w_step[i];
     }
-    const bool k_ok = k_next < K;  // whole 32-feature runs: K % 32 == 0
+    const int x_bytes = k_next < K ? 16 : 0;  // whole 32-feature runs: K % 32 == 0
 #pragma unroll
     for (int r = 0; r < Cfg::kRowHalves; ++r) {
-      const int bytes = row_ok[r] && k_ok ? 16 : 0;
+      if (row_ok[r]) {  // rows >= M: neither copied nor read (their A registers are zero)
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        cp_async_ca16(stage + Cfg::kWeightBytes + ((r * 4 + q) * 32 + lane) * 16, x_src[r] + 8 * q, bytes);
-      x_src[r] += row_ok[r] ? kChunkK : 0;
+        for (int q = 0; q < 4; ++q)
+          cp_async_ca16(stage + Cfg::kWeightBytes + ((r * 4 + q) * 32 + lane) * 16, x_src[r] + 8 * q, x_bytes);
+        x_src[r] += kChunkK;
+      }
     }
     k_next += kChunkK;
     grp_rem += kChunkK;
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {  // word wd: codes j = 0..7 at 128c + 32t + 8wd + j, two mma
       // x0 / x1: words 0..3 = elements (0,1) (2,3) (4,5) (6,7) of x[g / g + 8, 128c + 32t + 8wd ..]
-      const uint4 x0 = slot_x(slot)[wd * 32 + lane];
+      const uint4 x0 = row_ok[0] ? slot_x(slot)[wd * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int i = 0; i < TN; ++i) {
         const uint32_t q = wd == 0 ? w[i].x : wd == 1 ? w[i].y : wd == 2 ? w[i].z : w[i].w;
@@ -364,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
         if constexpr (MT == 16) {
           // A registers: (row g, kappa 2t..2t+1), (row g+8, same), (row g, kappa 2t+8..), (row g+8, same):
           // k-step 2wd takes elements (0,1) and (2,3), k-step 2wd + 1 elements (4,5) and (6,7).
-          const uint4 x1 = slot_x(slot)[(4 + wd) * 32 + lane];
+          const uint4 x1 = row_ok[MT / 16] ? slot_x(slot)[(4 + wd) * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
           const uint32_t a_even[4] = {x0.x, x1.x, x0.y, x1.y};
           const uint32_t a_odd[4] = {x0.z, x1.z, x0.w, x1.w};
           O::mma(acc[i], a_even, b[0], b[1]);
