@@ -55,12 +55,11 @@ def test_pack_unpack_round_trip(n, group_size):
     assert packed.shape == ((n + 15) // 16, 48, 16) and s.shape[0] == (n + 15) // 16
     c2, s2 = ref.unpack_cpu(packed, s, n)
     assert torch.equal(c2, codes) and torch.equal(s2, scales)
-    words, s16 = ref.pack_cuda(codes, scales, torch.float16)
-    assert words.dtype == torch.int32 and words.shape == (n, 12)
-    c3, _ = ref.unpack_cuda(words, s16)
-    assert torch.equal(c3, codes)
-    # Nibble j of word c is code 8c + j (little-endian nibble order).
-    assert (int(words[0, 0]) & 0xF) == int(codes[0, 0]) and ((int(words[0, 0]) >> 28) & 0xF) == int(codes[0, 7])
+    for dtype in (torch.float16, torch.bfloat16):  # LAYOUT_CUDA in detail: tests/test_quant_layout.py
+        words, s16 = ref.pack_cuda(codes, scales, dtype)
+        assert words.dtype == torch.int32 and words.shape == ((n + 7) // 8, 1, 128)
+        c3, s3 = ref.unpack_cuda(words, s16, n, 96)
+        assert torch.equal(c3, codes) and torch.equal(s3, scales.to(dtype))
 
 
 def test_quantize_w4_packs_reference_codes():
@@ -157,7 +156,35 @@ def test_rejects_bad_shapes():
         torch.ops.specdec.w4a16_matmul(torch.randn(2, 96), pw.packed, pw.scales, 32, 1, torch.empty(2, 8))
 
 
-# ---- registration ------------------------------------------------------------------------------
+def cuda_layout_on_cpu(w: torch.Tensor, group_size: int, dtype: torch.dtype) -> q.PackedW4:
+    """A LAYOUT_CUDA weight held in CPU tensors (what quantize_w4(..., device='cuda') would build)."""
+    codes, scales = ref.quantize_w4(w, group_size)
+    packed, s = ref.pack_cuda(codes, scales, dtype)
+    return q.PackedW4(packed, s, group_size, w.shape[0], w.shape[1])
+
+
+def test_cuda_weight_dtype_mismatch_is_an_error():
+    pw = cuda_layout_on_cpu(torch.randn(24, 128), 64, torch.bfloat16)
+    assert q.layout_of(pw.packed) == q.LAYOUT_CUDA
+    with pytest.raises(ValueError, match="bfloat16.*float16.*repack_w4"):
+        q.w4a16_matmul(torch.randn(2, 128, dtype=torch.float16), pw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_repack_w4_is_exact(dtype):
+    torch.manual_seed(10)
+    w = torch.randn(37, 192)
+    codes, scales = ref.quantize_w4(w, 64)
+    pw_cuda = cuda_layout_on_cpu(w, 64, dtype)
+    back = q.repack_w4(pw_cuda, "cpu")  # LAYOUT_CUDA -> LAYOUT_CPU from the integer codes
+    assert q.layout_of(back.packed) == q.LAYOUT_CPU
+    c2, s2 = ref.unpack_cpu(back.packed, back.scales, 37)
+    assert torch.equal(c2, codes) and torch.equal(s2, scales.to(dtype).float())
+    cpu = q.quantize_w4(w, 64)
+    assert q.repack_w4(cpu, "cpu") is cpu
+
+
+# ---- registration ----# ---- registration ------------------------------------------------------------------------------
 
 
 def test_opcheck():
@@ -215,25 +242,77 @@ def test_quantize_linears_only_mlp():
     assert isinstance(model.layers[0].mlp.odd, nn.Linear)
 
 
-# ---- CUDA --------------------------------------------------------------------------------------
+# ---- CUDA ----------------------------------------------------------------------------------------
+
+
+def cuda_expected(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x · dequant(W)ᵀ with the CUDA rounding: scales in x's dtype and each weight rounded to it once."""
+    codes, scales = ref.quantize_w4(w.cpu(), group_size)
+    dense = ref.dequantize_w4(codes, scales.to(x.dtype).float(), group_size).to(x.dtype)
+    return (x.cpu().float() @ dense.float().T).to(x.dtype)
 
 
 @needs_cuda
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16, 17, 33, 70, 128])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 16, 17, 33, 70, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("group_size", [32, 128, -1])
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
 def test_cuda_matches_reference(m, dtype, group_size):
     torch.manual_seed(m)
-    w = torch.randn(111, 512) * 0.05
+    w = torch.randn(111, 512) * 0.05  # odd N: a partial n8 tile and a partial 16-column block
     x = torch.randn(m, 512).to(dtype)
     pw = q.quantize_w4(w, group_size, device="cuda", scale_dtype=dtype)
     y = q.w4a16_matmul(x.cuda(), pw)
-    # Scales are rounded to the activation dtype on CUDA; the reference uses the same rounding.
+    assert rel_err(y.cpu(), cuda_expected(x, w, group_size)) <= REL_TOL[dtype]
     codes, scales = ref.quantize_w4(w, group_size)
-    expected = ref.w4a16_matmul(x, codes, scales.to(dtype).float(), group_size)
-    assert rel_err(y.cpu(), expected) <= REL_TOL[dtype]
     dense = q.w4_dequantize(pw, dtype).cpu()
     assert torch.equal(dense, ref.dequantize_w4(codes, scales.to(dtype).float(), group_size).to(dtype))
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(7, 96), (33, 352), (100, 640), (64, 4096)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_odd_shapes(shape, dtype):
+    """K not a multiple of 128 (padded chunk), N not a multiple of 8 or 16, few chunks per warp."""
+    n, k = shape
+    torch.manual_seed(n)
+    w = torch.randn(n, k) * 0.05
+    pw = q.quantize_w4(w, 32, device="cuda", scale_dtype=dtype)
+    for m in (1, 4, 11, 16):
+        x = torch.randn(m, k).to(dtype)
+        assert rel_err(q.w4a16_matmul(x.cuda(), pw).cpu(), cuda_expected(x, w, 32)) <= REL_TOL[dtype], m
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(4096, 4096), (14336, 4096), (4096, 14336)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_real_layer_shapes(shape, dtype):
+    torch.manual_seed(11)
+    w = torch.randn(*shape, device="cuda") * 0.02
+    pw = q.quantize_w4(w, 128, device="cuda", scale_dtype=dtype)
+    dense = q.w4_dequantize(pw, dtype)  # checked bit-exact against the reference above
+    for m in (1, 4, 16, 33):
+        x = torch.randn(m, shape[1], device="cuda").to(dtype)
+        expected = (x.float() @ dense.float().T).to(dtype)
+        assert rel_err(q.w4a16_matmul(x, pw), expected) <= REL_TOL[dtype], m
+
+
+@needs_cuda
+def test_cuda_dtype_mismatch_and_repack():
+    torch.manual_seed(12)
+    w = torch.randn(40, 256) * 0.05
+    pw = q.quantize_w4(w, 64, device="cuda", scale_dtype=torch.bfloat16)
+    x = torch.randn(3, 256).half()
+    with pytest.raises(ValueError, match="repack_w4"):
+        q.w4a16_matmul(x.cuda(), pw)
+    with pytest.raises(RuntimeError, match="packed for"):
+        torch.ops.specdec.w4a16_matmul(x.cuda(), pw.packed, pw.scales, 64, q.LAYOUT_CUDA,
+                                       torch.empty(3, 40, dtype=torch.float16, device="cuda"))
+    pw16 = q.repack_w4(pw, scale_dtype=torch.float16)
+    assert pw16.scales.dtype == torch.float16
+    codes, _ = ref.quantize_w4(w, 64)
+    assert torch.equal(ref.unpack_cuda(pw16.packed.cpu(), pw16.scales.cpu(), 40, 256)[0], codes)
+    expected = (x.float() @ q.w4_dequantize(pw16, torch.float16).cpu().float().T).half()
+    assert rel_err(q.w4a16_matmul(x.cuda(), pw16).cpu(), expected) <= REL_TOL[torch.float16]
 
 
 @needs_cuda
@@ -245,11 +324,18 @@ def test_cuda_equals_cpu_and_moves():
     y_cpu = ql(x.float()).half()
     ql_cuda = W4Linear.from_linear(lin, group_size=64, device="cuda")
     assert rel_err(ql_cuda(x.cuda()).cpu(), y_cpu) <= REL_TOL[torch.float16]
-    assert rel_err(ql.cuda()(x.cuda()).cpu(), y_cpu) <= REL_TOL[torch.float16]
+    moved = ql.cuda()
+    assert rel_err(moved(x.cuda()).cpu(), y_cpu) <= REL_TOL[torch.float16]
+    # cast to bf16: the CUDA weight is repacked for bf16 activations
+    assert rel_err(moved.to(torch.bfloat16)(x.cuda().bfloat16()).cpu(), y_cpu) <= REL_TOL[torch.bfloat16]
+    assert moved.scales.dtype == torch.bfloat16
     pw = q.quantize_w4(lin.weight.float(), 64, device="cuda", scale_dtype=torch.float16)
     torch.library.opcheck(torch.ops.specdec.w4a16_matmul.default,
                           (x.cuda(), pw.packed, pw.scales, 64, q.LAYOUT_CUDA,
                            torch.empty(4, 96, dtype=torch.float16, device="cuda")))
+    torch.library.opcheck(torch.ops.specdec.w4_dequantize.default,
+                          (pw.packed, pw.scales, 64, q.LAYOUT_CUDA, torch.empty(96, 256, dtype=torch.float16,
+                                                                                device="cuda")))
 
 
 @pytest.mark.parametrize("isa", ["avx2", "baseline"])

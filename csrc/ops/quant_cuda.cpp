@@ -1,4 +1,4 @@
-// CUDA glue of the `quant` family: W4A16 matmul (GEMV kernel for M <= 16 per launch, dense
+// CUDA glue of the `quant` family: W4A16 matmul (tensor-core kernel for M <= 16 per launch, dense
 // dequantisation + cuBLAS for large M) and dequantisation, over LAYOUT_CUDA weights.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,8 +11,8 @@
 namespace specdec::ops {
 namespace {
 
-// From here on one dense dequantisation (N*K writes) plus a tensor-core GEMM beats re-streaming
-// the int4 weight once per 16 activation rows through the CUDA-core GEMV.
+// From here on one dense dequantisation (N*K writes) plus a cuBLAS GEMM beats re-streaming the
+// int4 weight once per 16 activation rows through the W4A16 kernel.
 constexpr int64_t kDenseFromM = 64;
 
 quant::ActDType act_dtype(const at::Tensor& t, const char* name) {
@@ -23,17 +23,23 @@ quant::ActDType act_dtype(const at::Tensor& t, const char* name) {
 
 void check_cuda_weight(const at::Tensor& packed, const at::Tensor& scales, int64_t N, int64_t K, int64_t group,
                        at::ScalarType dtype) {
-  // packed: (N, K/8) int32
-  TORCH_CHECK(packed.is_cuda() && packed.scalar_type() == at::kInt && packed.dim() == 2 && packed.size(0) == N &&
-                  packed.size(1) == K / 8 && packed.is_contiguous(),
-              "packed must be a contiguous int32 LAYOUT_CUDA tensor of shape [", N, ", ", K / 8, "] on CUDA; got ",
-              packed.scalar_type(), " ", packed.sizes(), " (a LAYOUT_CPU weight must be repacked for CUDA)");
-  // scales: (N, K/group), activation dtype
-  TORCH_CHECK(scales.is_cuda() && scales.scalar_type() == dtype && scales.dim() == 2 && scales.size(0) == N &&
-                  scales.size(1) == K / group && scales.is_contiguous(),
-              "scales must be a contiguous ", dtype, " [", N, ", ", K / group, "] tensor on CUDA; got ",
-              scales.scalar_type(), " ", scales.sizes());
+  const int64_t tiles = (N + quant::kCudaTileN - 1) / quant::kCudaTileN;
+  const int64_t chunks = (K + quant::kCudaChunkK - 1) / quant::kCudaChunkK;
+  // packed: (ceil(N/8), ceil(K/128), 128) int32
+  TORCH_CHECK(packed.is_cuda() && packed.scalar_type() == at::kInt && packed.dim() == 3 && packed.size(0) == tiles &&
+                  packed.size(1) == chunks && packed.size(2) == 128 && packed.is_contiguous(),
+              "packed must be a contiguous int32 LAYOUT_CUDA tensor of shape [", tiles, ", ", chunks,
+              ", 128] on CUDA for weight [", N, ", ", K, "]; got ", packed.scalar_type(), " ", packed.sizes(),
+              " (a LAYOUT_CPU weight must be repacked for CUDA)");
+  // scales: (ceil(N/8), K/group, 8); their dtype is the activation dtype the weight was packed for
+  TORCH_CHECK(scales.is_cuda() && scales.dim() == 3 && scales.size(0) == tiles && scales.size(1) == K / group &&
+                  scales.size(2) == quant::kCudaTileN && scales.is_contiguous(),
+              "scales must be a contiguous [", tiles, ", ", K / group, ", 8] tensor on CUDA; got ", scales.sizes());
+  TORCH_CHECK(scales.scalar_type() == dtype, "the weight is packed for ", scales.scalar_type(),
+              " activations (the nibble interleave depends on the dtype) but x is ", dtype,
+              "; repack it with quantize_w4(..., scale_dtype=", dtype, ") or specdec_cuda.ops.quant.repack_w4");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 16 == 0, "packed must be 16-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(scales.data_ptr()) % 4 == 0, "scales must be 4-byte aligned");
 }
 
 void check_launch(cudaError_t err, const char* what, int64_t M, int64_t N, int64_t K, int64_t group) {
@@ -51,8 +57,12 @@ void w4_dequantize_cuda(const at::Tensor& packed, const at::Tensor& scales, int6
   const int64_t group = check_w4_shape(N, K, group_size);
   const quant::ActDType dt = act_dtype(scales, "scales");
   check_cuda_weight(packed, scales, N, K, group, scales.scalar_type());
+  if (N == 0) return;
   const c10::cuda::CUDAGuard guard(weight.device());
-  at::Tensor dense = weight.scalar_type() == scales.scalar_type() ? weight : at::empty({N, K}, weight.options().dtype(scales.scalar_type()));
+  // The kernel writes 16-byte pieces: go through a fresh buffer unless weight is aligned and of the dtype.
+  const bool direct = weight.scalar_type() == scales.scalar_type() &&
+                      reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0;
+  at::Tensor dense = direct ? weight : at::empty({N, K}, weight.options().dtype(scales.scalar_type()));
   check_launch(quant::launch_w4_dequantize(packed.data_ptr<int32_t>(), scales.data_ptr(), dense.data_ptr(), N, K, group,
                                            dt, c10::cuda::getCurrentCUDAStream()),
                "w4_dequantize", 0, N, K, group);
@@ -81,16 +91,16 @@ void w4a16_matmul_cuda(const at::Tensor& x, const at::Tensor& packed, const at::
     at::mm_out(out, x, dense.t());
     return;
   }
-  // The kernel reads x rows with 16-byte loads.
+  // The kernel reads x rows with 16-byte copies: contiguous rows (K % 32 == 0) from an aligned base.
   at::Tensor xc = x.contiguous();
   if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16 != 0) xc = xc.clone();
   const int64_t elem = xc.element_size();
-  for (int64_t m0 = 0; m0 < M; m0 += quant::kGemvMaxM) {
-    const int64_t rows = std::min<int64_t>(quant::kGemvMaxM, M - m0);
-    check_launch(quant::launch_w4a16_gemv(static_cast<const char*>(xc.data_ptr()) + m0 * K * elem,
-                                          packed.data_ptr<int32_t>(), scales.data_ptr(),
-                                          static_cast<char*>(out.data_ptr()) + m0 * N * elem, rows, N, K, group, N, dt,
-                                          c10::cuda::getCurrentCUDAStream()),
+  for (int64_t m0 = 0; m0 < M; m0 += quant::kMmaMaxM) {
+    const int64_t rows = std::min<int64_t>(quant::kMmaMaxM, M - m0);
+    check_launch(quant::launch_w4a16_mma(static_cast<const char*>(xc.data_ptr()) + m0 * K * elem, K,
+                                         packed.data_ptr<int32_t>(), scales.data_ptr(),
+                                         static_cast<char*>(out.data_ptr()) + m0 * N * elem, N, rows, N, K, group, dt,
+                                         c10::cuda::getCurrentCUDAStream()),
                  "w4a16_matmul", M, N, K, group);
   }
 }

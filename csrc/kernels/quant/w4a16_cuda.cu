@@ -1,244 +1,518 @@
-// W4A16 GEMV-style kernel for small M (drafting and verification: M = 1..16), and a dequantiser
-// for the dense path the glue takes at large M.
+// W4A16 on tensor cores for small M (drafting and verification: M = 1..16 per launch), and the
+// dequantiser the glue uses for the dense (cuBLAS) path at large M. Both read LAYOUT_CUDA
+// (python/specdec_cuda/reference/quant.py has it bit by bit; w4a16_cuda.h in short).
 //
-// Tiling (one thread block = 128 threads = 4 warps; ROWS output rows per block):
+// The product is y[M, N] = x[M, K] · Wᵀ computed as mma.sync.m16n8k16 (fp16 / bf16 in, fp32
+// accumulate) with x as operand A (M padded to 16 rows, rows >= M zero-filled) and W as operand B
+// (k x n). At M <= 16 the kernel is a stream over the int4 weight: everything below serves to
+// keep enough of it in flight and to turn each byte into mma fragments with a few ALU operations.
 //
-//        K  ->   chunk 0   chunk 1  ...  chunk 127  chunk 128 ...       (chunk = 32 input features
-//   row n0     | t0      | t1      | ... | t127     | t0       | ...     = one 16-byte load)
-//   row n0+1   | t0      | t1      | ... | t127     | t0       | ...
-//   ...          (thread t reads chunk t, t+128, ... of every row of the block)
+// Work decomposition (one block = 4 warps, TN = 2 n8 tiles = 16 output columns):
 //
-// Each thread keeps ROWS x MT float accumulators; a warp-shuffle tree and a 4-entry shared-memory
-// sum per (row, activation row) finish the dot products. Splitting K inside the block (rather
-// than giving each warp whole rows) keeps N / ROWS blocks in flight even for N = 4096, enough to
-// cover the 132 SMs of an H100 / H200 several times over, and every load of a warp is 512
-// contiguous bytes of one weight row.
+//                 K ->  chunk 0 .. chunk C/4-1 | chunk C/4 .. | ...        | .. chunk C-1
+//   tile 2b   (n8)    [        warp 0         |    warp 1    |   warp 2   |   warp 3   ]
+//   tile 2b+1 (n8)    [        warp 0         |    warp 1    |   warp 2   |   warp 3   ]
+//                      (chunk = 128 input features; C = ceil(K / 128))
 //
-// Dequantisation without integer-to-float conversions (I2F runs at 1/4 of the FMA rate):
-//   lo = w & 0x0f0f0f0f, hi = (w >> 4) & 0x0f0f0f0f  -> byte i holds code 2i (lo) / 2i + 1 (hi)
-//   prmt(lo, 0x43000000, 0x7i44) = 0x43 | byte_i | 0x00 | 0x00 = the float 128 + code (exact)
-// so sum_k (code_k - 8) * x_k = sum_k (128 + code_k) * x_k - 136 * sum_k x_k, and the scale
-// (one per chunk: groups are multiples of 32) multiplies the chunk's sum once. Activations and
-// scales are fp16 or bf16; all arithmetic after loading is fp32.
+//   block b = blockIdx.x owns 16 output columns; its 4 warps split K into 4 contiguous ranges
+//   (split-K inside the block), and a 4 KiB shared-memory sum at the end adds the 4 warp partials.
+//   N = 4096 gives 256 blocks x 4 warps, about 2 blocks on each of 132 SMs, each with up to
+//   STAGES x 4 KiB of weight in flight; larger N gives more blocks.
+//
+// One (tile, chunk) of LAYOUT_CUDA is 512 contiguous bytes: lane l = 4g + t reads its 16 bytes at
+// offset 16 l. Those are the 32 codes of row g of the tile at k = 128c + 32t .. 128c + 32t + 31,
+// which is exactly what the lane's B fragments (column g, mma rows 2t, 2t+1, 2t+8, 2t+9) need
+// over the chunk's 8 k-steps once mma row kappa of step s is mapped to input feature
+// 128c + 32t(kappa) + 4s + 2(kappa >= 8) + (kappa & 1); x's columns are permuted the same way, so
+// lane (g, t)'s A fragments come from x[g, 128c + 32t ..] and x[g + 8, ...] (64 contiguous bytes
+// per row):
+//
+//   lane (g, t), chunk c:  weights  W[8nt + g, 128c + 32t + (0..31)]   1 x 16 B per tile
+//                          x        x[g (+8), 128c + 32t + (0..31)]     4 x 16 B per 8 rows
+//   step s uses elements 4s..4s+3 of both: A = {x[g][4s,4s+1], x[g+8][4s,4s+1], x[g][4s+2,4s+3],
+//   x[g+8][4s+2,4s+3]}, B = {W[4s,4s+1], W[4s+2,4s+3]} (each a pair of 16-bit values).
+//   For M <= 8 the A tile's rows 8..15 are not needed, and the kernel feeds the 16 bytes of row g
+//   it loaded as the A registers unchanged (no register shuffling): rows g then pair elements
+//   (0,1), (4,5) of the 8 with weights (0,1), (4,5) in one mma, rows g + 8 elements (2,3), (6,7) with
+//   weights (2,3), (6,7) in a second one (a second accumulator), and the epilogue adds the two.
+//
+// Pipeline: every thread copies its own bytes with cp.async into a per-thread slot ring of STAGES
+// chunks in shared memory (weights .cg, i.e. L2 only, under an evict-first L2 policy since they
+// are read once; x and scales .ca, since every block reads them), waits with cp.async.wait_group
+// and reads back only what it copied itself, so the main loop needs no barrier at all.
+// Out-of-range tiles and features past K are zero-filled by the copy (src-size 0), never read;
+// activation rows >= M are neither copied nor read.
+//
+// Dequantisation (per 32-bit word = 8 codes = the B fragments of two k-steps; the interleave
+// differs by dtype, see the reference):
+//   fp16: lop3 (q & 0x000f000f) | 0x64006400 = half2(1024 + c, 1024 + c'), and the 0x00f000f0 mask
+//         gives 1024 + 16c (in place, no shift); one shift by 8 serves the other two registers.
+//         Then (r - 1032) resp. (r / 16 - 72) = code - 8 exactly, times the scale.
+//   bf16: codes must sit in bits 0..3 of each 16-bit half (7 mantissa bits), so lo = q & 0x0f0f0f0f,
+//         hi = (q >> 4) & 0x0f0f0f0f, and one prmt per register inserts the exponent byte 0x43
+//         (bf16x2 (128 + c, 128 + c')); then (r - 136) * scale.
+// Groups are multiples of 32, so the 32 codes of a lane share one scale per tile and chunk: the
+// weight is rounded to the activation dtype once, like w4_dequantize's, and the mma accumulates
+// in fp32.
 #include "kernels/quant/w4a16_cuda.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstring>
+
 namespace specdec::quant {
 namespace {
 
-constexpr int kThreads = 128;           // 4 warps: one block per 4 schedulers of an SM
-constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 32;              // input features per 16-byte load of packed weights
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTileN = static_cast<int>(kCudaTileN);    // 8
+constexpr int kChunkK = static_cast<int>(kCudaChunkK);  // 128
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// An L2 policy that evicts first what it covers: for the weight stream, read exactly once, so that
+// it does not push x, the scales (re-read by every block) or the caller's other data out of L2.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes global -> shared (dst: a shared-window address) through L2 only, under `policy`;
+// src_bytes = 0 reads nothing and zero-fills the destination.
+__device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, int src_bytes, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src)), "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
+// 16 bytes global -> shared, cached in L1 too.
+__device__ __forceinline__ void cp_async_ca16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(__cvta_generic_to_global(src)),
+               "r"(src_bytes)
+               : "memory");
+}
+
+// 4 bytes global -> shared, cached in L1 too.
+__device__ __forceinline__ void cp_async_ca4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(__cvta_generic_to_global(src)),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// d = (a & b) | c in one instruction (LUT 0xea = (0xf0 & 0xcc) | 0xaa).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <typename V>
+__device__ __forceinline__ V bits_as(uint32_t u) {
+  static_assert(sizeof(V) == 4, "32-bit register type");
+  V v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+
+template <typename V>
+__device__ __forceinline__ uint32_t as_bits(V v) {
+  static_assert(sizeof(V) == 4, "32-bit register type");
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// ---- per-dtype dequantisation and mma ---------------------------------------------------------
 
 template <ActDType D>
-struct Act;
+struct Ops;
+
 template <>
-struct Act<ActDType::kFloat16> {
+struct Ops<ActDType::kFloat16> {
   using T = __half;
-  static __device__ __forceinline__ float2 pair(uint32_t bits) {
-    __half2 h;
-    *reinterpret_cast<uint32_t*>(&h) = bits;
-    return __half22float2(h);
+  // nibble p of a word holds the code of j = nibble_j(p) (reference NIBBLE_ORDER[float16])
+  static constexpr __host__ __device__ int nibble_j(int p) { return p < 4 ? 2 * p : 2 * (p - 4) + 1; }
+
+  // q: one LAYOUT_CUDA word (codes j = 0..7 of a lane's 8-feature run); scale2: the lane's scale in
+  // both halves. b[0], b[1]: B registers (rows 2t..2t+1, 2t+8..2t+9) of the first k-step, b[2],
+  // b[3] of the second; each (code - 8) * scale rounded to fp16.
+  static __device__ __forceinline__ void dequant(uint32_t q, uint32_t scale2, uint32_t (&b)[4]) {
+    constexpr uint32_t kLow = 0x000f000fu, kHigh = 0x00f000f0u, kExp = 0x64006400u;
+    const __half2 bias_low = bits_as<__half2>(0x64086408u);   // 1032 = 1024 + 8
+    const __half2 sixteenth = bits_as<__half2>(0x2c002c00u);  // 1/16
+    const __half2 bias_high = bits_as<__half2>(0xd480d480u);  // -72 = -(1024 / 16 + 8)
+    const __half2 s = bits_as<__half2>(scale2);
+    const uint32_t q8 = q >> 8;
+    const __half2 r0 = bits_as<__half2>(and_or(q, kLow, kExp));    // 1024 + (j0, j1)
+    const __half2 r1 = bits_as<__half2>(and_or(q, kHigh, kExp));   // 1024 + 16 (j2, j3)
+    const __half2 r2 = bits_as<__half2>(and_or(q8, kLow, kExp));   // 1024 + (j4, j5)
+    const __half2 r3 = bits_as<__half2>(and_or(q8, kHigh, kExp));  // 1024 + 16 (j6, j7)
+    b[0] = as_bits(__hmul2(__hsub2(r0, bias_low), s));
+    b[1] = as_bits(__hmul2(__hfma2(r1, sixteenth, bias_high), s));
+    b[2] = as_bits(__hmul2(__hsub2(r2, bias_low), s));
+    b[3] = as_bits(__hmul2(__hfma2(r3, sixteenth, bias_high), s));
   }
-  static __device__ __forceinline__ float one(T v) { return __half2float(v); }
-  static __device__ __forceinline__ T store(float v) { return __float2half_rn(v); }
+
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+
+  static __device__ __forceinline__ float to_float(T v) { return __half2float(v); }
+  static __device__ __forceinline__ T from_float(float v) { return __float2half_rn(v); }
 };
+
 template <>
-struct Act<ActDType::kBFloat16> {
+struct Ops<ActDType::kBFloat16> {
   using T = __nv_bfloat16;
-  // bf16 is the top half of an fp32: widening is a shift / mask.
-  static __device__ __forceinline__ float2 pair(uint32_t bits) {
-    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+  // reference NIBBLE_ORDER[bfloat16]: byte i of a word is j_i | j_(i+4) << 4
+  static constexpr __host__ __device__ int nibble_j(int p) { return (p & 1) ? 4 + p / 2 : p / 2; }
+
+  static __device__ __forceinline__ void dequant(uint32_t q, uint32_t scale2, uint32_t (&b)[4]) {
+    const uint32_t lo = q & 0x0f0f0f0fu;         // bytes: j0 j1 j2 j3
+    const uint32_t hi = (q >> 4) & 0x0f0f0f0fu;  // bytes: j4 j5 j6 j7
+    // prmt: result bytes (lo.b0, 0x43, lo.b1, 0x43) = bf16x2 (128 + j0, 128 + j1), etc.
+    constexpr uint32_t kExp = 0x43u;  // byte 4 of the permute pool
+    const __nv_bfloat162 bias = bits_as<__nv_bfloat162>(0x43084308u);  // 136 = 128 + 8
+    const __nv_bfloat162 s = bits_as<__nv_bfloat162>(scale2);
+    const __nv_bfloat162 r0 = bits_as<__nv_bfloat162>(__byte_perm(lo, kExp, 0x4140u));
+    const __nv_bfloat162 r1 = bits_as<__nv_bfloat162>(__byte_perm(lo, kExp, 0x4342u));
+    const __nv_bfloat162 r2 = bits_as<__nv_bfloat162>(__byte_perm(hi, kExp, 0x4140u));
+    const __nv_bfloat162 r3 = bits_as<__nv_bfloat162>(__byte_perm(hi, kExp, 0x4342u));
+    b[0] = as_bits(__hmul2(__hsub2(r0, bias), s));
+    b[1] = as_bits(__hmul2(__hsub2(r1, bias), s));
+    b[2] = as_bits(__hmul2(__hsub2(r2, bias), s));
+    b[3] = as_bits(__hmul2(__hsub2(r3, bias), s));
   }
-  static __device__ __forceinline__ float one(T v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ T store(float v) { return __float2bfloat16_rn(v); }
+
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+
+  static __device__ __forceinline__ float to_float(T v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ T from_float(float v) { return __float2bfloat16_rn(v); }
 };
 
-// 128 + code of byte i of `nibbles` (each byte 0..15), as an exact float.
-template <int I>
-__device__ __forceinline__ float biased_code(uint32_t nibbles) {
-  return __uint_as_float(__byte_perm(nibbles, 0x43000000u, 0x7044u | (I << 8)));
-}
+// ---- the tensor-core kernel -------------------------------------------------------------------
 
-// Dot product of one 32-feature chunk of one weight row with xf, in "biased" form:
-// sum_k (128 + code_k) * xf[k].  w: the chunk's 4 words, xf: 32 activations.
-__device__ __forceinline__ float biased_dot(const uint4& w, const float* xf) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  float d0 = 0.f, d1 = 0.f;  // two chains to halve the FMA dependency depth
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t lo = words[j] & 0x0f0f0f0fu;         // codes 8j + 0, 2, 4, 6
-    const uint32_t hi = (words[j] >> 4) & 0x0f0f0f0fu;  // codes 8j + 1, 3, 5, 7
-    const float* xj = xf + 8 * j;
-    d0 = fmaf(biased_code<0>(lo), xj[0], d0);
-    d1 = fmaf(biased_code<0>(hi), xj[1], d1);
-    d0 = fmaf(biased_code<1>(lo), xj[2], d0);
-    d1 = fmaf(biased_code<1>(hi), xj[3], d1);
-    d0 = fmaf(biased_code<2>(lo), xj[4], d0);
-    d1 = fmaf(biased_code<2>(hi), xj[5], d1);
-    d0 = fmaf(biased_code<3>(lo), xj[6], d0);
-    d1 = fmaf(biased_code<3>(hi), xj[7], d1);
-  }
-  return d0 + d1;
-}
+// MT: activation rows of the A tile actually loaded (8: rows 8..15 are constant zero; 16: both
+// halves); TN: n8 tiles per block; STAGES: chunks in flight per warp.
+template <int MT, int TN, int STAGES>
+struct MmaConfig {
+  static_assert(MT == 8 || MT == 16, "MT is 8 or 16");
+  static_assert(TN >= 1 && TN <= kWarps, "one warp writes each tile's result");
+  static constexpr int kRowHalves = MT / 8;
+  // One stage of one warp's ring: [TN][32] uint4 weights, [kRowHalves][4][32] uint4 x,
+  // [TN][32] uint32 scale pairs (every index lane-minor: conflict-free 16 / 4-byte accesses).
+  static constexpr int kWeightBytes = TN * 32 * 16;
+  static constexpr int kXBytes = kRowHalves * 4 * 32 * 16;
+  static constexpr int kScaleBytes = TN * 32 * 4;
+  static constexpr int kStageBytes = kWeightBytes + kXBytes + kScaleBytes;
+  static constexpr int kRingBytes = STAGES * kStageBytes;      // per warp
+  static constexpr int kSmemBytes = kWarps * kRingBytes;       // dynamic, per block
+  static_assert(kStageBytes % 16 == 0, "16-byte aligned stages");
+};
 
-// D:    activation / scale dtype
-// MT:   activation rows handled (rows >= M are skipped; M <= MT)
-// ROWS: output rows (weight rows) per block
-// x:      [M, K] row-major, 16-byte aligned rows (K % 32 == 0)
-// packed: [N, K/32] uint4 (= the int32 [N, K/8] LAYOUT_CUDA tensor)
-// scales: [N, K/group]
-// y:      [M, ldy], columns [0, N) written
-template <ActDType D, int MT, int ROWS>
-__global__ void __launch_bounds__(kThreads) w4a16_gemv_kernel(const typename Act<D>::T* __restrict__ x,
-                                                              const uint4* __restrict__ packed,
-                                                              const typename Act<D>::T* __restrict__ scales,
-                                                              typename Act<D>::T* __restrict__ y, int M, int N,
-                                                              int K, int group, int64_t ldy) {
-  using A = Act<D>;
-  const int n0 = blockIdx.x * ROWS;
-  const int chunks = K / kChunk;
+// x:      [M, ldx] (only columns < K read), 16-byte aligned rows
+// packed: LAYOUT_CUDA [tiles, chunks, 32 lanes] uint4
+// scales: [tiles, K / group, 8]
+// y:      [M, ldy], columns < N written
+template <ActDType D, int MT, int TN, int STAGES>
+__global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<D>::T* __restrict__ x, int64_t ldx,
+                                                             const uint4* __restrict__ packed,
+                                                             const typename Ops<D>::T* __restrict__ scales,
+                                                             typename Ops<D>::T* __restrict__ y, int64_t ldy, int M,
+                                                             int N, int K, int group) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // bf16 mma.m16n8k16 and cp.async need sm_80; the launcher refuses older devices, this keeps
+  // builds for them compiling.
+  return;
+#else
+  using O = Ops<D>;
+  using T = typename O::T;
+  using Cfg = MmaConfig<MT, TN, STAGES>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float partial[kWarps][TN][4][32];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;  // mma groupID / threadID_in_group
+  const int tiles = (N + kTileN - 1) / kTileN;
+  const int chunks = (K + kChunkK - 1) / kChunkK;
   const int groups = K / group;
-  const int chunks_per_group = group / kChunk;
+  const int tile0 = blockIdx.x * TN;
+  const int per_warp = (chunks + kWarps - 1) / kWarps;
+  const int c_begin = min(chunks, warp * per_warp);
+  const int c_end = min(chunks, c_begin + per_warp);
 
-  float acc[ROWS][MT];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+  unsigned char* const ring = smem + warp * Cfg::kRingBytes;
+  auto slot_w = [&](int s) { return reinterpret_cast<uint4*>(ring + s * Cfg::kStageBytes); };
+  auto slot_x = [&](int s) { return reinterpret_cast<uint4*>(ring + s * Cfg::kStageBytes + Cfg::kWeightBytes); };
+  auto slot_s = [&](int s) {
+    return reinterpret_cast<uint32_t*>(ring + s * Cfg::kStageBytes + Cfg::kWeightBytes + Cfg::kXBytes);
+  };
 
-  // Rows past N (last block) re-read row N-1 and are never written: no divergence in the loop.
-  int row[ROWS];
+  // Copy cursor. Chunks are copied in increasing order (c_begin, c_begin + 1, ...), so the source
+  // pointers are set up once and advanced one chunk per copy: the loop does no index arithmetic.
+  // Lanes whose tile is out of range keep a valid pointer and copy 0 bytes (zero-fill); lanes of
+  // activation rows >= M copy nothing and read zeros instead (at M = 1, 7 of 8 x rows: this keeps
+  // the ring's shared-memory traffic close to the weight bytes).
+  const uint4* w_src[TN];  // packed[nt, c, lane]
+  const T* s_src[TN];      // scales[nt, 0, g & ~1]: the aligned pair holding row g's scale
+  int w_step[TN], tile_ok[TN];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) row[r] = min(n0 + r, N - 1);
+  for (int i = 0; i < TN; ++i) {
+    const int nt = tile0 + i;
+    tile_ok[i] = nt < tiles;
+    w_src[i] = packed + (tile_ok[i] ? (static_cast<int64_t>(nt) * chunks + c_begin) * 32 + lane : 0);
+    w_step[i] = tile_ok[i] ? 32 : 0;
+    s_src[i] = scales + (tile_ok[i] ? static_cast<int64_t>(nt) * groups * kTileN + (g & ~1) : 0);
+  }
+  const T* x_src[Cfg::kRowHalves];  // x[g + 8r, 128c + 32t]
+  int row_ok[Cfg::kRowHalves];
+#pragma unroll
+  for (int r = 0; r < Cfg::kRowHalves; ++r) {
+    row_ok[r] = g + 8 * r < M;
+    x_src[r] = x + (row_ok[r] ? static_cast<int64_t>(g + 8 * r) * ldx + c_begin * kChunkK + 32 * t : 0);
+  }
+  int k_next = c_begin * kChunkK + 32 * t;  // first input feature of this lane's 32 in the next chunk
+  int grp = k_next / group;                 // its group, tracked without dividing again
+  int grp_rem = k_next - grp * group;
 
-  for (int c = threadIdx.x; c < chunks; c += kThreads) {
-    uint4 w[ROWS];
-    float s[ROWS];
+  const uint32_t ring_u32 = smem_u32(ring);
+  const uint64_t weight_policy = l2_evict_first_policy();
+  // Copy the next chunk into ring slot s.
+  auto issue = [&](int s) {
+    const uint32_t stage = ring_u32 + s * Cfg::kStageBytes;
+    const int grp_clamped = min(grp, groups - 1);  // past K only inside the zero padding
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      // Weights are read exactly once: stream them past L1 (ld.global.cs).
-      w[r] = __ldcs(packed + static_cast<int64_t>(row[r]) * chunks + c);
-      s[r] = A::one(scales[static_cast<int64_t>(row[r]) * groups + c / chunks_per_group]);
+    for (int i = 0; i < TN; ++i) {
+      cp_async_cg16(stage + (i * 32 + lane) * 16, w_src[i], tile_ok[i] ? 16 : 0, weight_policy);
+      cp_async_ca4(stage + Cfg::kWeightBytes + Cfg::kXBytes + (i * 32 + lane) * 4, s_src[i] + grp_clamped * kTileN,
+                   tile_ok[i] ? 4 : 0);
+      w_src[i] += w_step[i];
     }
+    const int x_bytes = k_next < K ? 16 : 0;  // whole 32-feature runs: K % 32 == 0
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (m < M) {
-        // 32 activations of row m: 4 x 16-byte loads through the read-only path (x is reused by
-        // every block, so it stays in L1 / L2).
-        const uint4* xp = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(m) * K) + c * 4;
-        float xf[kChunk];
-        float sum_x = 0.f;
+    for (int r = 0; r < Cfg::kRowHalves; ++r) {
+      if (row_ok[r]) {  // rows >= M: neither copied nor read (their A registers are zero)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 v = __ldg(xp + q);
-          const uint32_t bits[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = A::pair(bits[e]);
-            xf[8 * q + 2 * e] = f.x;
-            xf[8 * q + 2 * e + 1] = f.y;
-            sum_x += f.x + f.y;
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) acc[r][m] = fmaf(s[r], biased_dot(w[r], xf) - 136.f * sum_x, acc[r][m]);
+        for (int q = 0; q < 4; ++q)
+          cp_async_ca16(stage + Cfg::kWeightBytes + ((r * 4 + q) * 32 + lane) * 16, x_src[r] + 8 * q, x_bytes);
+        x_src[r] += kChunkK;
       }
     }
+    k_next += kChunkK;
+    grp_rem += kChunkK;
+    while (grp_rem >= group) {  // at most 4 steps (group >= 32)
+      grp_rem -= group;
+      ++grp;
+    }
+  };
+
+  // MT = 16: acc[i] is the C fragment of tile i. MT = 8: acc[i] rows g and acc2[i] rows g + 8
+  // both hold parts of activation row g (see the loop); acc2 is unused for MT = 16.
+  float acc[TN][4], acc2[TN][4];
+#pragma unroll
+  for (int i = 0; i < TN; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = acc2[i][e] = 0.f;
+  const uint32_t scale_sel = (g & 1) ? 0x3232u : 0x1010u;  // the lane's 16-bit scale in both halves
+
+  // Prologue: STAGES chunks in flight (empty groups past the end keep the group count uniform).
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    if (c_begin + s < c_end) issue(s);
+    cp_async_commit();
   }
 
-  // Reduce over the 128 threads: shuffles inside each warp, then 4 partials per output in smem.
-  __shared__ float partial[kWarps][ROWS * MT];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int slot = 0;
+  for (int c = c_begin; c < c_end; ++c) {
+    // Groups committed so far: STAGES + (c - c_begin); chunk c's is complete once at most
+    // STAGES - 1 remain in flight. Only this thread's copies are waited for, and only those are read.
+    cp_async_wait<STAGES - 1>();
+    uint4 w[TN];
+    uint32_t s2[TN];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0) partial[warp][r * MT + m] = v;
+    for (int i = 0; i < TN; ++i) {
+      w[i] = slot_w(slot)[i * 32 + lane];
+      s2[i] = __byte_perm(slot_s(slot)[i * 32 + lane], 0u, scale_sel);
     }
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {  // word wd: codes j = 0..7 at 128c + 32t + 8wd + j, two mma
+      // x0 / x1: words 0..3 = elements (0,1) (2,3) (4,5) (6,7) of x[g / g + 8, 128c + 32t + 8wd ..]
+      const uint4 x0 = row_ok[0] ? slot_x(slot)[wd * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int i = 0; i < TN; ++i) {
+        const uint32_t q = wd == 0 ? w[i].x : wd == 1 ? w[i].y : wd == 2 ? w[i].z : w[i].w;
+        uint32_t b[4];  // weight pairs (j0,j1) (j2,j3) (j4,j5) (j6,j7)
+        O::dequant(q, s2[i], b);
+        if constexpr (MT == 16) {
+          // A registers: (row g, kappa 2t..2t+1), (row g+8, same), (row g, kappa 2t+8..), (row g+8, same):
+          // k-step 2wd takes elements (0,1) and (2,3), k-step 2wd + 1 elements (4,5) and (6,7).
+          const uint4 x1 = row_ok[MT / 16] ? slot_x(slot)[(4 + wd) * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
+          const uint32_t a_even[4] = {x0.x, x1.x, x0.y, x1.y};
+          const uint32_t a_odd[4] = {x0.z, x1.z, x0.w, x1.w};
+          O::mma(acc[i], a_even, b[0], b[1]);
+          O::mma(acc[i], a_odd, b[2], b[3]);
+        } else {
+          // Only activation rows 0..7 exist, so the A tile's rows g + 8 may hold anything: the
+          // loaded quad is used as is (no register shuffling). Its rows g see elements (0,1) and
+          // (4,5), its rows g + 8 elements (2,3) and (6,7); the first mma takes the matching
+          // weights into acc rows g, the second into acc2 rows g + 8, and the epilogue adds
+          // acc rows g + acc2 rows g + 8 (the other halves are cross terms, discarded).
+          const uint32_t a[4] = {x0.x, x0.y, x0.z, x0.w};
+          O::mma(acc[i], a, b[0], b[2]);
+          O::mma(acc2[i], a, b[1], b[3]);
+        }
+      }
+    }
+    // Refill the slot just read with chunk c + STAGES. The barrier-free ring relies on program
+    // order within the thread; __syncwarp orders the shared-memory reads above before the copy.
+    __syncwarp();
+    if (c + STAGES < c_end) issue(slot);  // chunk c + STAGES
+    cp_async_commit();
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+  }
+  cp_async_wait<0>();
+
+  // Sum the 4 warps' partials of each tile; warp i writes tile i.
+  // C fragment: c0, c1 = (row g, columns 2t, 2t+1), c2, c3 = (row g + 8, same columns).
+#pragma unroll
+  for (int i = 0; i < TN; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      partial[warp][i][e][lane] = MT == 16 ? acc[i][e] : e < 2 ? acc[i][e] + acc2[i][e + 2] : 0.f;
   __syncthreads();
-  for (int i = threadIdx.x; i < ROWS * MT; i += kThreads) {
-    const int r = i / MT, m = i % MT;
-    if (m < M && n0 + r < N) {
-      float v = 0.f;
+  if (warp < TN && tile0 + warp < tiles) {
+    const int i = warp;
+    float v[4];
 #pragma unroll
-      for (int wp = 0; wp < kWarps; ++wp) v += partial[wp][i];
-      y[static_cast<int64_t>(m) * ldy + n0 + r] = A::store(v);
+    for (int e = 0; e < 4; ++e) {
+      v[e] = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kWarps; ++ww) v[e] += partial[ww][i][e][lane];
+    }
+    const int n = (tile0 + i) * kTileN + 2 * t;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = g + 8 * (e >> 1), col = n + (e & 1);
+      if (m < M && col < N) y[static_cast<int64_t>(m) * ldy + col] = O::from_float(v[e]);
     }
   }
+#endif
 }
 
-// One thread per packed word: 8 consecutive weights of one row.
+// ---- dequantiser (dense path) -----------------------------------------------------------------
+
+// One thread per packed word: 8 consecutive input features of one row, one 16-byte store.
 template <ActDType D>
-__global__ void w4_dequantize_kernel(const uint32_t* __restrict__ packed, const typename Act<D>::T* __restrict__ scales,
-                                     typename Act<D>::T* __restrict__ weight, int64_t N, int64_t K, int64_t group) {
-  using A = Act<D>;
-  const int64_t words_per_row = K / 8;
+__global__ void w4_dequantize_kernel(const uint32_t* __restrict__ packed, const typename Ops<D>::T* __restrict__ scales,
+                                     typename Ops<D>::T* __restrict__ weight, int N, int K, int group) {
+  using O = Ops<D>;
+  using T = typename O::T;
+  const int tiles = (N + kTileN - 1) / kTileN, chunks = (K + kChunkK - 1) / kChunkK, groups = K / group;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= N * words_per_row) return;
-  const int64_t n = i / words_per_row, c = i % words_per_row;
-  const uint32_t w = packed[i];
-  const float s = A::one(scales[n * (K / group) + (8 * c) / group]);
-  typename A::T* out = weight + n * K + 8 * c;
+  if (i >= static_cast<int64_t>(tiles) * chunks * 128) return;
+  const int wd = static_cast<int>(i & 3), lane = static_cast<int>((i >> 2) & 31);
+  const int64_t tile_chunk = i >> 7;
+  const int c = static_cast<int>(tile_chunk % chunks), nt = static_cast<int>(tile_chunk / chunks);
+  const int n = nt * kTileN + (lane >> 2), k0 = c * kChunkK + 32 * (lane & 3) + 8 * wd;
+  if (n >= N || k0 >= K) return;  // padding
+  const float s = O::to_float(scales[(static_cast<int64_t>(nt) * groups + k0 / group) * kTileN + (lane >> 2)]);
+  const uint32_t q = packed[i];
+  alignas(16) T out[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) out[j] = A::store(static_cast<float>(static_cast<int>((w >> (4 * j)) & 15u) - 8) * s);
+  for (int p = 0; p < 8; ++p)
+    out[O::nibble_j(p)] = O::from_float(static_cast<float>(static_cast<int>((q >> (4 * p)) & 15u) - 8) * s);
+  *reinterpret_cast<uint4*>(weight + static_cast<int64_t>(n) * K + k0) = *reinterpret_cast<const uint4*>(out);
 }
 
-template <ActDType D, int MT, int ROWS>
-cudaError_t launch_gemv(const void* x, const int32_t* packed, const void* scales, void* y, int64_t M, int64_t N,
-                        int64_t K, int64_t group, int64_t ldy, cudaStream_t stream) {
-  using T = typename Act<D>::T;
-  const dim3 grid(static_cast<unsigned>((N + ROWS - 1) / ROWS));
-  w4a16_gemv_kernel<D, MT, ROWS><<<grid, kThreads, 0, stream>>>(
-      static_cast<const T*>(x), reinterpret_cast<const uint4*>(packed), static_cast<const T*>(scales),
-      static_cast<T*>(y), static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(group),
-      ldy);
+// ---- launchers --------------------------------------------------------------------------------
+
+template <ActDType D, int MT, int TN, int STAGES>
+cudaError_t launch_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y, int64_t ldy,
+                       int64_t M, int64_t N, int64_t K, int64_t group, cudaStream_t stream) {
+  using T = typename Ops<D>::T;
+  using Cfg = MmaConfig<MT, TN, STAGES>;
+  auto* kernel = &w4a16_mma_kernel<D, MT, TN, STAGES>;
+  // Above 48 KiB of dynamic shared memory needs an opt-in (per device and function; cheap).
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int64_t tiles = (N + kTileN - 1) / kTileN;
+  const dim3 grid(static_cast<unsigned>((tiles + TN - 1) / TN));
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
+      static_cast<const T*>(x), ldx, reinterpret_cast<const uint4*>(packed), static_cast<const T*>(scales),
+      static_cast<T*>(y), ldy, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(group));
   return cudaGetLastError();
 }
 
-// ROWS per M bucket: more output rows per block when there are few activation rows (more bytes
-// in flight per thread), fewer when ROWS x MT accumulators would spill registers.
+// M <= 8 loads one 8-row half of the A tile; 5 stages x 13 KiB per block (3 blocks per H100 / H200
+// SM). M <= 16 loads both halves; 4 stages x 21 KiB.
 template <ActDType D>
-cudaError_t dispatch_gemv(const void* x, const int32_t* packed, const void* scales, void* y, int64_t M, int64_t N,
-                          int64_t K, int64_t group, int64_t ldy, cudaStream_t stream) {
-  if (M <= 1) return launch_gemv<D, 1, 8>(x, packed, scales, y, M, N, K, group, ldy, stream);
-  if (M <= 2) return launch_gemv<D, 2, 8>(x, packed, scales, y, M, N, K, group, ldy, stream);
-  if (M <= 4) return launch_gemv<D, 4, 4>(x, packed, scales, y, M, N, K, group, ldy, stream);
-  if (M <= 8) return launch_gemv<D, 8, 2>(x, packed, scales, y, M, N, K, group, ldy, stream);
-  return launch_gemv<D, 16, 2>(x, packed, scales, y, M, N, K, group, ldy, stream);
+cudaError_t dispatch_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y, int64_t ldy,
+                         int64_t M, int64_t N, int64_t K, int64_t group, cudaStream_t stream) {
+  if (M <= 8) return launch_mma<D, 8, 2, 5>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
+  return launch_mma<D, 16, 2, 4>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
 }
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
-cudaError_t launch_w4a16_gemv(const void* x, const int32_t* packed, const void* scales, void* y, int64_t M,
-                              int64_t N, int64_t K, int64_t group, int64_t ldy, ActDType dtype,
-                              cudaStream_t stream) {
-  if (M < 1 || M > kGemvMaxM || N < 1 || K < kChunk || K % kChunk != 0 || group < kChunk || group % kChunk != 0 ||
-      K % group != 0 || N > (int64_t{1} << 30) || K > (int64_t{1} << 30) || ldy < N)
+cudaError_t launch_w4a16_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y,
+                             int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t group, ActDType dtype,
+                             cudaStream_t stream) {
+  if (M < 1 || M > kMmaMaxM || N < 1 || K < 32 || K % 32 != 0 || group < 32 || group % 32 != 0 || K % group != 0 ||
+      N > (int64_t{1} << 30) || K > (int64_t{1} << 30) || ldx < K || ldx % 8 != 0 || ldy < N || !aligned(x, 16) ||
+      !aligned(packed, 16) || !aligned(scales, 4))
     return cudaErrorInvalidValue;
-  return dtype == ActDType::kFloat16 ? dispatch_gemv<ActDType::kFloat16>(x, packed, scales, y, M, N, K, group, ldy, stream)
-                                     : dispatch_gemv<ActDType::kBFloat16>(x, packed, scales, y, M, N, K, group, ldy, stream);
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  if (major < 8) return cudaErrorNotSupported;  // mma.m16n8k16.bf16 / cp.async: sm_80 and newer
+  return dtype == ActDType::kFloat16
+             ? dispatch_mma<ActDType::kFloat16>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream)
+             : dispatch_mma<ActDType::kBFloat16>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
 }
 
 cudaError_t launch_w4_dequantize(const int32_t* packed, const void* scales, void* weight, int64_t N, int64_t K,
                                  int64_t group, ActDType dtype, cudaStream_t stream) {
-  if (N < 0 || K % 8 != 0 || group < 8 || group % 8 != 0 || K % group != 0) return cudaErrorInvalidValue;
-  const int64_t words = N * (K / 8);
+  if (N < 0 || K < 32 || K % 32 != 0 || group < 32 || group % 32 != 0 || K % group != 0 ||
+      N > (int64_t{1} << 30) || K > (int64_t{1} << 30) || !aligned(weight, 16))
+    return cudaErrorInvalidValue;
+  const int64_t words = (N + kTileN - 1) / kTileN * ((K + kChunkK - 1) / kChunkK) * 128;
   if (words == 0) return cudaSuccess;
   const int threads = 256;
   const dim3 grid(static_cast<unsigned>((words + threads - 1) / threads));
   const auto* p = reinterpret_cast<const uint32_t*>(packed);
   if (dtype == ActDType::kFloat16)
     w4_dequantize_kernel<ActDType::kFloat16><<<grid, threads, 0, stream>>>(
-        p, static_cast<const __half*>(scales), static_cast<__half*>(weight), N, K, group);
+        p, static_cast<const __half*>(scales), static_cast<__half*>(weight), static_cast<int>(N), static_cast<int>(K),
+        static_cast<int>(group));
   else
     w4_dequantize_kernel<ActDType::kBFloat16><<<grid, threads, 0, stream>>>(
-        p, static_cast<const __nv_bfloat16*>(scales), static_cast<__nv_bfloat16*>(weight), N, K, group);
+        p, static_cast<const __nv_bfloat16*>(scales), static_cast<__nv_bfloat16*>(weight), static_cast<int>(N),
+        static_cast<int>(K), static_cast<int>(group));
   return cudaGetLastError();
 }
 

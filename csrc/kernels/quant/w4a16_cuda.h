@@ -1,8 +1,14 @@
 // Launchers of the CUDA W4A16 kernels (torch-free; the glue is csrc/ops/quant_cuda.cpp).
 //
-// LAYOUT_CUDA (python/specdec_cuda/reference/quant.py): packed int32 [N, K/8], nibble j of word
-// (n, c) = code[n, 8c + j], code u meaning (u - 8) * scale; scales [N, K/group] in the activation
-// dtype. K and group are multiples of 32 (checked by the glue).
+// LAYOUT_CUDA (python/specdec_cuda/reference/quant.py, bit by bit): the weight in tensor-core
+// fragment order for mma.m16n8k16 (weight = operand B), with a dtype-dependent nibble interleave:
+//   packed int32 [ceil(N/8), ceil(K/128), 128]: word 4*lane + w of (tile nt, chunk c), lane = 4g + t,
+//          holds the codes of row 8nt + g at k = 128c + 32t + 8w + j, nibble p holding j = order[p],
+//          order = {0,2,4,6,1,3,5,7} for fp16 activations, {0,4,1,5,2,6,3,7} for bf16;
+//   scales [ceil(N/8), K/group, 8] in the activation dtype (scales[nt, grp, g] = row 8nt + g).
+// Code u means (u - 8) * scale; padding codes are 8, padding scales 0. K and group are multiples
+// of 32 (checked by the glue); the packed tensor must be 16-byte aligned, scales 4-byte aligned,
+// x rows 16-byte aligned (K % 32 == 0 makes every row start aligned if x is).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,17 +19,23 @@ namespace specdec::quant {
 
 enum class ActDType : int { kFloat16 = 0, kBFloat16 = 1 };
 
-// Activation rows the GEMV kernel takes per launch; the glue splits larger M into launches of
-// at most this many rows, or goes through a dense weight and cuBLAS from kDenseFromM on.
-inline constexpr int64_t kGemvMaxM = 16;
+inline constexpr int64_t kCudaTileN = 8;     // output rows per mma n8 tile (reference CUDA_TILE_N)
+inline constexpr int64_t kCudaChunkK = 128;  // input features per 16-byte lane load (CUDA_CHUNK_K)
 
-// y[M, N] = x[M, K] · dequant(W)ᵀ (x, y, scales: fp16 or bf16 per `dtype`; fp32 accumulation).
-// ldy: row stride of y (>= N). Returns cudaErrorInvalidValue on a shape the kernel cannot take.
-cudaError_t launch_w4a16_gemv(const void* x, const int32_t* packed, const void* scales, void* y, int64_t M,
-                              int64_t N, int64_t K, int64_t group, int64_t ldy, ActDType dtype,
-                              cudaStream_t stream);
+// Activation rows one launch of the tensor-core kernel takes (the mma's 16-row A tile); the glue
+// loops over 16-row slices of larger M, and goes through a dense weight and cuBLAS from a
+// threshold on.
+inline constexpr int64_t kMmaMaxM = 16;
 
-// weight[N, K] = dequant(W) in `dtype`.
+// y[M, N] = x[M, K] · dequant(W)ᵀ (x, y, scales: fp16 or bf16 per `dtype`; fp32 accumulation;
+// each weight is rounded to `dtype` once, as dequant(W) is). ldx / ldy: row strides of x / y in
+// elements (ldx % 8 == 0, ldy >= N). 1 <= M <= kMmaMaxM. Returns cudaErrorInvalidValue on a shape
+// or alignment the kernel cannot take.
+cudaError_t launch_w4a16_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y,
+                             int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t group, ActDType dtype,
+                             cudaStream_t stream);
+
+// weight[N, K] = dequant(W) rounded to `dtype` (row-major, contiguous).
 cudaError_t launch_w4_dequantize(const int32_t* packed, const void* scales, void* weight, int64_t N, int64_t K,
                                  int64_t group, ActDType dtype, cudaStream_t stream);
 

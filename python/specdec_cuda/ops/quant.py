@@ -5,7 +5,11 @@ features (32, 64, 128, or -1 for one scale per output channel) and packed in the
 device that will run them (see ``specdec_cuda.reference.quant`` for both layouts, bit by bit):
 
 * CPU: ``packed`` uint8 ``[ceil(N/16), K/2, 16]``, ``scales`` float32 ``[ceil(N/16), K/g, 16]``;
-* CUDA: ``packed`` int32 ``[N, K/8]``, ``scales`` float16 / bfloat16 ``[N, K/g]``.
+* CUDA: ``packed`` int32 ``[ceil(N/8), ceil(K/128), 128]`` in tensor-core fragment order,
+  ``scales`` float16 / bfloat16 ``[ceil(N/8), K/g, 8]``. The nibble interleave depends on the
+  activation dtype (fast fp16 and bf16 dequantisation need different ones), so a CUDA weight is
+  packed for one dtype, ``scales.dtype``: ``w4a16_matmul`` with x of the other dtype raises an
+  error naming both; ``repack_w4`` converts (exactly, from the integer codes).
 
 ``K`` must be a multiple of 32 (and of the group size); other shapes are rejected naming the shape.
 """
@@ -21,7 +25,8 @@ from ..reference import quant as ref
 LAYOUT_CPU = ref.LAYOUT_CPU
 LAYOUT_CUDA = ref.LAYOUT_CUDA
 
-__all__ = ["LAYOUT_CPU", "LAYOUT_CUDA", "PackedW4", "quantize_w4", "w4a16_matmul", "w4_dequantize", "layout_of"]
+__all__ = ["LAYOUT_CPU", "LAYOUT_CUDA", "PackedW4", "quantize_w4", "repack_w4", "w4a16_matmul", "w4_dequantize",
+           "layout_of"]
 
 
 class PackedW4(NamedTuple):
@@ -47,12 +52,13 @@ def _check_shape(n: int, k: int, group_size: int) -> int:
 
 
 def layout_of(packed: torch.Tensor) -> int:
-    """LAYOUT_CPU for a 3-D uint8 ``packed``, LAYOUT_CUDA for a 2-D int32 one."""
+    """LAYOUT_CPU for a 3-D uint8 ``packed``, LAYOUT_CUDA for a 3-D int32 one."""
     if packed.dtype == torch.uint8 and packed.dim() == 3:
         return LAYOUT_CPU
-    if packed.dtype == torch.int32 and packed.dim() == 2:
+    if packed.dtype == torch.int32 and packed.dim() == 3:
         return LAYOUT_CUDA
-    raise ValueError(f"packed must be uint8 [tiles, K/2, 16] or int32 [N, K/8]; got {packed.dtype} {tuple(packed.shape)}")
+    raise ValueError(f"packed must be uint8 [ceil(N/16), K/2, 16] or int32 [ceil(N/8), ceil(K/128), 128]; got "
+                     f"{packed.dtype} {tuple(packed.shape)}")
 
 
 @torch.no_grad()
@@ -74,8 +80,9 @@ def quantize_w4(
     device : device, optional
         Where the weight will run (default: ``weight.device``); picks the layout.
     scale_dtype : dtype, optional
-        CUDA only: float16 or bfloat16 (default: the weight's dtype if 16-bit, else float16). CPU
-        scales are float32.
+        CUDA only: the activation dtype the weight will be used with, float16 or bfloat16 (default:
+        the weight's dtype if 16-bit, else float16); it fixes the scales' dtype and the nibble
+        interleave. CPU scales are float32.
 
     Returns
     -------
@@ -136,11 +143,54 @@ def w4a16_matmul(x: torch.Tensor, weight: PackedW4) -> torch.Tensor:
     layout = layout_of(weight.packed)
     scales = weight.scales
     if layout == LAYOUT_CUDA and scales.dtype != x.dtype:
-        scales = scales.to(x.dtype)
+        raise ValueError(f"the weight is packed for {scales.dtype} activations (the CUDA nibble interleave depends on "
+                         f"the dtype) but x is {x.dtype}; repack it: repack_w4(weight, scale_dtype={x.dtype})")
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     torch.ops.specdec.w4a16_matmul(x2, weight.packed, scales, weight.group_size, layout, out)
     return out.reshape(*x.shape[:-1], n)
+
+
+def _codes_and_scales(weight: PackedW4) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact integer codes uint8 ``[N, K]`` and scales ``[N, K/g]`` of a packed weight, on the CPU."""
+    packed, scales = weight.packed.cpu(), weight.scales.cpu()
+    if layout_of(packed) == LAYOUT_CPU:
+        return ref.unpack_cpu(packed, scales, weight.out_features)
+    return ref.unpack_cuda(packed, scales, weight.out_features, weight.in_features)
+
+
+@torch.no_grad()
+def repack_w4(
+    weight: PackedW4, device: torch.device | str | None = None, *, scale_dtype: torch.dtype | None = None
+) -> PackedW4:
+    """The same 4-bit weight in the layout of ``device`` (default: where it is) for ``scale_dtype``.
+
+    The codes are carried over exactly; scales are converted to ``scale_dtype`` (CUDA: float16 or
+    bfloat16, default: the current scales' dtype if 16-bit, else float16; CPU: always float32).
+    Returns ``weight`` itself when nothing changes.
+
+    Example
+    -------
+    >>> q = quantize_w4(torch.randn(64, 128), group_size=32)          # CPU layout
+    >>> repack_w4(q, "cpu") is q
+    True
+    """
+    device = torch.device(device) if device is not None else weight.packed.device
+    layout = LAYOUT_CPU if device.type == "cpu" else LAYOUT_CUDA
+    if layout == LAYOUT_CUDA:
+        if scale_dtype is None:
+            scale_dtype = weight.scales.dtype if weight.scales.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        if scale_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"scale_dtype must be float16 or bfloat16 on CUDA; got {scale_dtype}")
+    if layout_of(weight.packed) == layout and weight.packed.device == device and (
+            layout == LAYOUT_CPU or weight.scales.dtype == scale_dtype):
+        return weight
+    codes, scales = _codes_and_scales(weight)
+    if layout == LAYOUT_CPU:
+        packed, scales = ref.pack_cpu(codes, scales.float())
+    else:
+        packed, scales = ref.pack_cuda(codes, scales, scale_dtype)
+    return PackedW4(packed.to(device), scales.to(device), weight.group_size, weight.out_features, weight.in_features)
 
 
 def w4_dequantize(weight: PackedW4, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -15,7 +15,9 @@ class W4Linear(nn.Module):
     """``y = x · dequant(W)ᵀ + b`` with W symmetric int4 in groups of ``group_size`` input features.
 
     The packed weight is stored in the layout of the device it lives on; ``.to(device)`` /
-    ``.cuda()`` / ``.cpu()`` repack it (from the exact integer codes, so moving is lossless).
+    ``.cuda()`` / ``.cpu()`` repack it from the exact integer codes (so the codes move losslessly;
+    scales take the device's scale dtype). On CUDA the weight serves one activation dtype (its
+    scales' dtype); ``.half()`` / ``.to(torch.bfloat16)`` repack it for the other.
 
     Shape: input ``[..., in_features]`` -> output ``[..., out_features]``, the input's dtype.
 
@@ -59,17 +61,15 @@ class W4Linear(nn.Module):
         return y
 
     def _apply(self, fn, recurse=True):
-        # Repack when the device changes: each device has its own layout.
+        # Each device has its own layout, and a CUDA weight is packed for one activation dtype:
+        # repack (exactly, from the integer codes) when the device changes, or when a CUDA module
+        # is cast to the other 16-bit dtype.
         probe = fn(torch.empty(0, device=self.packed.device))
-        if probe.device != self.packed.device:
-            dense = self.dequantized_weight(torch.float32).cpu()
-            moved = qops.quantize_w4(dense, self.group_size, device=probe.device,
-                                     scale_dtype=probe.dtype if probe.dtype in (torch.float16, torch.bfloat16) else None)
-            self.packed, self.scales = moved.packed, moved.scales
-            if self.bias is not None:
-                self.bias = nn.Parameter(self.bias.detach().to(probe.device), requires_grad=False)
-            return self
-        # Same device: only the bias follows dtype changes; codes and scales keep their dtypes.
+        half = probe.dtype in (torch.float16, torch.bfloat16)
+        moved = probe.device != self.packed.device
+        if moved or (probe.device.type != "cpu" and half and probe.dtype != self.scales.dtype):
+            repacked = qops.repack_w4(self.weight_packed, probe.device, scale_dtype=probe.dtype if half else None)
+            self.packed, self.scales = repacked.packed, repacked.scales
         if self.bias is not None:
             self.bias = nn.Parameter(fn(self.bias.detach()), requires_grad=False)
         return self
