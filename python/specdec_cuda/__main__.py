@@ -21,8 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     def models_args(p):
         p.add_argument("--target", help="target HF checkpoint folder (default: the zoo target)")
         p.add_argument("--draft", help="draft HF checkpoint folder, same tokenizer (default: the zoo draft)")
-        p.add_argument("--k", type=int, default=2,
-                       help="draft tokens per step (default 2: on a CPU the drafter costs a large share of a step)")
+        p.add_argument("--k", type=int, default=4,
+                       help="draft tokens per step (adaptive k starts here and moves within [1, 2k]; default 4)")
         p.add_argument("--max-new-tokens", type=int, default=96)
         p.add_argument("--confidence-threshold", type=float, default=0.0,
                        help="adaptive k: stop a draft where the drafter's max probability is below this")
@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     models_args(bench)
     bench.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens")
     bench.add_argument("--out", default="bench/results/e2e.json")
+    bench.add_argument("--repeats", type=int, default=3,
+                       help="runs per configuration, interleaved; the median is reported (default 3)")
 
     zoo = sub.add_parser("zoo", help="train and cache the zoo target/draft pair")
     zoo.add_argument("--force", action="store_true", help="retrain even if cached")

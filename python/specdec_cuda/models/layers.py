@@ -72,7 +72,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``weights``: ``self.weights()``, bound by the caller. x [B, n, hidden]; k_cache/v_cache [B, H_kv, T_max, D]; slot_index [B, H_kv, n, D] (the
         pending slot of each new token, expanded); cos/sin [B, n, 1, D] from ``rope_cos_sin``;
-        attn_mask [B, 1, n, span] additive (0 or -inf)."""
+        attn_mask [B, 1, n, span] additive (0 or -inf), or None: every slot of ``span`` visible."""
         B, n, _ = x.shape
         H, H_kv = self.num_heads, self.num_kv_heads
         qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps = weights

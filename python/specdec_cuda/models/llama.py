@@ -53,6 +53,8 @@ class LlamaModel(nn.Module):
             p.requires_grad_(False)
         self._inv_freq: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._mask_scalars: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # CPU: cos, signed sin [P, D]
+        self._steps: dict[tuple[int, torch.device], torch.Tensor] = {}  # arange(n) per (n, device)
 
     @property
     def device(self) -> torch.device:
@@ -65,6 +67,8 @@ class LlamaModel(nn.Module):
             layer.unbind()
         self._inv_freq.clear()
         self._mask_scalars.clear()
+        self._rope_table = None
+        self._steps.clear()
         return super()._apply(fn, recurse)
 
     @property
@@ -97,7 +101,26 @@ class LlamaModel(nn.Module):
             self._inv_freq[key] = torch.cat((inv_freq, inv_freq)).to(self.device)  # [head_dim]
         return self._inv_freq[key]
 
-    @torch.no_grad()
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_cos_sin`` of ``positions`` [B, n]: on the CPU, rows of a cached table (the same
+        values, computed once; two lookups instead of a dozen small ops per forward)."""
+        if positions.device.type != "cpu":
+            return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if self._rope_table is None or self._rope_table[0].shape[0] < need:
+            size = max(1024, 1 << (need - 1).bit_length())
+            cos, sin = rope_cos_sin(torch.arange(size)[None], self._rope_inv_freq(), self.dtype)  # [1, P, 1, D]
+            self._rope_table = (cos[0, :, 0], sin[0, :, 0])
+        cos, sin = self._rope_table
+        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
+
+    def _arange(self, n: int, device: torch.device) -> torch.Tensor:
+        key = (n, device)
+        steps = self._steps.get(key)
+        if steps is None:
+            steps = self._steps[key] = torch.arange(n, device=device)
+        return steps
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -114,6 +137,9 @@ class LlamaModel(nn.Module):
         layer ``i``, ``-1`` = the final normed hidden state). The new tokens' K/V go to the pending
         slots ``cache.lengths[b] + i``; ``cache.lengths`` is not changed (call ``cache.commit``).
         """
+        if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
+            with torch.no_grad():
+                return self.forward(tokens, positions, cache, tree_mask, hidden_layers)
         B, n = tokens.shape
         if positions.shape != (B, n):
             raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")
@@ -127,32 +153,37 @@ class LlamaModel(nn.Module):
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
-        steps = torch.arange(n, device=device)
+        steps = self._arange(n, device)
         slots = lengths[:, None] + steps  # [B, n]
         slot_index = slots[:, None, :, None].expand(B, self.config.num_key_value_heads, n, self.config.head_dim)
-        rel = torch.arange(span, device=device) - lengths[:, None]  # [B, span]: slot - length
-        if tree_mask is None:
-            attn_mask = rel[:, None, :] <= steps[None, :, None]  # prefix, then causal
+        if tree_mask is None and n == 1 and B == 1:
+            # One new token of one row sees every slot up to its own: no mask at all (decoding a
+            # single sequence, the drafter's inner loop; saves building one per forward).
+            attn_mask = None
         else:
-            if tree_mask.shape != (B, n, n):
-                raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
-            tree_mask = tree_mask.to(torch.bool) | torch.eye(n, dtype=torch.bool, device=device)
-            new_col = rel.clamp(0, n - 1)[:, None, :].expand(B, n, span)
-            in_new = (rel >= 0) & (rel < n)
-            attn_mask = (rel < 0)[:, None, :] | (in_new[:, None, :] & tree_mask.gather(2, new_col))
-        # Additive mask [B, 1, n, span]: SDPA's CPU kernel runs a float mask faster than a bool one.
-        zero, minus_inf = self._mask_values()
-        attn_mask = torch.where(attn_mask[:, None], zero, minus_inf)
+            rel = torch.arange(span, device=device) - lengths[:, None]  # [B, span]: slot - length
+            if tree_mask is None:
+                attn_mask = rel[:, None, :] <= steps[None, :, None]  # prefix, then causal
+            else:
+                if tree_mask.shape != (B, n, n):
+                    raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
+                tree_mask = tree_mask.to(torch.bool) | torch.eye(n, dtype=torch.bool, device=device)
+                new_col = rel.clamp(0, n - 1)[:, None, :].expand(B, n, span)
+                in_new = (rel >= 0) & (rel < n)
+                attn_mask = (rel < 0)[:, None, :] | (in_new[:, None, :] & tree_mask.gather(2, new_col))
+            # Additive mask [B, 1, n, span]: SDPA's CPU kernel runs a float mask faster than a bool one.
+            zero, minus_inf = self._mask_values()
+            attn_mask = torch.where(attn_mask[:, None], zero, minus_inf)
 
-        cos, sin = rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
-        x = self.embed_tokens(tokens)
+        cos, sin = self._rope(positions)
+        x = torch.nn.functional.embedding(tokens, self.embed_tokens.weight)
         wanted = set(hidden_layers)
         hidden_states: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
-        x = self.norm(x)
+        x = self.norm.forward(x)
         if -1 in wanted:
             hidden_states[-1] = x
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

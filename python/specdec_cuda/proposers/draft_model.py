@@ -69,6 +69,7 @@ class DraftModelProposer:
         self.seq[:, :width] = prompts
         self.seq[torch.arange(batch, device=device), prompt_lens] = first_tokens
         self.k_row = torch.full((batch,), self.k, dtype=torch.int64, device=device)
+        self.all_greedy = bool((params.temperature == 0).all())
 
     def propose(self, last_tokens: torch.Tensor, lengths: torch.Tensor, active: torch.Tensor,
                 budget: torch.Tensor) -> ChainDraft:
@@ -91,11 +92,15 @@ class DraftModelProposer:
         cur = logits[rows, (behind - 1).clamp(min=0)]  # [B, V]: the drafter's view of position lengths+1
 
         tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
-        draft_logits = torch.empty(batch, k_step, cur.shape[-1], dtype=cur.dtype, device=device)
+        # q is only needed by rejection sampling: not in match mode, not when every row is greedy.
+        keep_logits = self.uses_draft_logits and not self.all_greedy
+        draft_logits = torch.empty(batch, k_step, cur.shape[-1], dtype=cur.dtype, device=device) if keep_logits else None
+        positions = lengths[:, None] + 1 + torch.arange(k_step, device=device)  # [B, k_step]
         # Uniform steps (every row drafts k_step, no confidence stop) skip the per-row masks.
         uniform = self.confidence_threshold is None and bool((limit == k_step).all())
         drafting = limit > 0
         num_draft = limit if uniform else torch.zeros(batch, dtype=torch.int64, device=device)
+        ones = limit.new_ones(batch)
         for j in range(k_step):
             if not uniform:
                 drafting = drafting & (j < limit)
@@ -104,17 +109,18 @@ class DraftModelProposer:
                 drafting = drafting & confident
                 if not bool(drafting.any()):
                     break
-            sampled = ops.sample(cur, **self.draft_params.kwargs(), position=lengths + 1 + j,
-                                 purpose=Purpose.DRAFT)
-            tokens[:, j] = sampled.tokens.clamp(min=0)  # a flagged row (-1) is caught by verification
-            draft_logits[:, j] = cur
+            sampled = ops.sample(cur, **self.draft_params.kwargs(), position=positions[:, j], purpose=Purpose.DRAFT)
+            # A row the sampler flagged (-1: bad drafter logits) proposes token 0, judged like any draft.
+            torch.clamp(sampled.tokens, min=0, out=tokens[:, j])
+            if keep_logits:
+                draft_logits[:, j] = cur
             if not uniform:
                 num_draft += drafting.to(torch.int64)
             if j + 1 < k_step:
-                cur = self.draft.forward(tokens[:, j, None], (lengths + 1 + j)[:, None], self.cache).logits[:, 0]
-                self.cache.commit(limit.new_ones(batch) if uniform else drafting.to(torch.int64))
+                cur = self.draft.forward(tokens[:, j : j + 1], positions[:, j : j + 1], self.cache).logits[:, 0]
+                self.cache.commit(ones if uniform else drafting.to(torch.int64))
         self._tokens, self._num_draft = tokens, num_draft
-        return ChainDraft(tokens, num_draft, draft_logits if self.uses_draft_logits else None)
+        return ChainDraft(tokens, num_draft, draft_logits)
 
     def accept(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor, active: torch.Tensor) -> None:
         """Extend ``seq`` with the accepted drafts and the next token; roll the drafter back."""
