@@ -34,8 +34,9 @@ class Pair:
 
 
 def load_pair(target_dir=None, draft_dir=None, dtype=torch.float32, device="cpu", zoo_spec="default",
-              log=print) -> Pair:
-    """The given HF checkpoint folders, or the zoo pair (trained the first time)."""
+              log=print, threads: int = 0) -> Pair:
+    """The given HF checkpoint folders, or the zoo pair (trained the first time, with torch's own
+    thread count); then ``threads`` (if > 0) becomes torch's thread count for decoding."""
     from transformers import AutoTokenizer
 
     from . import models, zoo
@@ -43,6 +44,8 @@ def load_pair(target_dir=None, draft_dir=None, dtype=torch.float32, device="cpu"
     if target_dir is None:
         target_dir, zoo_draft = zoo.get_pair(zoo.SPECS[zoo_spec], log=log)
         draft_dir = draft_dir or zoo_draft
+    if threads > 0:
+        torch.set_num_threads(threads)
     target_dir = Path(target_dir)
     target = models.load(target_dir, dtype=dtype, device=device)
     draft = models.load(draft_dir, dtype=dtype, device=device) if draft_dir else None
@@ -110,7 +113,7 @@ def print_table(rows: list[dict], baseline: str) -> None:
 
 
 def demo(args) -> int:
-    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
+    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo, threads=args.threads)
     if pair.draft is None:
         raise SystemExit("the demo needs a draft model: pass --draft with --target")
     tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
@@ -125,7 +128,8 @@ def demo(args) -> int:
             confidence_threshold=args.confidence_threshold or None),
     }
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
-    ar.generate(ids[:1], max_new_tokens=4)  # warm-up (allocator, first-call overheads)
+    for decoder in methods.values():  # warm-up: allocator, first-call overheads, caches
+        decoder.generate(ids[:1], max_new_tokens=32, eos_token_id=eos)
     rows, greedy_ref = [], None
     for label, temperature in (("greedy", 0.0), (f"sampled T={args.temperature}", args.temperature)):
         for name, decoder in methods.items():
@@ -142,6 +146,8 @@ def demo(args) -> int:
             if r["method"].startswith(("autoregressive (greedy)", f"draft model, k={args.k} (sampled")):
                 print(f"--- {r['method']}:\n{prompt}{tok.decode(r['outputs'][i])}")
     print_table(rows, "autoregressive (greedy)")
+    print(f"\n{len(prompts)} prompts, {args.max_new_tokens} new tokens each, {torch.get_num_threads()} CPU thread(s); "
+          "one run per method (bench/bench_e2e.py repeats and interleaves them)")
     return 0
 
 
@@ -155,7 +161,7 @@ def bench(args) -> int:
     """
     from transformers import AutoModelForCausalLM
 
-    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo)
+    pair = load_pair(args.target, args.draft, device=args.device, zoo_spec=args.zoo, threads=args.threads)
     tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
     prompts = encode(tok, PROMPTS)
     max_new = 32 if args.quick else args.max_new_tokens
@@ -167,7 +173,8 @@ def bench(args) -> int:
                                   confidence_threshold=args.confidence_threshold or None)
     common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=0.0)
     sampled = dict(common, temperature=0.8, seed=0)  # acceptance below 100% even on repetitive text
-    ar.generate(prompts[:1], max_new_tokens=4)  # warm-up
+    for decoder in (ar, spec, adaptive):  # warm-up: allocator, first-call overheads, caches
+        decoder.generate(prompts[:1], max_new_tokens=32, eos_token_id=eos)
     hf_group(hf_target, prompts[:1], 4, eos)
 
     n = len(prompts)
