@@ -191,3 +191,17 @@ def test_dtype_change_after_a_forward_uses_the_new_parameters(family_pair):
     with torch.no_grad():
         fresh.layers[0].mlp.down_proj.weight.zero_()
     torch.testing.assert_close(out, fresh.forward(tokens, positions, fresh.new_cache(1, 16)).logits, rtol=0, atol=0)
+
+
+def test_cpu_rope_table_equals_direct_computation(family_pair):
+    # The CPU path looks positions up in a cached table (grown on demand); the values must be the
+    # very ones rope_cos_sin computes, also past the first table size and for a grown table.
+    from specdec_cuda.models.rope import rope_cos_sin
+
+    _, _, model, _ = family_pair
+    for positions in (torch.tensor([[0, 7, 1023]]), torch.tensor([[1024, 5000], [3, 4]]), torch.tensor([[-2, 3]])):
+        got = model._rope(positions)
+        want = rope_cos_sin(positions, model._rope_inv_freq(), model.dtype)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+    assert model._rope_table[0].shape[0] == 8192  # grown to the next power of two past 5000

@@ -70,7 +70,9 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor,
         weights: tuple,
     ) -> torch.Tensor:
-        """``weights``: ``self.weights()``, bound by the caller. x [B, n, hidden]; k_cache/v_cache [B, H_kv, T_max, D]; slot_index [B, H_kv, n, D] (the
+        """``weights``: ``self.weights()``, bound by the caller.
+
+        x [B, n, hidden]; k_cache/v_cache [B, H_kv, T_max, D]; slot_index [B, H_kv, n, D] (the
         pending slot of each new token, expanded); cos/sin [B, n, 1, D] from ``rope_cos_sin``;
         attn_mask [B, 1, n, span] additive (0 or -inf), or None: every slot of ``span`` visible."""
         B, n, _ = x.shape

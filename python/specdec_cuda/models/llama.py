@@ -104,9 +104,12 @@ class LlamaModel(nn.Module):
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``rope_cos_sin`` of ``positions`` [B, n]: on the CPU, rows of a cached table (the same
         values, computed once; two lookups instead of a dozen small ops per forward)."""
-        if positions.device.type != "cpu":
+        if positions.device.type != "cpu" or positions.numel() == 0:
             return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
-        need = int(positions.max()) + 1 if positions.numel() else 1
+        lowest, highest = (int(v) for v in torch.aminmax(positions))
+        if lowest < 0:  # not a table row: compute them
+            return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
+        need = highest + 1
         if self._rope_table is None or self._rope_table[0].shape[0] < need:
             size = max(1024, 1 << (need - 1).bit_length())
             cos, sin = rope_cos_sin(torch.arange(size)[None], self._rope_inv_freq(), self.dtype)  # [1, P, 1, D]
