@@ -108,8 +108,10 @@ def quantize_w4(
             scale_dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float16
         if scale_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"scale_dtype must be float16 or bfloat16 on CUDA; got {scale_dtype}")
-        # Quantise and pack on the GPU itself (the same float32 arithmetic as on the CPU).
-        codes, scales = ref.quantize_w4(weight.detach().to(device), group_size)
+        # Quantise on the CPU, pack for the GPU: the codes are then the CPU layout's, bit for bit.
+        # (On an H200, CUDA's amax / 7 differed from the CPU's in the last bit of a scale, which
+        # flipped round-half codes.)
+        codes, scales = ref.quantize_w4(weight.detach().cpu(), group_size)
         packed, scales = ref.pack_cuda(codes, scales, scale_dtype)
     return PackedW4(packed.to(device), scales.to(device), group_size, n, k)
 
