@@ -16,7 +16,8 @@ Baselines, measured in the same run:
   rows, gather of p(x), q(x), uniform accept test, residual / bonus sampled for every row with
   exponential races, first rejection by cumprod), and for `sample` softmax + torch.multinomial.
 
-On CUDA: CUDA events, warm-up, inputs rotated over enough copies to defeat L2, and the effective
+On CUDA: GPU time per call (calls queued behind a spin kernel so the host's dispatch is not
+timed: bench/timing.py time_cuda), warm-up, inputs rotated over enough copies to defeat L2, and the effective
 bandwidth counting every logit read once, as a fraction of the measured HBM bandwidth (a large
 device-to-device copy, or --hbm-gbps).
 """

@@ -9,8 +9,6 @@ distribution apart.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from scipy.stats import chisquare

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import specdec_cuda
 from specdec_cuda.ops import quant as q
 from specdec_cuda.quant import W4Linear, quantize_linears
 from specdec_cuda.reference import quant as ref
@@ -294,6 +295,36 @@ def test_cuda_real_layer_shapes(shape, dtype):
         x = torch.randn(m, shape[1], device="cuda").to(dtype)
         expected = (x.float() @ dense.float().T).to(dtype)
         assert rel_err(q.w4a16_matmul(x, pw), expected) <= REL_TOL[dtype], m
+
+
+@pytest.mark.skipif(not specdec_cuda.build_info()["with_cuda"], reason="a build without CUDA kernels")
+def test_cuda_tuning_table():
+    """Every entry is launchable; the automatic choice names exactly one entry for each M <= 16."""
+    tunings = q.cuda_tunings()
+    assert [t["index"] for t in tunings] == list(range(len(tunings)))
+    for t in tunings:
+        assert t["rows"] in (1, 8, 16) and 1 <= t["tiles_n"] <= t["warps"] and t["stages"] >= 2, t
+        assert all(m <= t["rows"] for m in t["auto_for_rows"]), t
+    assert sorted(m for t in tunings for m in t["auto_for_rows"]) == list(range(1, 17))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_every_tuning_matches_reference(dtype):
+    """The sweep's configurations are held to the same reference as the automatic one, for M up to
+    each entry's rows and beyond (sliced), on a shape with a partial tile, a padded K chunk and few
+    chunks per warp."""
+    torch.manual_seed(5)
+    n, k = 111, 352
+    w = torch.randn(n, k) * 0.05
+    pw = q.quantize_w4(w, 32, device="cuda", scale_dtype=dtype)
+    for t in q.cuda_tunings():
+        for m in sorted({1, t["rows"], t["rows"] + 3}):
+            x = torch.randn(m, k).to(dtype)
+            y = q.w4a16_matmul(x.cuda(), pw, tuning=t["index"])
+            assert rel_err(y.cpu(), cuda_expected(x, w, 32)) <= REL_TOL[dtype], (t, m)
+    with pytest.raises(ValueError, match="tuning"):
+        q.w4a16_matmul(torch.randn(1, k).to(dtype).cuda(), pw, tuning=len(q.cuda_tunings()))
 
 
 @needs_cuda

@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "kernels/common/philox.h"
+#ifdef SPECDEC_WITH_CUDA
+#include "kernels/quant/w4a16_cuda.h"
+#endif
 
 #ifndef SPECDEC_TORCH_VERSION
 #error "setup.py defines SPECDEC_TORCH_VERSION"
@@ -44,6 +47,29 @@ std::vector<uint32_t> philox4x32_10(std::vector<uint32_t> counter, std::vector<u
   return {out.x[0], out.x[1], out.x[2], out.x[3]};
 }
 
+#ifdef SPECDEC_WITH_CUDA
+// The W4A16 tensor-core kernel's launch configurations, in table order (index = the `tuning`
+// argument of torch.ops.specdec._w4a16_matmul_tuned).
+pybind11::list w4a16_cuda_tunings() {
+  pybind11::list out;
+  for (int i = 0; i < specdec::quant::w4a16_mma_tuning_count(); ++i) {
+    const auto t = specdec::quant::w4a16_mma_tuning(i);
+    pybind11::dict d;
+    d["index"] = i;
+    d["rows"] = t.rows;
+    d["tiles_n"] = t.tiles_n;
+    d["stages"] = t.stages;
+    d["warps"] = t.warps;
+    pybind11::list auto_rows;  // M values the automatic choice launches this entry for
+    for (int64_t m = 1; m <= specdec::quant::kMmaMaxM; ++m)
+      if (specdec::quant::w4a16_mma_auto_tuning(m) == i) auto_rows.append(m);
+    d["auto_for_rows"] = auto_rows;
+    out.append(d);
+  }
+  return out;
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -53,4 +79,8 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("seed"), pybind11::arg("position"), pybind11::arg("purpose"),
         pybind11::arg("substream"), pybind11::arg("first"), pybind11::arg("count"));
   m.def("philox4x32_10", &philox4x32_10, "one raw Philox4x32-10 block (for known-answer tests)");
+#ifdef SPECDEC_WITH_CUDA
+  m.def("w4a16_cuda_tunings", &w4a16_cuda_tunings,
+        "launch configurations of the W4A16 tensor-core kernel (for tuning sweeps)");
+#endif
 }

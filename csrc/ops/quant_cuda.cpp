@@ -69,8 +69,10 @@ void w4_dequantize_cuda(const at::Tensor& packed, const at::Tensor& scales, int6
   if (!dense.is_same(weight)) weight.copy_(dense);
 }
 
-void w4a16_matmul_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t group_size,
-                       int64_t layout, at::Tensor& out) {
+// tuning: an entry of the kernel's launch-configuration table (w4a16_cuda.cu), or -1 for the
+// automatic choice, which also takes the dense path from kDenseFromM rows on.
+void w4a16_matmul_impl(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t group_size,
+                       int64_t layout, int64_t tuning, at::Tensor& out) {
   TORCH_CHECK(layout == kLayoutCuda, "w4a16_matmul on CUDA takes LAYOUT_CUDA (1) weights; got layout ", layout);
   // x: (M, K); out: (M, N) of x's dtype
   TORCH_CHECK(x.is_cuda() && x.dim() == 2, "x must be a [M, K] CUDA tensor; got ", x.sizes());
@@ -81,9 +83,16 @@ void w4a16_matmul_cuda(const at::Tensor& x, const at::Tensor& packed, const at::
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   const int64_t group = check_w4_shape(N, K, group_size);
   check_cuda_weight(packed, scales, N, K, group, x.scalar_type());
+  // Rows one launch takes: 16 for the automatic choice, else the tuning's own.
+  int64_t slice = quant::kMmaMaxM;
+  if (tuning >= 0) {
+    TORCH_CHECK(tuning < quant::w4a16_mma_tuning_count(), "tuning must be -1 (automatic) or below ",
+                quant::w4a16_mma_tuning_count(), "; got ", tuning);
+    slice = quant::w4a16_mma_tuning(static_cast<int>(tuning)).rows;
+  }
   if (M == 0 || N == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
-  if (M >= kDenseFromM) {
+  if (tuning < 0 && M >= kDenseFromM) {
     at::Tensor dense = at::empty({N, K}, x.options());
     check_launch(quant::launch_w4_dequantize(packed.data_ptr<int32_t>(), scales.data_ptr(), dense.data_ptr(), N, K,
                                              group, dt, c10::cuda::getCurrentCUDAStream()),
@@ -95,14 +104,25 @@ void w4a16_matmul_cuda(const at::Tensor& x, const at::Tensor& packed, const at::
   at::Tensor xc = x.contiguous();
   if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16 != 0) xc = xc.clone();
   const int64_t elem = xc.element_size();
-  for (int64_t m0 = 0; m0 < M; m0 += quant::kMmaMaxM) {
-    const int64_t rows = std::min<int64_t>(quant::kMmaMaxM, M - m0);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for (int64_t m0 = 0; m0 < M; m0 += slice) {
+    const int64_t rows = std::min<int64_t>(slice, M - m0);
     check_launch(quant::launch_w4a16_mma(static_cast<const char*>(xc.data_ptr()) + m0 * K * elem, K,
                                          packed.data_ptr<int32_t>(), scales.data_ptr(),
                                          static_cast<char*>(out.data_ptr()) + m0 * N * elem, N, rows, N, K, group, dt,
-                                         c10::cuda::getCurrentCUDAStream()),
+                                         stream, static_cast<int>(tuning)),
                  "w4a16_matmul", M, N, K, group);
   }
+}
+
+void w4a16_matmul_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t group_size,
+                       int64_t layout, at::Tensor& out) {
+  w4a16_matmul_impl(x, packed, scales, group_size, layout, -1, out);
+}
+
+void w4a16_matmul_tuned_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                             int64_t group_size, int64_t tuning, at::Tensor& out) {
+  w4a16_matmul_impl(x, packed, scales, group_size, kLayoutCuda, tuning, out);
 }
 
 }  // namespace
@@ -110,6 +130,7 @@ void w4a16_matmul_cuda(const at::Tensor& x, const at::Tensor& packed, const at::
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("w4a16_matmul", &w4a16_matmul_cuda);
   m.impl("w4_dequantize", &w4_dequantize_cuda);
+  m.impl("_w4a16_matmul_tuned", &w4a16_matmul_tuned_cuda);
 }
 
 }  // namespace specdec::ops

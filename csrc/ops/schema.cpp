@@ -53,6 +53,11 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "w4_dequantize(Tensor packed, Tensor scales, int group_size, int layout, "
       "Tensor(a!) weight) -> ()");
+  // _w4a16_matmul_tuned: w4a16_matmul through one entry of the CUDA kernel's launch-configuration
+  // table (-1: the automatic choice); for tuning sweeps (bench/bench_quant.py --tune). CUDA only.
+  m.def(
+      "_w4a16_matmul_tuned(Tensor x, Tensor packed, Tensor scales, int group_size, int tuning, "
+      "Tensor(a!) out) -> ()");
   // ---- end family: quant ----
 
   // ---- family: kv_quant (csrc/kernels/kv_quant, ops/kv_quant_{cpu,cuda}.cpp) ----

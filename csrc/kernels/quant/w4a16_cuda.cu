@@ -7,7 +7,8 @@
 // (k x n). At M <= 16 the kernel is a stream over the int4 weight: everything below serves to
 // keep enough of it in flight and to turn each byte into mma fragments with a few ALU operations.
 //
-// Work decomposition (one block = 4 warps, TN = 2 n8 tiles = 16 output columns):
+// Work decomposition (shown for the default block of WARPS = 4 warps and TN = 2 n8 tiles = 16
+// output columns; other launch configurations are in kTunings below):
 //
 //                 K ->  chunk 0 .. chunk C/4-1 | chunk C/4 .. | ...        | .. chunk C-1
 //   tile 2b   (n8)    [        warp 0         |    warp 1    |   warp 2   |   warp 3   ]
@@ -59,13 +60,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstring>
+#include <utility>
 
 namespace specdec::quant {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kDeviceCache = 64;  // devices whose compute capability is cached
+
 constexpr int kTileN = static_cast<int>(kCudaTileN);    // 8
 constexpr int kChunkK = static_cast<int>(kCudaChunkK);  // 128
 
@@ -214,21 +217,26 @@ struct Ops<ActDType::kBFloat16> {
 
 // ---- the tensor-core kernel -------------------------------------------------------------------
 
-// MT: activation rows of the A tile actually loaded (8: rows 8..15 are constant zero; 16: both
-// halves); TN: n8 tiles per block; STAGES: chunks in flight per warp.
-template <int MT, int TN, int STAGES>
+// MT: activation rows the kernel takes (1: only row 0, i.e. lanes g = 0, carry x; 8: one 8-row
+// half of the A tile, rows 8..15 constant zero; 16: both halves); TN: n8 tiles per block; STAGES:
+// chunks in flight per warp; WARPS: warps per block, splitting K between them.
+template <int MT, int TN, int STAGES, int WARPS>
 struct MmaConfig {
-  static_assert(MT == 8 || MT == 16, "MT is 8 or 16");
-  static_assert(TN >= 1 && TN <= kWarps, "one warp writes each tile's result");
-  static constexpr int kRowHalves = MT / 8;
-  // One stage of one warp's ring: [TN][32] uint4 weights, [kRowHalves][4][32] uint4 x,
+  static_assert(MT == 1 || MT == 8 || MT == 16, "MT is 1, 8 or 16");
+  static_assert(TN >= 1 && TN <= WARPS, "one warp writes each tile's result");
+  static constexpr int kThreads = 32 * WARPS;
+  static constexpr int kRowHalves = MT == 16 ? 2 : 1;
+  // x slots per (row half, 16-byte piece q): one per lane, or for MT = 1 one per lane of group
+  // g = 0 (lanes 0..3, the only ones holding row 0), which shrinks the ring by 7/8 of x's share.
+  static constexpr int kXLanes = MT == 1 ? 4 : 32;
+  // One stage of one warp's ring: [TN][32] uint4 weights, [kRowHalves][4][kXLanes] uint4 x,
   // [TN][32] uint32 scale pairs (every index lane-minor: conflict-free 16 / 4-byte accesses).
   static constexpr int kWeightBytes = TN * 32 * 16;
-  static constexpr int kXBytes = kRowHalves * 4 * 32 * 16;
+  static constexpr int kXBytes = kRowHalves * 4 * kXLanes * 16;
   static constexpr int kScaleBytes = TN * 32 * 4;
   static constexpr int kStageBytes = kWeightBytes + kXBytes + kScaleBytes;
   static constexpr int kRingBytes = STAGES * kStageBytes;      // per warp
-  static constexpr int kSmemBytes = kWarps * kRingBytes;       // dynamic, per block
+  static constexpr int kSmemBytes = WARPS * kRingBytes;        // dynamic, per block
   static_assert(kStageBytes % 16 == 0, "16-byte aligned stages");
 };
 
@@ -236,12 +244,11 @@ struct MmaConfig {
 // packed: LAYOUT_CUDA [tiles, chunks, 32 lanes] uint4
 // scales: [tiles, K / group, 8]
 // y:      [M, ldy], columns < N written
-template <ActDType D, int MT, int TN, int STAGES>
-__global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<D>::T* __restrict__ x, int64_t ldx,
-                                                             const uint4* __restrict__ packed,
-                                                             const typename Ops<D>::T* __restrict__ scales,
-                                                             typename Ops<D>::T* __restrict__ y, int64_t ldy, int M,
-                                                             int N, int K, int group) {
+template <ActDType D, int MT, int TN, int STAGES, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
+    w4a16_mma_kernel(const typename Ops<D>::T* __restrict__ x, int64_t ldx, const uint4* __restrict__ packed,
+                     const typename Ops<D>::T* __restrict__ scales, typename Ops<D>::T* __restrict__ y, int64_t ldy,
+                     int M, int N, int K, int group) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 mma.m16n8k16 and cp.async need sm_80; the launcher refuses older devices, this keeps
   // builds for them compiling.
@@ -249,9 +256,9 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
 #else
   using O = Ops<D>;
   using T = typename O::T;
-  using Cfg = MmaConfig<MT, TN, STAGES>;
+  using Cfg = MmaConfig<MT, TN, STAGES, WARPS>;
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float partial[kWarps][TN][4][32];
+  __shared__ float partial[WARPS][TN][4][32];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma groupID / threadID_in_group
@@ -259,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
   const int chunks = (K + kChunkK - 1) / kChunkK;
   const int groups = K / group;
   const int tile0 = blockIdx.x * TN;
-  const int per_warp = (chunks + kWarps - 1) / kWarps;
+  const int per_warp = (chunks + WARPS - 1) / WARPS;
   const int c_begin = min(chunks, warp * per_warp);
   const int c_end = min(chunks, c_begin + per_warp);
 
@@ -290,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
   int row_ok[Cfg::kRowHalves];
 #pragma unroll
   for (int r = 0; r < Cfg::kRowHalves; ++r) {
-    row_ok[r] = g + 8 * r < M;
+    row_ok[r] = g + 8 * r < M && g + 8 * r < MT;  // the launcher guarantees M <= MT; kept local
     x_src[r] = x + (row_ok[r] ? static_cast<int64_t>(g + 8 * r) * ldx + c_begin * kChunkK + 32 * t : 0);
   }
   int k_next = c_begin * kChunkK + 32 * t;  // first input feature of this lane's 32 in the next chunk
@@ -316,7 +323,8 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
       if (row_ok[r]) {  // rows >= M: neither copied nor read (their A registers are zero)
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          cp_async_ca16(stage + Cfg::kWeightBytes + ((r * 4 + q) * 32 + lane) * 16, x_src[r] + 8 * q, x_bytes);
+          cp_async_ca16(stage + Cfg::kWeightBytes + ((r * 4 + q) * Cfg::kXLanes + lane) * 16, x_src[r] + 8 * q,
+                        x_bytes);
         x_src[r] += kChunkK;
       }
     }
@@ -359,7 +367,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {  // word wd: codes j = 0..7 at 128c + 32t + 8wd + j, two mma
       // x0 / x1: words 0..3 = elements (0,1) (2,3) (4,5) (6,7) of x[g / g + 8, 128c + 32t + 8wd ..]
-      const uint4 x0 = row_ok[0] ? slot_x(slot)[wd * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
+      const uint4 x0 = row_ok[0] ? slot_x(slot)[wd * Cfg::kXLanes + lane] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int i = 0; i < TN; ++i) {
         const uint32_t q = wd == 0 ? w[i].x : wd == 1 ? w[i].y : wd == 2 ? w[i].z : w[i].w;
@@ -368,14 +376,14 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
         if constexpr (MT == 16) {
           // A registers: (row g, kappa 2t..2t+1), (row g+8, same), (row g, kappa 2t+8..), (row g+8, same):
           // k-step 2wd takes elements (0,1) and (2,3), k-step 2wd + 1 elements (4,5) and (6,7).
-          const uint4 x1 = row_ok[MT / 16] ? slot_x(slot)[(4 + wd) * 32 + lane] : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 x1 = row_ok[1] ? slot_x(slot)[(4 + wd) * Cfg::kXLanes + lane] : make_uint4(0u, 0u, 0u, 0u);
           const uint32_t a_even[4] = {x0.x, x1.x, x0.y, x1.y};
           const uint32_t a_odd[4] = {x0.z, x1.z, x0.w, x1.w};
           O::mma(acc[i], a_even, b[0], b[1]);
           O::mma(acc[i], a_odd, b[2], b[3]);
         } else {
-          // Only activation rows 0..7 exist, so the A tile's rows g + 8 may hold anything: the
-          // loaded quad is used as is (no register shuffling). Its rows g see elements (0,1) and
+          // MT = 1 or 8: only activation rows 0..7 exist, so the A tile's rows g + 8 may hold
+          // anything: the loaded quad is used as is (no register shuffling). Its rows g see elements (0,1) and
           // (4,5), its rows g + 8 elements (2,3) and (6,7); the first mma takes the matching
           // weights into acc rows g, the second into acc2 rows g + 8, and the epilogue adds
           // acc rows g + acc2 rows g + 8 (the other halves are cross terms, discarded).
@@ -394,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
   }
   cp_async_wait<0>();
 
-  // Sum the 4 warps' partials of each tile; warp i writes tile i.
+  // Sum the WARPS warps' partials of each tile; warp i writes tile i.
   // C fragment: c0, c1 = (row g, columns 2t, 2t+1), c2, c3 = (row g + 8, same columns).
 #pragma unroll
   for (int i = 0; i < TN; ++i)
@@ -409,7 +417,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_mma_kernel(const typename Ops<
     for (int e = 0; e < 4; ++e) {
       v[e] = 0.f;
 #pragma unroll
-      for (int ww = 0; ww < kWarps; ++ww) v[e] += partial[ww][i][e][lane];
+      for (int ww = 0; ww < WARPS; ++ww) v[e] += partial[ww][i][e][lane];
     }
     const int n = (tile0 + i) * kTileN + 2 * t;
 #pragma unroll
@@ -448,51 +456,121 @@ __global__ void w4_dequantize_kernel(const uint32_t* __restrict__ packed, const 
 
 // ---- launchers --------------------------------------------------------------------------------
 
-template <ActDType D, int MT, int TN, int STAGES>
-cudaError_t launch_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y, int64_t ldy,
-                       int64_t M, int64_t N, int64_t K, int64_t group, cudaStream_t stream) {
+// A device's compute-capability major, looked up once per device (the lookup costs a driver call
+// per launch otherwise; devices past the cache are looked up every time).
+cudaError_t device_major(int device, int* major) {
+  static std::atomic<int> cache[kDeviceCache];  // major + 1; 0 = not looked up yet
+  if (device >= 0 && device < kDeviceCache) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) {
+      *major = known - 1;
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t err = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess && device >= 0 && device < kDeviceCache)
+    cache[device].store(*major + 1, std::memory_order_relaxed);
+  return err;
+}
+
+template <ActDType D, int MT, int TN, int STAGES, int WARPS>
+cudaError_t launch_mma(int device, const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y,
+                       int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t group, cudaStream_t stream) {
   using T = typename Ops<D>::T;
-  using Cfg = MmaConfig<MT, TN, STAGES>;
-  auto* kernel = &w4a16_mma_kernel<D, MT, TN, STAGES>;
-  // Above 48 KiB of dynamic shared memory needs an opt-in (per device and function; cheap).
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  using Cfg = MmaConfig<MT, TN, STAGES, WARPS>;
+  auto* kernel = &w4a16_mma_kernel<D, MT, TN, STAGES, WARPS>;
+  // Above 48 KiB of dynamic shared memory needs an opt-in, per device and function: set once per
+  // device (bit d of `configured`); a race sets it twice, which is harmless.
+  static std::atomic<uint32_t> configured{0};
+  const uint32_t bit = device >= 0 && device < 32 ? 1u << device : 0u;
+  if (bit == 0 || !(configured.load(std::memory_order_relaxed) & bit)) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    configured.fetch_or(bit, std::memory_order_relaxed);
+  }
   const int64_t tiles = (N + kTileN - 1) / kTileN;
   const dim3 grid(static_cast<unsigned>((tiles + TN - 1) / TN));
-  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       static_cast<const T*>(x), ldx, reinterpret_cast<const uint4*>(packed), static_cast<const T*>(scales),
       static_cast<T*>(y), ldy, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(group));
   return cudaGetLastError();
 }
 
-// M <= 8 loads one 8-row half of the A tile; 5 stages x 13 KiB per block (3 blocks per H100 / H200
-// SM). M <= 16 loads both halves; 4 stages x 21 KiB.
-template <ActDType D>
-cudaError_t dispatch_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y, int64_t ldy,
-                         int64_t M, int64_t N, int64_t K, int64_t group, cudaStream_t stream) {
-  if (M <= 8) return launch_mma<D, 8, 2, 5>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
-  return launch_mma<D, 16, 2, 4>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
+// The launch configurations one build carries. Entries 0 and 1 are the automatic choice (measured
+// on an H200 with every CUDA test passing); the others exist for tuning sweeps
+// (bench/bench_quant.py --tune, run by bench/gpu_check.sh), whose results decide what the
+// automatic choice should become. Shared memory per block: WARPS x STAGES x (TN x 640 + x bytes)
+// with x bytes 256 (rows 1), 2048 (8), 4096 (16), plus the WARPS x TN x 512 B partial sums.
+//   rows 8, TN 2, 5 stages, 4 warps: 69 KiB, 3 blocks per H200 SM; rows 1, same: 34 KiB, 6 blocks.
+constexpr W4MmaTuning kTunings[] = {
+    {8, 2, 5, 4},   // 0: automatic for M <= 8
+    {16, 2, 4, 4},  // 1: automatic for 8 < M <= 16
+    {1, 2, 5, 4},   // 2-8: M = 1 only (x ring for row 0 only: more blocks per SM)
+    {1, 2, 8, 4},
+    {1, 1, 8, 4},
+    {1, 4, 4, 4},
+    {1, 4, 8, 4},
+    {1, 2, 6, 8},
+    {1, 4, 6, 8},
+    {8, 2, 8, 4},   // 9-10: M <= 8
+    {8, 4, 4, 4},
+    {16, 2, 5, 4},  // 11: M <= 16
+};
+constexpr int kNumTunings = static_cast<int>(sizeof(kTunings) / sizeof(kTunings[0]));
+
+template <ActDType D, int I>
+cudaError_t launch_tuning(int device, const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y,
+                          int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t group, cudaStream_t stream) {
+  constexpr W4MmaTuning t = kTunings[I];
+  return launch_mma<D, t.rows, t.tiles_n, t.stages, t.warps>(device, x, ldx, packed, scales, y, ldy, M, N, K, group,
+                                                             stream);
+}
+
+// Launches table entry `index` (every entry is instantiated once per dtype).
+template <ActDType D, int... I>
+cudaError_t launch_indexed(int index, int device, const void* x, int64_t ldx, const int32_t* packed,
+                           const void* scales, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t group,
+                           cudaStream_t stream, std::integer_sequence<int, I...>) {
+  cudaError_t err = cudaErrorInvalidValue;
+  (void)((index == I && ((err = launch_tuning<D, I>(device, x, ldx, packed, scales, y, ldy, M, N, K, group,
+                                                     stream)),
+                         true)) ||
+         ...);
+  return err;
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
+int w4a16_mma_tuning_count() { return kNumTunings; }
+
+W4MmaTuning w4a16_mma_tuning(int index) {
+  return index >= 0 && index < kNumTunings ? kTunings[index] : W4MmaTuning{0, 0, 0, 0};
+}
+
+int w4a16_mma_auto_tuning(int64_t M) { return M <= 8 ? 0 : 1; }
+
 cudaError_t launch_w4a16_mma(const void* x, int64_t ldx, const int32_t* packed, const void* scales, void* y,
                              int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t group, ActDType dtype,
-                             cudaStream_t stream) {
-  if (M < 1 || M > kMmaMaxM || N < 1 || K < 32 || K % 32 != 0 || group < 32 || group % 32 != 0 || K % group != 0 ||
-      N > (int64_t{1} << 30) || K > (int64_t{1} << 30) || ldx < K || ldx % 8 != 0 || ldy < N || !aligned(x, 16) ||
-      !aligned(packed, 16) || !aligned(scales, 4))
+                             cudaStream_t stream, int tuning) {
+  if (tuning < 0) tuning = w4a16_mma_auto_tuning(M);
+  if (tuning >= kNumTunings || M < 1 || M > kTunings[tuning].rows || N < 1 || K < 32 || K % 32 != 0 || group < 32 ||
+      group % 32 != 0 || K % group != 0 || N > (int64_t{1} << 30) || K > (int64_t{1} << 30) || ldx < K ||
+      ldx % 8 != 0 || ldy < N || !aligned(x, 16) || !aligned(packed, 16) || !aligned(scales, 4))
     return cudaErrorInvalidValue;
   int device = 0, major = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = device_major(device, &major);
   if (err != cudaSuccess) return err;
   if (major < 8) return cudaErrorNotSupported;  // mma.m16n8k16.bf16 / cp.async: sm_80 and newer
+  const auto all = std::make_integer_sequence<int, kNumTunings>{};
   return dtype == ActDType::kFloat16
-             ? dispatch_mma<ActDType::kFloat16>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream)
-             : dispatch_mma<ActDType::kBFloat16>(x, ldx, packed, scales, y, ldy, M, N, K, group, stream);
+             ? launch_indexed<ActDType::kFloat16>(tuning, device, x, ldx, packed, scales, y, ldy, M, N, K, group,
+                                                  stream, all)
+             : launch_indexed<ActDType::kBFloat16>(tuning, device, x, ldx, packed, scales, y, ldy, M, N, K, group,
+                                                   stream, all);
 }
 
 cudaError_t launch_w4_dequantize(const int32_t* packed, const void* scales, void* weight, int64_t N, int64_t K,

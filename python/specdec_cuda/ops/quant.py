@@ -20,13 +20,14 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _native
 from ..reference import quant as ref
 
 LAYOUT_CPU = ref.LAYOUT_CPU
 LAYOUT_CUDA = ref.LAYOUT_CUDA
 
 __all__ = ["LAYOUT_CPU", "LAYOUT_CUDA", "PackedW4", "quantize_w4", "repack_w4", "w4a16_matmul", "w4_dequantize",
-           "layout_of"]
+           "layout_of", "cuda_tunings"]
 
 
 class PackedW4(NamedTuple):
@@ -116,7 +117,7 @@ def quantize_w4(
     return PackedW4(packed.to(device), scales.to(device), group_size, n, k)
 
 
-def w4a16_matmul(x: torch.Tensor, weight: PackedW4) -> torch.Tensor:
+def w4a16_matmul(x: torch.Tensor, weight: PackedW4, *, tuning: int | None = None) -> torch.Tensor:
     """``x · dequant(W)ᵀ``, accumulated in float32 and rounded once to x's dtype.
 
     Parameters
@@ -125,6 +126,9 @@ def w4a16_matmul(x: torch.Tensor, weight: PackedW4) -> torch.Tensor:
         Shape: ``[..., K]``; float32 / float16 / bfloat16 on CPU, float16 / bfloat16 on CUDA.
     weight : PackedW4
         From ``quantize_w4`` for x's device.
+    tuning : int, optional
+        CUDA only, for tuning sweeps: the index of a ``cuda_tunings()`` entry to launch instead of
+        the automatic choice (the tensor-core kernel at every M, in slices of the entry's rows).
 
     Returns
     -------
@@ -138,19 +142,46 @@ def w4a16_matmul(x: torch.Tensor, weight: PackedW4) -> torch.Tensor:
     torch.Size([2, 5, 64])
     """
     n, k = weight.out_features, weight.in_features
-    if x.shape[-1] != k:
-        raise ValueError(f"x has {x.shape[-1]} features but the weight expects {k} (x shape {tuple(x.shape)})")
-    if x.device != weight.packed.device:
-        raise ValueError(f"x is on {x.device} but the packed weight is on {weight.packed.device}")
-    layout = layout_of(weight.packed)
-    scales = weight.scales
+    packed, scales = weight.packed, weight.scales
+    shape = x.shape
+    if shape[-1] != k:
+        raise ValueError(f"x has {shape[-1]} features but the weight expects {k} (x shape {tuple(shape)})")
+    if x.device != packed.device:
+        raise ValueError(f"x is on {x.device} but the packed weight is on {packed.device}")
+    layout = layout_of(packed)
     if layout == LAYOUT_CUDA and scales.dtype != x.dtype:
         raise ValueError(f"the weight is packed for {scales.dtype} activations (the CUDA nibble interleave depends on "
                          f"the dtype) but x is {x.dtype}; repack it: repack_w4(weight, scale_dtype={x.dtype})")
-    x2 = x.reshape(-1, k).contiguous()
-    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    torch.ops.specdec.w4a16_matmul(x2, weight.packed, scales, weight.group_size, layout, out)
-    return out.reshape(*x.shape[:-1], n)
+    if tuning is not None:
+        if layout != LAYOUT_CUDA:
+            raise ValueError("tuning selects a CUDA kernel configuration; this weight is packed for the CPU")
+        if not 0 <= tuning < len(cuda_tunings()):
+            raise ValueError(f"tuning must index cuda_tunings() (0..{len(cuda_tunings()) - 1}); got {tuning}")
+    # A 2-D x (the decoding loop's case) skips the reshapes: this is per-call host overhead.
+    x2 = x.contiguous() if len(shape) == 2 else x.reshape(-1, k).contiguous()
+    out = x2.new_empty((x2.shape[0], n))
+    if tuning is None:
+        torch.ops.specdec.w4a16_matmul(x2, packed, scales, weight.group_size, layout, out)
+    else:
+        torch.ops.specdec._w4a16_matmul_tuned(x2, packed, scales, weight.group_size, int(tuning), out)
+    return out if len(shape) == 2 else out.reshape(*shape[:-1], n)
+
+
+def cuda_tunings() -> list[dict]:
+    """The CUDA W4A16 kernel's launch configurations, in the order ``tuning`` indexes them.
+
+    Each is a dict: ``index``, ``rows`` (the most activation rows one launch takes: 1, 8 or 16),
+    ``tiles_n`` (8-column tiles per block), ``stages`` (128-feature chunks in flight per warp),
+    ``warps`` (per block, splitting K) and ``auto_for_rows`` (the M the automatic choice launches it
+    for). Empty for a build without CUDA.
+    """
+    global _TUNINGS
+    if _TUNINGS is None:
+        _TUNINGS = list(getattr(_native._C, "w4a16_cuda_tunings", lambda: [])())
+    return [dict(t) for t in _TUNINGS]
+
+
+_TUNINGS: list[dict] | None = None  # cuda_tunings(), read from the binary once
 
 
 def _codes_and_scales(weight: PackedW4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,6 +235,11 @@ def w4_dequantize(weight: PackedW4, dtype: torch.dtype = torch.float32) -> torch
 
 @torch.library.register_fake("specdec::w4a16_matmul")
 def _w4a16_matmul_fake(x, packed, scales, group_size, layout, out):
+    return None
+
+
+@torch.library.register_fake("specdec::_w4a16_matmul_tuned")
+def _w4a16_matmul_tuned_fake(x, packed, scales, group_size, tuning, out):
     return None
 
 
