@@ -5,7 +5,8 @@
 Per context length: quantising a block into the cache (keys + values), reading it back upper-only
 (a draft's read) and upper + lower (verification's read), each against copying the same K/V held in
 full precision (the baseline: what a plain cache moves), medians measured in the same run, and the
-effective bandwidth of the reads (quantised bytes read + float32 bytes written per second).
+effective bandwidth of the reads (quantised bytes read + float32 bytes written per second). On
+CUDA the times are GPU time (calls queued so the host's dispatch is not timed).
 Writes JSON (default bench/results/kv_quant.json) and prints a table.
 """
 
@@ -14,36 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import specdec_cuda  # noqa: E402
+import timing  # noqa: E402  (bench/timing.py, beside this script)
 from specdec_cuda.ops import kv_quant as kv  # noqa: E402
 
 
 def timed(fn, reps: int, cuda: bool) -> float:
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of fn(): GPU time on CUDA (bench/timing.py time_cuda), wall time on the CPU."""
+    return (timing.time_cuda if cuda else timing.time_cpu)(lambda _r: fn(), reps)
 
 
 def run(device: str, quick: bool) -> dict:
