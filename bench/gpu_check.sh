@@ -115,4 +115,8 @@ step bench_kv_quant 30 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/k
 # ==== end family: kv_quant ========================================================================
 
 log "done in $(( $(date +%s) - START ))s; failed steps: ${FAILED[*]:-none}"
+# The lines worth reading first, in one short file: step results, test counts, the error-path probes,
+# HBM bandwidth, targets and the tuning sweep's winners.
+grep -E "^\[gpu_check .*(----.*rc=|HBM bandwidth|done in)|passed|failed|probe|target|best for|gpu total" "$LOG" \
+  > "$OUT/summary.txt" 2>/dev/null
 [ ${#FAILED[@]} -eq 0 ]

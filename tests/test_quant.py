@@ -325,6 +325,9 @@ def test_cuda_every_tuning_matches_reference(dtype):
             assert rel_err(y.cpu(), cuda_expected(x, w, 32)) <= REL_TOL[dtype], (t, m)
     with pytest.raises(ValueError, match="tuning"):
         q.w4a16_matmul(torch.randn(1, k).to(dtype).cuda(), pw, tuning=len(q.cuda_tunings()))
+    torch.library.opcheck(torch.ops.specdec._w4a16_matmul_tuned.default,
+                          (torch.randn(3, k).to(dtype).cuda(), pw.packed, pw.scales, 32, 2,
+                           torch.empty(3, n, dtype=dtype, device="cuda")))
 
 
 @needs_cuda
