@@ -11,6 +11,9 @@
 # (--system-site-packages, so torch is reused; nothing is downloaded).
 #
 # Families add their tests / benchmarks in their own section below (copy the sampling block).
+# Step limits add up to about 13 minutes in the worst case (a device call may last 10): with
+# GPU_CHECK_ONLY=tests,bench_quant (a comma-separated list of step names) only those steps run
+# after the build and the HBM measurement.
 set -u
 OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [PYTHON]}
 mkdir -p "$OUT"
@@ -34,6 +37,10 @@ log() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && [ "$name" != build ] && [[ ",$GPU_CHECK_ONLY," != *",$name,"* ]]; then
+    log "---- $name: skipped (not in GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"
+    return 0
+  fi
   log "---- $name (limit ${limit}s): $*"
   local t0=$(date +%s)
   timeout "$limit" "$@" >> "$LOG" 2>&1
