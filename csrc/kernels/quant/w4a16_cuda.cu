@@ -123,20 +123,13 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   return d;
 }
 
-template <typename V>
-__device__ __forceinline__ V bits_as(uint32_t u) {
-  static_assert(sizeof(V) == 4, "32-bit register type");
-  V v;
-  memcpy(&v, &u, 4);
-  return v;
-}
-
-template <typename V>
-__device__ __forceinline__ uint32_t as_bits(V v) {
-  static_assert(sizeof(V) == 4, "32-bit register type");
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  return u;
+// The bits of a 32-bit register value reread as another 32-bit type (uint32_t <-> half2 / bf16x2).
+template <typename To, typename From>
+__device__ __forceinline__ To bit_cast(From from) {
+  static_assert(sizeof(To) == 4 && sizeof(From) == 4, "32-bit register types");
+  To to;
+  memcpy(&to, &from, 4);
+  return to;
 }
 
 // ---- per-dtype dequantisation and mma ---------------------------------------------------------
@@ -155,19 +148,19 @@ struct Ops<ActDType::kFloat16> {
   // b[3] of the second; each (code - 8) * scale rounded to fp16.
   static __device__ __forceinline__ void dequant(uint32_t q, uint32_t scale2, uint32_t (&b)[4]) {
     constexpr uint32_t kLow = 0x000f000fu, kHigh = 0x00f000f0u, kExp = 0x64006400u;
-    const __half2 bias_low = bits_as<__half2>(0x64086408u);   // 1032 = 1024 + 8
-    const __half2 sixteenth = bits_as<__half2>(0x2c002c00u);  // 1/16
-    const __half2 bias_high = bits_as<__half2>(0xd480d480u);  // -72 = -(1024 / 16 + 8)
-    const __half2 s = bits_as<__half2>(scale2);
+    const __half2 bias_low = bit_cast<__half2>(0x64086408u);   // 1032 = 1024 + 8
+    const __half2 sixteenth = bit_cast<__half2>(0x2c002c00u);  // 1/16
+    const __half2 bias_high = bit_cast<__half2>(0xd480d480u);  // -72 = -(1024 / 16 + 8)
+    const __half2 s = bit_cast<__half2>(scale2);
     const uint32_t q8 = q >> 8;
-    const __half2 r0 = bits_as<__half2>(and_or(q, kLow, kExp));    // 1024 + (j0, j1)
-    const __half2 r1 = bits_as<__half2>(and_or(q, kHigh, kExp));   // 1024 + 16 (j2, j3)
-    const __half2 r2 = bits_as<__half2>(and_or(q8, kLow, kExp));   // 1024 + (j4, j5)
-    const __half2 r3 = bits_as<__half2>(and_or(q8, kHigh, kExp));  // 1024 + 16 (j6, j7)
-    b[0] = as_bits(__hmul2(__hsub2(r0, bias_low), s));
-    b[1] = as_bits(__hmul2(__hfma2(r1, sixteenth, bias_high), s));
-    b[2] = as_bits(__hmul2(__hsub2(r2, bias_low), s));
-    b[3] = as_bits(__hmul2(__hfma2(r3, sixteenth, bias_high), s));
+    const __half2 r0 = bit_cast<__half2>(and_or(q, kLow, kExp));    // 1024 + (j0, j1)
+    const __half2 r1 = bit_cast<__half2>(and_or(q, kHigh, kExp));   // 1024 + 16 (j2, j3)
+    const __half2 r2 = bit_cast<__half2>(and_or(q8, kLow, kExp));   // 1024 + (j4, j5)
+    const __half2 r3 = bit_cast<__half2>(and_or(q8, kHigh, kExp));  // 1024 + 16 (j6, j7)
+    b[0] = bit_cast<uint32_t>(__hmul2(__hsub2(r0, bias_low), s));
+    b[1] = bit_cast<uint32_t>(__hmul2(__hfma2(r1, sixteenth, bias_high), s));
+    b[2] = bit_cast<uint32_t>(__hmul2(__hsub2(r2, bias_low), s));
+    b[3] = bit_cast<uint32_t>(__hmul2(__hfma2(r3, sixteenth, bias_high), s));
   }
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -192,16 +185,16 @@ struct Ops<ActDType::kBFloat16> {
     const uint32_t hi = (q >> 4) & 0x0f0f0f0fu;  // bytes: j4 j5 j6 j7
     // prmt: result bytes (lo.b0, 0x43, lo.b1, 0x43) = bf16x2 (128 + j0, 128 + j1), etc.
     constexpr uint32_t kExp = 0x43u;  // byte 4 of the permute pool
-    const __nv_bfloat162 bias = bits_as<__nv_bfloat162>(0x43084308u);  // 136 = 128 + 8
-    const __nv_bfloat162 s = bits_as<__nv_bfloat162>(scale2);
-    const __nv_bfloat162 r0 = bits_as<__nv_bfloat162>(__byte_perm(lo, kExp, 0x4140u));
-    const __nv_bfloat162 r1 = bits_as<__nv_bfloat162>(__byte_perm(lo, kExp, 0x4342u));
-    const __nv_bfloat162 r2 = bits_as<__nv_bfloat162>(__byte_perm(hi, kExp, 0x4140u));
-    const __nv_bfloat162 r3 = bits_as<__nv_bfloat162>(__byte_perm(hi, kExp, 0x4342u));
-    b[0] = as_bits(__hmul2(__hsub2(r0, bias), s));
-    b[1] = as_bits(__hmul2(__hsub2(r1, bias), s));
-    b[2] = as_bits(__hmul2(__hsub2(r2, bias), s));
-    b[3] = as_bits(__hmul2(__hsub2(r3, bias), s));
+    const __nv_bfloat162 bias = bit_cast<__nv_bfloat162>(0x43084308u);  // 136 = 128 + 8
+    const __nv_bfloat162 s = bit_cast<__nv_bfloat162>(scale2);
+    const __nv_bfloat162 r0 = bit_cast<__nv_bfloat162>(__byte_perm(lo, kExp, 0x4140u));
+    const __nv_bfloat162 r1 = bit_cast<__nv_bfloat162>(__byte_perm(lo, kExp, 0x4342u));
+    const __nv_bfloat162 r2 = bit_cast<__nv_bfloat162>(__byte_perm(hi, kExp, 0x4140u));
+    const __nv_bfloat162 r3 = bit_cast<__nv_bfloat162>(__byte_perm(hi, kExp, 0x4342u));
+    b[0] = bit_cast<uint32_t>(__hmul2(__hsub2(r0, bias), s));
+    b[1] = bit_cast<uint32_t>(__hmul2(__hsub2(r1, bias), s));
+    b[2] = bit_cast<uint32_t>(__hmul2(__hsub2(r2, bias), s));
+    b[3] = bit_cast<uint32_t>(__hmul2(__hsub2(r3, bias), s));
   }
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
