@@ -204,6 +204,7 @@ class _Loop:
         self.hidden_layers = tuple(proposer.hidden_layers) if proposer is not None else ()
         self.row_index = torch.arange(self.batch, device=self.device)
         self.prompts = prompts
+        self.greedy_host = (params.temperature == 0).tolist()
 
     # -- prefill ----------------------------------------------------------------------------------
 
@@ -248,7 +249,8 @@ class _Loop:
         elif self.policy is None:
             limits = [min(b, self.proposer.max_draft) for b in budget]
         else:
-            limits = self.policy.plan(self.active_host, [min(b, self.proposer.max_draft) for b in budget])
+            limits = self.policy.plan(self.active_host, [min(b, self.proposer.max_draft) for b in budget],
+                                      self.greedy_host)
         max_draft = torch.tensor(limits, dtype=torch.int64, device=self.device)
         return StepState(self.last, self.lengths, active, max_draft, self.params)
 

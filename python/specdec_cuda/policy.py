@@ -23,6 +23,14 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
 
 Nothing here is lossy: a policy only decides how many tokens are drafted, and every draft is
 verified losslessly.
+
+Reproducibility: a greedy row's output does not depend on how many tokens it drafted, but a row
+verified by rejection sampling draws its token at position t from the draft stream when t was
+drafted and from the sampling stream when it was not: the same distribution, a different sample.
+A policy that reads timings and the batch would make such a row's sample depend on its
+neighbours and on the machine's load. So ``CostAwarePolicy`` adapts greedy rows only, and grants
+sampled rows their full limit (their step structure then depends on their own history alone, as
+with adaptive k); ``adapt_sampled=True`` adapts them too, trading that reproducibility for speed.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ from typing import Protocol
 
 
 class SpeculationPolicy(Protocol):
-    def plan(self, active: list[bool], limits: list[int]) -> list[int]:
-        """Per row, the draft tokens granted this step (0 .. ``limits[b]``; 0 for finished rows)."""
+    def plan(self, active: list[bool], limits: list[int], greedy: list[bool]) -> list[int]:
+        """Per row, the draft tokens granted this step (0 .. ``limits[b]``; 0 for finished rows);
+        ``greedy[b]``: row ``b`` decodes at temperature 0."""
 
     def observe(self, active: list[bool], drafted: list[int], accepted: list[int], fed_width: int,
                 seconds: float) -> None:
@@ -44,7 +53,7 @@ class SpeculationPolicy(Protocol):
 class FixedPolicy:
     """Always grant the most the method drafts (within each row's budget)."""
 
-    def plan(self, active: list[bool], limits: list[int]) -> list[int]:
+    def plan(self, active: list[bool], limits: list[int], greedy: list[bool]) -> list[int]:
         return [lim if a else 0 for a, lim in zip(active, limits)]
 
     def observe(self, active, drafted, accepted, fed_width, seconds) -> None:
@@ -61,9 +70,11 @@ class CostAwarePolicy:
     window : recent steps the cost fit uses.
     probe_every : steps between probes of a neighbouring draft length once every length was tried.
     prior : acceptance assumed before a row or the batch has shown any (pooled with weight 2).
+    adapt_sampled : also adapt rows that sample (see the module docstring on reproducibility).
     """
 
-    def __init__(self, decay: float = 0.7, window: int = 64, probe_every: int = 8, prior: float = 0.5) -> None:
+    def __init__(self, decay: float = 0.7, window: int = 64, probe_every: int = 8, prior: float = 0.5,
+                 adapt_sampled: bool = False) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must lie in (0, 1], got {decay}")
         if window < 4 or probe_every < 1:
@@ -71,6 +82,7 @@ class CostAwarePolicy:
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must lie in (0, 1), got {prior}")
         self.decay, self.window, self.probe_every, self.prior = decay, window, probe_every, prior
+        self.adapt_sampled = adapt_sampled
         self.samples: deque[tuple[int, int, float]] = deque(maxlen=window)  # (active rows, K, seconds)
         self.success: list[float] = []
         self.failure: list[float] = []
@@ -112,31 +124,34 @@ class CostAwarePolicy:
 
     # -- the policy ---------------------------------------------------------------------------
 
-    def plan(self, active: list[bool], limits: list[int]) -> list[int]:
+    def plan(self, active: list[bool], limits: list[int], greedy: list[bool]) -> list[int]:
         if len(self.success) != len(active):
             self.success, self.failure = [0.0] * len(active), [0.0] * len(active)
+        adapt = [a and (g or self.adapt_sampled) for a, g in zip(active, greedy)]
         rows = [b for b, a in enumerate(active) if a]
         k_max = max((limits[b] for b in rows), default=0)
-        if k_max == 0:
-            return [0] * len(active)
+        if k_max == 0 or not any(adapt):
+            return [lim if a else 0 for a, lim in zip(active, limits)]
         untried = [k for k in (k_max, 0) if k not in self.tried]
         if untried:
             k = untried[0]
         else:
-            k = self._best(rows, limits, k_max)
+            k = self._best(rows, limits, adapt, k_max)
             if self.steps % self.probe_every == self.probe_every - 1:
                 k = min(k_max, k + 1) if k < k_max else max(0, k - 1)
         self.last_k = k
-        return [min(k, limits[b]) if a else 0 for b, a in enumerate(active)]
+        return [(min(k, lim) if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
 
-    def _best(self, rows: list[int], limits: list[int], k_max: int) -> int:
+    def _best(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int) -> int:
         alphas = [self.alpha(b) for b in rows]
         best_k, best_rate = 0, -1.0
+        fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
         for k in range(k_max + 1):
-            seconds = self.step_seconds(len(rows), k)
+            grant = {b: min(k, limits[b]) if adapt[b] else limits[b] for b in rows}
+            seconds = self.step_seconds(len(rows), max(k, fixed))
             if seconds is None or seconds <= 0:
                 continue
-            tokens = sum((1 - a ** (min(k, limits[b]) + 1)) / (1 - a) for a, b in zip(alphas, rows))
+            tokens = sum((1 - a ** (grant[b] + 1)) / (1 - a) for a, b in zip(alphas, rows))
             rate = tokens / seconds
             if rate > best_rate:
                 best_k, best_rate = k, rate
