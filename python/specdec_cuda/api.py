@@ -82,7 +82,7 @@ class SpeculativeDecoder:
         self.target = as_causal_lm(target)
         policy = options.pop("policy", None)
         built = self.spec.make(self.target, **options)
-        self.proposer = built if self.spec.kind == "speculative" else None
+        self.proposer = built if self.spec.kind == "speculative" else None  # None: autoregressive
         self.generator = built if self.spec.kind == "generation" else None
         self.policy_name = policy if policy is not None else (self.spec.default_policy if self.proposer else None)
 

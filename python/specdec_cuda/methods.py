@@ -5,10 +5,11 @@
 its module; the conformance suite (``tests/test_conformance.py``) runs every registered lossless
 method, so a method that is registered is a method that is tested.
 
-Two kinds:
+Three kinds:
 
+* ``"autoregressive"``: the baseline, the loop without a proposer (``make`` returns None).
 * ``"speculative"``: ``make(target, **options)`` returns a proposer (``proposers.base.Proposer``)
-  that the one loop in ``decoding.py`` runs; ``None`` for plain autoregressive decoding.
+  that the one loop in ``decoding.py`` runs.
 * ``"generation"``: ``make(model, **options)`` returns an object with
   ``generate(prompts, params, max_new_tokens, eos_token_id, stream) -> GenerationResult``, a mode
   of its own (the diffusion LM).
@@ -58,13 +59,14 @@ class MethodSpec:
             raise ValueError(f"method {self.name!r} needs {', '.join(f'{o}=...' for o in missing)}")
 
 
+KINDS = ("autoregressive", "speculative", "generation")
 _REGISTRY: dict[str, MethodSpec] = {}
 
 
 def register(spec: MethodSpec) -> MethodSpec:
     """Add ``spec`` under ``spec.name`` (a second registration of a name is an error)."""
-    if spec.kind not in ("speculative", "generation"):
-        raise ValueError(f"method kind must be 'speculative' or 'generation', got {spec.kind!r}")
+    if spec.kind not in KINDS:
+        raise ValueError(f"method kind must be one of {KINDS}, got {spec.kind!r}")
     if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
         raise ValueError(f"a method named {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec
@@ -103,7 +105,7 @@ def describe() -> str:
         status = "lossless" if spec.lossless else "LOSSY"
         lines.append(f"{spec.name:<16} {status:<9} {spec.summary}")
         options = dict(spec.options)
-        if spec.kind == "speculative" and spec.make is not None:
+        if spec.kind == "speculative":
             options.update(LOOP_OPTIONS)
         for opt, text in options.items():
             need = " (required)" if opt in spec.required else ""
@@ -116,4 +118,5 @@ register(MethodSpec(
     summary="plain decoding: one target forward per token (the baseline every method is held to)",
     lossless=True,
     make=lambda target: None,
+    kind="autoregressive",
 ))
