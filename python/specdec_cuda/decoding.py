@@ -251,6 +251,7 @@ class _Loop:
         else:
             limits = self.policy.plan(self.active_host, [min(b, self.proposer.max_draft) for b in budget],
                                       self.greedy_host)
+        self.limits_host = limits
         max_draft = torch.tensor(limits, dtype=torch.int64, device=self.device)
         return StepState(self.last, self.lengths, active, max_draft, self.params)
 
@@ -276,7 +277,7 @@ class _Loop:
             raise ValueError(f"the proposer returned num_nodes {num_nodes_host} for drafts of width {n}")
         tokens = torch.cat([root, draft.tokens], dim=1)  # [B, 1 + n]
         if draft.is_chain:
-            limits = state.max_draft.tolist()
+            limits = self.limits_host  # host copy of state.max_draft
             over = [b for b, (c, m) in enumerate(zip(num_nodes_host, limits)) if c > m]
             if over:
                 raise ValueError(f"the proposer drafted {num_nodes_host[over[0]]} tokens for row {over[0]}, "
