@@ -1,0 +1,91 @@
+"""The speculation policies on synthetic costs and acceptance: what they grant, and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_cuda.policy import CostAwarePolicy, FixedPolicy, make_policy
+
+
+def _drive(policy, steps, rows, limit, seconds_of, accept_prob_of, greedy=None):
+    """Run ``steps`` plan/observe rounds. ``seconds_of(rows, K)`` is the step's cost; a row
+    drafting d accepts ``floor(d * accept)`` (deterministic). Returns the K granted per step."""
+    greedy = greedy or [True] * rows
+    granted = []
+    for _ in range(steps):
+        active = [True] * rows
+        grant = policy.plan(active, [limit] * rows, greedy)
+        k = max(grant)
+        granted.append(grant)
+        accepted = [int(g * accept_prob_of(b)) for b, g in enumerate(grant)]
+        policy.observe(active, grant, accepted, 1 + k, seconds_of(rows, k))
+    return granted
+
+
+def test_fixed_policy_grants_the_limit_to_active_rows():
+    assert FixedPolicy().plan([True, False, True], [4, 4, 2], [True] * 3) == [4, 0, 2]
+
+
+def test_flat_cost_and_high_acceptance_draft_the_most():
+    # Batch 1 on a CPU: a forward over 1 + K tokens costs about one token's; drafting is cheap.
+    policy = CostAwarePolicy()
+    granted = _drive(policy, 40, 1, 8, lambda b, k: 1.0 + 0.02 * k, lambda b: 0.9)
+    late = [g[0] for g in granted[10:]]
+    assert sum(k >= 7 for k in late) >= 0.8 * len(late)
+
+
+def test_steep_cost_and_low_acceptance_stop_drafting():
+    # A large batch whose forward cost grows with every fed token, and a drafter that is rarely right.
+    policy = CostAwarePolicy()
+    granted = _drive(policy, 40, 16, 8, lambda b, k: 1.0 + 0.5 * k, lambda b: 0.1)
+    late = [g[0] for g in granted[10:]]
+    assert sum(k == 0 for k in late) >= 0.8 * len(late)
+    assert any(k > 0 for k in late)  # it keeps probing a neighbour now and then
+
+
+def test_middle_ground_picks_a_middle_length():
+    policy = CostAwarePolicy(probe_every=1000)
+    granted = _drive(policy, 40, 4, 8, lambda b, k: 1.0 + 0.12 * k, lambda b: 0.7)
+    late = {g[0] for g in granted[10:]}
+    assert late and all(0 < k < 8 for k in late)
+
+
+def test_sampled_rows_keep_their_full_limit():
+    policy = CostAwarePolicy()
+    granted = _drive(policy, 30, 3, 6, lambda b, k: 1.0 + 0.5 * k, lambda b: 0.1,
+                     greedy=[True, False, True])
+    assert all(g[1] == 6 for g in granted)
+    adapting = CostAwarePolicy(adapt_sampled=True)
+    granted = _drive(adapting, 30, 3, 6, lambda b, k: 1.0 + 0.5 * k, lambda b: 0.1,
+                     greedy=[True, False, True])
+    assert any(g[1] < 6 for g in granted)
+
+
+def test_limits_and_finished_rows_are_respected():
+    policy = CostAwarePolicy()
+    for _ in range(5):
+        grant = policy.plan([True, False, True], [3, 8, 1], [True] * 3)
+        assert grant[1] == 0 and grant[0] <= 3 and grant[2] <= 1
+        policy.observe([True, False, True], grant, [0, 0, 0], 1 + max(grant), 1.0)
+
+
+def test_acceptance_estimate_follows_the_row():
+    policy = CostAwarePolicy()
+    policy.plan([True, True], [4, 4], [True, True])
+    for _ in range(10):
+        policy.observe([True, True], [4, 4], [4, 0], 5, 1.0)
+    assert policy.alpha(0) > 0.8 > 0.3 > policy.alpha(1)
+
+
+@pytest.mark.parametrize("bad", [dict(decay=0.0), dict(window=2), dict(prior=1.0), dict(probe_every=0)])
+def test_bad_settings_raise(bad):
+    with pytest.raises(ValueError):
+        CostAwarePolicy(**bad)
+
+
+def test_make_policy():
+    assert isinstance(make_policy("cost"), CostAwarePolicy)
+    assert isinstance(make_policy("fixed"), FixedPolicy)
+    assert make_policy(None) is None
+    with pytest.raises(ValueError, match="policy"):
+        make_policy("fastest")
