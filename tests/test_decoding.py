@@ -82,7 +82,8 @@ def test_autoregressive_matches_transformers_greedy(folders):
 
 def test_draft_equal_to_target_accepts_everything(folders):
     target = load_backend(folders[0], "builtin")
-    out = specdec_cuda.generate(target, PROMPTS[:4], method="draft", draft=target, k=4, max_new_tokens=20)
+    out = specdec_cuda.generate(target, PROMPTS[:4], method="draft", draft=target, k=4, max_new_tokens=20,
+                                policy="fixed")
     assert out.metrics.acceptance == [1.0] * 4
     assert out.tokens == _ar(target, PROMPTS[:4], n=20).tokens
     # 20 tokens: 1 from prefill, then steps of 5 (4 drafts + bonus), the last step cut at the budget.
@@ -97,7 +98,7 @@ def test_eos_inside_an_accepted_run(folders):
     index = next(i for i in range(2, 6) if ar[i] not in ar[:i])
     eos = ar[index]
     out = specdec_cuda.generate(target, PROMPTS[:1], method="draft", draft=target, k=4, max_new_tokens=20,
-                                eos_token_id=eos)
+                                eos_token_id=eos, policy="fixed")
     assert out.tokens[0] == ar[: index + 1]
     assert out.tokens == _ar(target, PROMPTS[:1], n=20, eos_token_id=eos).tokens
 
@@ -106,7 +107,7 @@ def test_eos_inside_an_accepted_run(folders):
 def test_max_new_tokens_reached_mid_run(folders, max_new_tokens):
     target = load_backend(folders[0], "builtin")
     out = specdec_cuda.generate(target, PROMPTS[:3], method="draft", draft=target, k=4,
-                                max_new_tokens=max_new_tokens)
+                                max_new_tokens=max_new_tokens, policy="fixed")
     assert [len(t) for t in out.tokens] == [max_new_tokens] * 3
     assert out.tokens == _ar(target, PROMPTS[:3], n=max_new_tokens).tokens
 
@@ -149,7 +150,7 @@ def test_bad_arguments(folders, tmp_path):
     target = load_backend(folders[0], "builtin")
     with pytest.raises(ValueError, match="method"):
         specdec_cuda.generate(target, PROMPTS[:1], method="medusa")
-    with pytest.raises(ValueError, match="draft model"):
+    with pytest.raises(ValueError, match="needs draft="):
         specdec_cuda.generate(target, PROMPTS[:1], method="draft")
     with pytest.raises(ValueError, match="vocabulary"):
         specdec_cuda.generate(target, [[1, 64]])

@@ -1,10 +1,11 @@
-"""Command line: ``python -m specdec_cuda {demo,bench,zoo}``.
+"""Command line: ``python -m specdec_cuda {demo,bench,zoo,methods}``.
 
 * ``demo``: the zoo pair (trained the first time) or ``--target`` / ``--draft`` HF checkpoint
   folders; a few prompts decoded autoregressively and speculatively, greedy and sampled; the
   text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
 * ``bench``: the end-to-end benchmark (also ``python bench/bench_e2e.py``).
 * ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains.
+* ``methods``: the registered decoding methods, lossless or lossy, with their options.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("--force", action="store_true", help="retrain even if cached")
     zoo.add_argument("--zoo", choices=("default", "small"), default="default")
     zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+    sub.add_parser("methods", help="list the registered decoding methods and their options")
     return parser
 
 
@@ -58,6 +61,11 @@ def main(argv=None) -> int:
     if args.command in ("demo", "bench") and args.draft and not args.target:
         print("error: --draft needs --target", file=sys.stderr)
         return 2
+    if args.command == "methods":
+        from . import methods
+
+        print(methods.describe())
+        return 0
     from . import e2e, zoo
 
     if args.command == "zoo" and args.threads:

@@ -7,9 +7,9 @@ from typing import Sequence
 
 import torch
 
+from . import methods
 from .decoding import GenerationResult, SamplingParams, StreamCallback, decode
-
-METHODS = ("autoregressive", "draft")
+from .policy import make_policy
 
 
 def as_causal_lm(model, dtype: torch.dtype | None = None, device=None):
@@ -33,31 +33,40 @@ def as_causal_lm(model, dtype: torch.dtype | None = None, device=None):
 
 
 def _as_prompts(prompts) -> list[list[int]]:
+    """Token id lists from a [B, P] / [P] tensor, a list of id lists, or one id list."""
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None]
         if prompts.dim() != 2:
             raise ValueError(f"prompts tensor must be [B, P] or [P], got shape {tuple(prompts.shape)}")
+        if prompts.dtype.is_floating_point or prompts.dtype.is_complex or prompts.dtype == torch.bool:
+            raise TypeError(f"prompts must hold integer token ids, got a {prompts.dtype} tensor")
         return prompts.tolist()
     prompts = list(prompts)
-    if prompts and isinstance(prompts[0], int):
+    if prompts and not isinstance(prompts[0], (list, tuple, torch.Tensor)) and hasattr(prompts[0], "__index__"):
         prompts = [prompts]
-    return [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompts]
+    out = []
+    for b, p in enumerate(prompts):
+        ids = p.tolist() if isinstance(p, torch.Tensor) else list(p)
+        bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__")]
+        if bad:
+            raise TypeError(f"prompt {b} must hold integer token ids, got {type(bad[0]).__name__} {bad[0]!r}")
+        out.append([int(t) for t in ids])
+    return out
 
 
 class SpeculativeDecoder:
-    """A target (and drafter) set up once, for repeated ``generate`` calls.
+    """A target and a decoding method set up once, for repeated ``generate`` calls.
 
     Parameters
     ----------
     target : built-in model, ``transformers`` causal LM, or checkpoint folder
-    method : ``"autoregressive"`` or ``"draft"`` (draft-model speculative decoding)
-    draft : the drafter for ``method="draft"`` (same tokenizer as the target)
-    k : draft tokens per step (the starting k when ``adaptive_k``)
-    adaptive_k : +2 after a fully accepted step, -1 otherwise, within ``[k_min, k_max]``
-    confidence_threshold : stop a row's draft where the drafter's max probability drops below it
-    verification : ``"rejection"`` (lossless, uses draft logits), ``"match"`` (lossless
-        sample-and-match with greedy drafts), ``"typical"`` (lossy typical acceptance)
+    method : a registered method (``specdec_cuda.methods.describe()`` or ``python -m specdec_cuda
+        methods`` lists them with their options), e.g. ``"autoregressive"`` or ``"draft"``
+    **options : the method's options, e.g. for ``"draft"``: ``draft`` (the drafter, same
+        tokenizer), ``k``, ``adaptive_k``, ``verification``; for every speculative method
+        ``policy`` (``"cost"``: measured costs and acceptance choose each row's draft length per
+        step, 0 included; ``"fixed"``: always the method's most). Unknown options raise TypeError.
 
     Example
     -------
@@ -66,26 +75,16 @@ class SpeculativeDecoder:
     >>> out.tokens[0], out.metrics.tau                                          # doctest: +SKIP
     """
 
-    def __init__(self, target, method: str = "autoregressive", draft=None, k: int = 4, adaptive_k: bool = False,
-                 k_min: int = 1, k_max: int | None = None, confidence_threshold: float | None = None,
-                 verification: str = "rejection") -> None:
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        self.target = as_causal_lm(target)
+    def __init__(self, target, method: str = "autoregressive", **options) -> None:
+        self.spec = methods.get(method)
+        self.spec.check_options(options)
         self.method = method
-        self.proposer = None
-        if method == "draft":
-            if draft is None:
-                raise ValueError('method="draft" needs a draft model (draft=...)')
-            from .proposers.draft_model import DraftModelProposer
-
-            drafter = as_causal_lm(draft, dtype=self.target.dtype, device=self.target.device)
-            if drafter.vocab_size != self.target.vocab_size:
-                raise ValueError(f"the draft's vocabulary ({drafter.vocab_size}) differs from the target's "
-                                 f"({self.target.vocab_size}); they must share a tokenizer")
-            self.proposer = DraftModelProposer(drafter, k=k, adaptive=adaptive_k, k_min=k_min, k_max=k_max,
-                                               confidence_threshold=confidence_threshold,
-                                               verification=verification)
+        self.target = as_causal_lm(target)
+        policy = options.pop("policy", None)
+        built = self.spec.make(self.target, **options)
+        self.proposer = built if self.spec.kind == "speculative" else None  # None: autoregressive
+        self.generator = built if self.spec.kind == "generation" else None
+        self.policy_name = policy if policy is not None else (self.spec.default_policy if self.proposer else None)
 
     def generate(self, prompts, max_new_tokens: int = 64, temperature=0.0, top_k=0, top_p=1.0, seed=0,
                  eos_token_id: int | Sequence[int] | None = None,
@@ -96,23 +95,27 @@ class SpeculativeDecoder:
         token_ids)`` is called with each row's new tokens after every step. Returns the generated
         ids per prompt (EOS included when hit) and the run's ``Metrics``.
         """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
         prompts = _as_prompts(prompts)
         params = SamplingParams.make(len(prompts), temperature, top_k, top_p, seed, self.target.device)
         eos = () if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        if self.generator is not None:
+            return self.generator.generate(prompts, params, max_new_tokens, list(eos), stream)
+        # A fresh policy per call: costs and acceptance are measured on this batch.
+        policy = make_policy(self.policy_name) if self.proposer is not None else None
         return decode(self.target, prompts, params, max_new_tokens, proposer=self.proposer,
-                      max_draft=0 if self.proposer is None else self.proposer.max_draft,
-                      eos_token_id=list(eos), stream=stream,
-                      typical=self.proposer is not None and self.proposer.typical)
+                      eos_token_id=list(eos), stream=stream, policy=policy)
 
 
-def generate(target, prompts, method: str = "autoregressive", draft=None, max_new_tokens: int = 64,
-             temperature=0.0, top_k=0, top_p=1.0, seed=0, k: int = 4, adaptive_k: bool = False,
-             eos_token_id=None, stream: StreamCallback | None = None, **options) -> GenerationResult:
-    """Generate with ``method`` (see ``SpeculativeDecoder`` for the options); one-shot form.
+def generate(target, prompts, method: str = "autoregressive", max_new_tokens: int = 64, temperature=0.0,
+             top_k=0, top_p=1.0, seed=0, eos_token_id=None, stream: StreamCallback | None = None,
+             **options) -> GenerationResult:
+    """Generate with ``method`` and its ``options`` (see ``SpeculativeDecoder``); one-shot form.
 
     Greedy (``temperature=0``) output is token for token the target's greedy output, and sampled
     output has the target's distribution, whichever lossless method is used.
     """
-    decoder = SpeculativeDecoder(target, method=method, draft=draft, k=k, adaptive_k=adaptive_k, **options)
+    decoder = SpeculativeDecoder(target, method=method, **options)
     return decoder.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, eos_token_id=eos_token_id, stream=stream)

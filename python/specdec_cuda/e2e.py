@@ -24,6 +24,22 @@ PROMPTS = [
 ]
 
 
+def held_out_prompts(count: int, tail_chars: int = 60000) -> list[str]:
+    """``count`` function / method openings from the end of the standard library corpus, the text
+    the zoo pair holds out of training (its last ``eval_tokens``, about the last 50k characters):
+    prompts no method was tuned on. Each is a ``def`` line and the line after it."""
+    from . import zoo
+
+    tail = "".join(zoo.stdlib_corpus())[-tail_chars:]
+    lines = tail.splitlines(keepends=True)
+    prompts = [lines[i] + lines[i + 1] for i in range(len(lines) - 1)
+               if lines[i].lstrip().startswith("def ") and lines[i].rstrip().endswith(":")]
+    if len(prompts) < count:
+        raise ValueError(f"the held-out text has {len(prompts)} function openings, {count} were asked for")
+    step = len(prompts) / count  # spread over the held-out text
+    return [prompts[int(i * step)] for i in range(count)]
+
+
 @dataclass
 class Pair:
     target_dir: Path
@@ -122,10 +138,13 @@ def demo(args) -> int:
     ar = SpeculativeDecoder(pair.target)
     methods = {
         "autoregressive": ar,
-        f"draft model, k={args.k}": SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k),
+        f"draft model, k={args.k}": SpeculativeDecoder(pair.target, "draft", draft=pair.draft, k=args.k,
+                                                         policy="fixed"),
         f"draft model, adaptive k from {args.k}": SpeculativeDecoder(
-            pair.target, "draft", pair.draft, k=args.k, adaptive_k=True,
-            confidence_threshold=args.confidence_threshold or None),
+            pair.target, "draft", draft=pair.draft, k=args.k, adaptive_k=True,
+            confidence_threshold=args.confidence_threshold or None, policy="fixed"),
+        f"draft model, cost-aware policy, k<={2 * args.k}": SpeculativeDecoder(
+            pair.target, "draft", draft=pair.draft, k=args.k, adaptive_k=True),
     }
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
     for decoder in methods.values():  # warm-up: allocator, first-call overheads, caches
@@ -168,9 +187,9 @@ def bench(args) -> int:
     hf_target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).to(args.device).eval()
     hf_draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).to(args.device).eval()
     ar = SpeculativeDecoder(pair.target)
-    spec = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k)
-    adaptive = SpeculativeDecoder(pair.target, "draft", pair.draft, k=args.k, adaptive_k=True,
-                                  confidence_threshold=args.confidence_threshold or None)
+    spec = SpeculativeDecoder(pair.target, "draft", draft=pair.draft, k=args.k, policy="fixed")
+    adaptive = SpeculativeDecoder(pair.target, "draft", draft=pair.draft, k=args.k, adaptive_k=True,
+                                  confidence_threshold=args.confidence_threshold or None, policy="fixed")
     common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=0.0)
     sampled = dict(common, temperature=0.8, seed=0)  # acceptance below 100% even on repetitive text
     for decoder in (ar, spec, adaptive):  # warm-up: allocator, first-call overheads, caches

@@ -1,45 +1,190 @@
-"""What the speculative loop asks of a proposer (the one place methods differ)."""
+"""What the speculative loop asks of a proposer (the one place methods differ), and what it gives.
+
+A step, per row ``b``: the *root* is the newest committed token ``last[b]`` at absolute position
+``lengths[b]`` (not in the target cache yet). A proposer drafts a tree of tokens hanging off the
+root; a chain is the tree whose node ``j`` hangs off node ``j - 1``. The loop feeds
+``[root, draft nodes..., extra rows...]`` to the target in one forward, verifies the draft with
+the rule its ``kind`` calls for, commits the accepted path and hands the proposer its own draft
+back with the outcome.
+
+Node numbering: node 0 is the root, node ``j + 1`` is draft node ``j`` (``Draft.tokens[:, j]``).
+Trees are in BFS order (a parent comes before its children), as the tree kernels require.
+
+A proposer keeps per-request state made in ``prefill`` (a drafter's KV cache, an n-gram index)
+but no per-step state between ``propose`` and ``accept``: what ``accept`` needs of its proposal
+travels in ``Draft.context``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..decoding import SamplingParams
+if TYPE_CHECKING:
+    from ..decoding import SamplingParams
+    from ..models.protocol import CausalLM, KVCache
+
+
+class DraftKind(str, enum.Enum):
+    """How the draft tokens were drawn; it decides the (only) verification that is lossless for them.
+
+    * ``SAMPLED``: each token drawn from the drafter's q, whose logits come with the draft:
+      rejection sampling for chains, SpecInfer multi-step speculative sampling for trees (siblings
+      drawn independently from their parent's q).
+    * ``GUESS``: deterministic guesses (top-k candidates, n-grams, argmax drafts): greedy
+      verification at T = 0, sample-and-match at T > 0.
+    * ``TYPICAL``: Medusa's typical acceptance; LOSSY, opt-in, chains only.
+    """
+
+    SAMPLED = "sampled"
+    GUESS = "guess"
+    TYPICAL = "typical"
 
 
 @dataclass
-class ChainDraft:
-    """A chain of draft tokens per row, ragged.
+class Draft:
+    """One step's proposal for every row, ragged.
 
-    Shape: tokens [B, k_max] int64 (row b's drafts in ``tokens[b, :num_draft[b]]``, tail padded
-    with any valid id); num_draft [B] int64; logits [B, k_max, V] (the logits each draft token was
-    sampled from, so rejection sampling sees exactly q) or None (sample-and-match / greedy).
+    Shape:
+        tokens: [B, n] int64, draft node ``j`` of row ``b`` (the root not included); row ``b``'s
+            nodes are ``tokens[b, :num_nodes[b]]``, the tail padded with any valid id.
+        num_nodes: [B] int64, draft nodes per row (0: the row decodes one token this step).
+        parents: [B, n] int64 or None. ``parents[b, j]`` is the node index of draft node ``j``'s
+            parent (0 = the root, ``i + 1`` = draft node ``i``), ``parents[b, j] <= j``; None means
+            a chain. Padding entries are not read.
+        logits: [B, n, V] or None. For ``SAMPLED`` drafts: ``logits[b, j]`` are the drafter
+            logits node ``j`` was drawn from (siblings share them); temperature / top-k / top-p
+            are applied by the verifier exactly as for the target. ``TYPICAL`` drafts may leave it
+            None; ``GUESS`` drafts must.
     """
 
     tokens: torch.Tensor
-    num_draft: torch.Tensor
-    logits: torch.Tensor | None
+    num_nodes: torch.Tensor
+    kind: DraftKind
+    parents: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    context: Any = None  # the proposer's own bookkeeping, handed back to its accept()
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
 
 
-class ChainProposer(Protocol):
-    """Proposes a chain per row on top of the committed sequence; told what was accepted."""
+@dataclass
+class ExtraRows:
+    """Tokens that ride in the verification forward and are never committed (a Jacobi window).
 
-    uses_draft_logits: bool
+    Shape: tokens [B, e] int64; positions [B, e] int64 (absolute, for RoPE); mask [B, e, e] bool,
+    ``mask[b, i, j]``: extra row ``i`` sees extra row ``j``. Every extra row also sees the
+    committed prefix and the root, and no draft node; no draft node sees an extra row.
+    """
 
-    def prefill(self, prompts: torch.Tensor, prompt_lens: torch.Tensor, first_tokens: torch.Tensor,
-                params: SamplingParams, max_length: int) -> None:
-        """Start on padded ``prompts`` [B, P] (``prompt_lens`` [B]) followed by ``first_tokens`` [B]."""
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
 
-    def propose(self, last_tokens: torch.Tensor, lengths: torch.Tensor, active: torch.Tensor,
-                budget: torch.Tensor) -> ChainDraft:
-        """Drafts following ``last_tokens`` [B], which sit at absolute positions ``lengths`` [B].
 
-        Rows with ``active[b]`` False are finished: they may get any draft of length 0. Row ``b``
-        needs at most ``budget[b]`` drafts (its remaining token budget less the bonus token).
-        """
+@dataclass
+class StepState:
+    """What ``propose`` sees. Shape: every tensor [B].
 
-    def accept(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor, active: torch.Tensor) -> None:
-        """``num_accepted`` [B] drafts of the last proposal were kept, then ``next_tokens`` [B]."""
+    ``max_draft[b]``: the most draft tokens row ``b`` can use this step: its remaining token
+    budget less the bonus token, capped by the speculation policy; 0 for finished rows and rows
+    the policy decodes plainly. A chain holds at most that many nodes; a tree is at most that deep.
+    """
+
+    last_tokens: torch.Tensor
+    lengths: torch.Tensor
+    active: torch.Tensor
+    max_draft: torch.Tensor
+    params: "SamplingParams"
+
+
+@dataclass
+class Outcome:
+    """What one step decided, handed to ``accept`` with the proposer's own draft.
+
+    Shape:
+        num_accepted: [B] int64, accepted draft nodes (0 on rows that took no part).
+        accepted_nodes: [B, m] int64, node indices of the accepted path, root (0) first,
+            ``num_accepted + 1`` entries, -1 padded.
+        tokens: [B, m] int64, the tokens committed after the root: the accepted drafts, then the
+            correction / bonus token; ``num_accepted + 1`` entries, -1 padded.
+        next_tokens: [B] int64, the next root (the last of ``tokens``; the old root on rows that
+            took no part).
+        active: [B] bool, rows that took part in the step.
+        lengths: [B] int64, committed length before the step (the root's position).
+        hidden_states: layer -> [B, m, H], the target's hidden states along the accepted path
+            (entry 0 = the root), for the layers the proposer declared.
+        extra_logits: [B, e, V] or None, the target's logits at the extra rows.
+        extra_hidden_states: layer -> [B, e, H] at the extra rows.
+    """
+
+    num_accepted: torch.Tensor
+    accepted_nodes: torch.Tensor
+    tokens: torch.Tensor
+    next_tokens: torch.Tensor
+    active: torch.Tensor
+    lengths: torch.Tensor
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+    extra_logits: torch.Tensor | None = None
+    extra_hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class PrefillContext:
+    """What ``prefill`` receives once per request batch.
+
+    Shape: prompts [B, P] int64 (right-padded with valid ids); prompt_lens [B]; first_tokens [B]
+    (sampled from the prefill, at positions ``prompt_lens``); hidden_states layer -> [B, P, H]
+    over the prompt, for the declared layers. ``target`` and ``cache`` are the target model and
+    its KV cache (for proposers that draft with the target's own weights); ``max_length`` is the
+    cache capacity per row.
+    """
+
+    target: "CausalLM"
+    cache: "KVCache"
+    prompts: torch.Tensor
+    prompt_lens: torch.Tensor
+    first_tokens: torch.Tensor
+    params: "SamplingParams"
+    max_length: int
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class Proposer:
+    """Base class of the methods' proposers; subclasses override what they use.
+
+    ``hidden_layers``: target layers whose hidden states the proposer reads (``-1`` = the final
+    normed hidden state); the loop asks for them in prefill and in every verification forward.
+    ``max_draft``: the most draft tokens per step (a chain's length or a tree's depth), the upper
+    end of what the policy may grant.
+    """
+
+    hidden_layers: tuple[int, ...] = ()
+    max_draft: int = 0
+
+    def max_pending_tokens(self) -> int:
+        """The most draft nodes plus extra rows sent in one step (sizes the target cache)."""
+        return self.max_draft
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        """Start on a new batch of requests."""
+
+    def propose(self, state: StepState) -> Draft | None:
+        """A draft following each row's root; None (or no nodes) decodes one token per row."""
+        raise NotImplementedError
+
+    def extra_rows(self, state: StepState, draft: Draft | None) -> ExtraRows | None:
+        """Rows to append to this step's verification forward (default: none)."""
+        return None
+
+    def accept(self, draft: Draft | None, outcome: Outcome) -> None:
+        """Learn the step's outcome (``draft`` is what ``propose`` returned)."""

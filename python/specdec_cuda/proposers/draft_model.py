@@ -26,14 +26,17 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..methods import MethodSpec, register
 from ..decoding import SamplingParams
 from ..reference.philox import Purpose
-from .base import ChainDraft
+from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 
 VERIFICATION_MODES = ("rejection", "match", "typical")
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
+    """Chains of up to ``k_max`` tokens from a drafter LM (see the module docstring)."""
+
     def __init__(self, draft, k: int = 4, adaptive: bool = False, k_min: int = 1, k_max: int | None = None,
                  confidence_threshold: float | None = None, verification: str = "rejection") -> None:
         if verification not in VERIFICATION_MODES:
@@ -46,15 +49,11 @@ class DraftModelProposer:
         self.draft, self.k, self.adaptive = draft, k, adaptive
         self.k_min, self.k_max, self.confidence_threshold = k_min, k_max, confidence_threshold
         self.verification = verification
-        self.uses_draft_logits = verification != "match"
-        self.typical = verification == "typical"
+        self.max_draft = k_max
 
-    @property
-    def max_draft(self) -> int:
-        return self.k_max
-
-    def prefill(self, prompts: torch.Tensor, prompt_lens: torch.Tensor, first_tokens: torch.Tensor,
-                params: SamplingParams, max_length: int) -> None:
+    def prefill(self, ctx: PrefillContext) -> None:
+        prompts, prompt_lens, first_tokens, params = ctx.prompts, ctx.prompt_lens, ctx.first_tokens, ctx.params
+        max_length = ctx.max_length
         batch, width = prompts.shape
         device = self.draft.device
         # Sample-and-match drafts the drafter's argmax: one-hot proposals match most often.
@@ -70,17 +69,19 @@ class DraftModelProposer:
         self.seq[torch.arange(batch, device=device), prompt_lens] = first_tokens
         self.k_row = torch.full((batch,), self.k, dtype=torch.int64, device=device)
         self.all_greedy = bool((params.temperature == 0).all())
+        # q is only needed by rejection sampling: not in match mode, not when every row is greedy.
+        self.keep_logits = verification_needs_q = self.verification != "match" and not self.all_greedy
+        self.kind = (DraftKind.TYPICAL if self.verification == "typical" else
+                     DraftKind.SAMPLED if verification_needs_q else DraftKind.GUESS)
 
-    def propose(self, last_tokens: torch.Tensor, lengths: torch.Tensor, active: torch.Tensor,
-                budget: torch.Tensor) -> ChainDraft:
-        batch, device = last_tokens.shape[0], last_tokens.device
+    def propose(self, state: StepState) -> Draft | None:
+        lengths, active = state.lengths, state.active
+        batch, device = lengths.shape[0], lengths.device
         rows = torch.arange(batch, device=device)
-        limit = torch.where(active, torch.minimum(self.k_row, budget.clamp(min=0)), 0)  # [B]
+        limit = torch.where(active, torch.minimum(self.k_row, state.max_draft), 0)  # [B]
         k_step = int(limit.max())
-        self._lengths, self._k_step = lengths, k_step
         if k_step == 0:
-            self._num_draft = torch.zeros(batch, dtype=torch.int64, device=device)
-            return ChainDraft(torch.zeros(batch, 0, dtype=torch.int64, device=device), self._num_draft, None)
+            return None
 
         # Catch up: feed committed tokens the drafter has not seen, through `last` at lengths[b].
         behind = torch.where(active, lengths + 1 - self.cache.lengths, 0)  # [B], >= 1 on active rows
@@ -92,8 +93,7 @@ class DraftModelProposer:
         cur = logits[rows, (behind - 1).clamp(min=0)]  # [B, V]: the drafter's view of position lengths+1
 
         tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
-        # q is only needed by rejection sampling: not in match mode, not when every row is greedy.
-        keep_logits = self.uses_draft_logits and not self.all_greedy
+        keep_logits = self.keep_logits
         draft_logits = torch.empty(batch, k_step, cur.shape[-1], dtype=cur.dtype, device=device) if keep_logits else None
         positions = lengths[:, None] + 1 + torch.arange(k_step, device=device)  # [B, k_step]
         # Uniform steps (every row drafts k_step, no confidence stop) skip the per-row masks.
@@ -119,25 +119,62 @@ class DraftModelProposer:
             if j + 1 < k_step:
                 cur = self.draft.forward(tokens[:, j : j + 1], positions[:, j : j + 1], self.cache).logits[:, 0]
                 self.cache.commit(ones if uniform else drafting.to(torch.int64))
-        self._tokens, self._num_draft = tokens, num_draft
-        return ChainDraft(tokens, num_draft, draft_logits)
+        return Draft(tokens, num_draft, self.kind, logits=draft_logits, context=num_draft)
 
-    def accept(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor, active: torch.Tensor) -> None:
+    def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Extend ``seq`` with the accepted drafts and the next token; roll the drafter back."""
-        lengths, k_step = self._lengths, self._k_step
+        lengths, num_accepted, next_tokens = outcome.lengths, outcome.num_accepted, outcome.next_tokens
+        active = outcome.active
+        k_step = 0 if draft is None else draft.width
         last_col = self.seq.shape[1] - 1
         # Positions past a row's committed length are scratch (nothing reads them before they are
         # rewritten), so all drafts go in and the next token then overwrites the first rejected
         # one; finished rows only get scratch writes.
         if k_step:
             cols = (lengths[:, None] + 1 + torch.arange(k_step, device=lengths.device)).clamp(max=last_col)
-            self.seq.scatter_(1, cols, self._tokens)
+            self.seq.scatter_(1, cols, draft.tokens)
         pos = (lengths + 1 + num_accepted).clamp(max=last_col)
         self.seq.scatter_(1, pos[:, None], next_tokens[:, None])
         # The drafter's cache is valid through the last accepted draft (index lengths + num_accepted);
         # it never runs ahead of a finished row (num_accepted 0 there).
         self.cache.truncate(torch.minimum(self.cache.lengths, lengths + 1 + num_accepted))
-        if self.adaptive:
-            full = (num_accepted == self._num_draft) & (self._num_draft > 0)
+        if self.adaptive and draft is not None:
+            num_draft = draft.context  # [B] drafts per row of this proposal
+            full = (num_accepted == num_draft) & (num_draft > 0)
             grown = torch.where(full, self.k_row + 2, self.k_row - 1).clamp(self.k_min, self.k_max)
             self.k_row = torch.where(active, grown, self.k_row)
+
+
+def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool = False, k_min: int = 1,
+                              k_max: int | None = None, confidence_threshold: float | None = None,
+                              verification: str = "rejection") -> DraftModelProposer:
+    """The ``method="draft"`` proposer for ``target``; ``draft`` is a model, a transformers model or a
+    checkpoint folder of the same tokenizer (loaded in the target's dtype, on its device)."""
+    from ..api import as_causal_lm
+
+    drafter = as_causal_lm(draft, dtype=target.dtype, device=target.device)
+    if drafter.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft's vocabulary ({drafter.vocab_size}) differs from the target's "
+                         f"({target.vocab_size}); they must share a tokenizer")
+    return DraftModelProposer(drafter, k=k, adaptive=adaptive_k, k_min=k_min, k_max=k_max,
+                              confidence_threshold=confidence_threshold, verification=verification)
+
+
+register(MethodSpec(
+    name="draft",
+    summary="draft-model speculative decoding (Leviathan et al. / Chen et al.): a small LM drafts a chain",
+    lossless=True,
+    make=make_draft_model_proposer,
+    required=("draft",),
+    default_policy="cost",
+    options={
+        "draft": "the drafter: a model, transformers model or checkpoint folder (same tokenizer)",
+        "k": "draft tokens per step (the starting k with adaptive_k; default 4)",
+        "adaptive_k": "per row, +2 after a fully accepted step, -1 otherwise, in [k_min, k_max] (default False)",
+        "k_min": "adaptive k's lower end (default 1)",
+        "k_max": "adaptive k's upper end (default 2k with adaptive_k, else k)",
+        "confidence_threshold": "stop a row's draft where the drafter's max probability drops below it",
+        "verification": '"rejection" (default, lossless), "match" (greedy drafts, sample-and-match, '
+                        'lossless) or "typical" (LOSSY typical acceptance)',
+    },
+))

@@ -1,0 +1,154 @@
+"""Proposers that exist only to drive the loop's tree path through the conformance suite.
+
+* ``ChainAsTree``: any chain proposer's drafts sent as explicit trees (parent of node j = node j-1),
+  so the tree path (build_tree, tree-masked forward, verify_tree, compacting commit) must give
+  exactly the chain path's tokens.
+* ``GuessTree``: deterministic guesses as a real tree: a model's greedy chain, with a random sibling
+  beside every chain node (put first at random, so the verifier must try the second child).
+* ``SampledTree``: SpecInfer-style trees of fixed branching whose children are drawn i.i.d. from
+  a q that the proposer states (a fixed distribution per depth): lossless whatever q is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_cuda import ops
+from specdec_cuda.proposers.base import Draft, DraftKind, Proposer
+from specdec_cuda.reference.philox import Purpose
+
+
+class ChainAsTree(Proposer):
+    def __init__(self, inner: Proposer) -> None:
+        self.inner = inner
+        self.max_draft = inner.max_draft
+        self.hidden_layers = inner.hidden_layers
+
+    def max_pending_tokens(self) -> int:
+        return self.inner.max_pending_tokens()
+
+    def prefill(self, ctx) -> None:
+        self.inner.prefill(ctx)
+
+    def propose(self, state):
+        draft = self.inner.propose(state)
+        if draft is None:
+            return None
+        B, n = draft.tokens.shape
+        parents = torch.arange(n, device=draft.tokens.device).expand(B, n).contiguous()
+        return Draft(draft.tokens, draft.num_nodes, draft.kind, parents=parents, logits=draft.logits,
+                     context=draft)
+
+    def accept(self, draft, outcome) -> None:
+        self.inner.accept(None if draft is None else draft.context, outcome)
+
+
+class GuessTree(Proposer):
+    """Deterministic guesses as a real tree: ``model``'s greedy chain of ``depth`` tokens (recomputed
+    from the committed text each step, without a cache: tiny test models only), with a random
+    sibling beside every chain node, put first at random so the verifier must try the second child.
+    """
+
+    def __init__(self, model, depth: int, seed: int = 0) -> None:
+        self.model, self.max_draft = model, depth
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def max_pending_tokens(self) -> int:
+        return 2 * self.max_draft
+
+    def prefill(self, ctx) -> None:
+        self.seq = [ctx.prompts[b, : int(n)].tolist() + [int(t)]
+                    for b, (n, t) in enumerate(zip(ctx.prompt_lens.tolist(), ctx.first_tokens.tolist()))]
+
+    def _greedy_chain(self, seq: list[int], k: int) -> list[int]:
+        cache = self.model.new_cache(1, len(seq) + k + 1)
+        tokens, out = list(seq), []
+        logits = self.model.forward(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache).logits
+        cache.commit(torch.tensor([len(tokens)]))
+        for _ in range(k):
+            out.append(int(logits[0, -1].argmax()))
+            logits = self.model.forward(torch.tensor([[out[-1]]]), torch.tensor([[len(tokens) + len(out) - 1]]),
+                                        cache).logits
+            cache.commit(torch.tensor([1]))
+        return out
+
+    def propose(self, state):
+        limits = torch.where(state.active, state.max_draft, 0).tolist()
+        k = max(limits)
+        if k == 0:
+            return None
+        B = len(limits)
+        tokens = torch.zeros(B, 2 * k, dtype=torch.int64)
+        parents = torch.zeros(B, 2 * k, dtype=torch.int64)
+        vocab = self.model.vocab_size
+        for b, depth in enumerate(limits):
+            chain = self._greedy_chain(self.seq[b], depth) if depth else []
+            parent = 0
+            for j, token in enumerate(chain):
+                # Depth j + 1 holds two nodes (slots 2j, 2j + 1): the chain token and a guess.
+                first = bool(torch.rand((), generator=self.generator) < 0.5)
+                c, s = (2 * j + 1, 2 * j) if first else (2 * j, 2 * j + 1)
+                tokens[b, c], tokens[b, s] = token, int(torch.randint(vocab, (), generator=self.generator))
+                parents[b, c] = parents[b, s] = parent
+                parent = c + 1
+        num_nodes = torch.tensor([2 * d for d in limits])
+        device = state.lengths.device
+        return Draft(tokens.to(device), num_nodes.to(device), DraftKind.GUESS, parents=parents.to(device))
+
+    def accept(self, draft, outcome) -> None:
+        counts, tokens = outcome.num_accepted.tolist(), outcome.tokens.tolist()
+        for b, active in enumerate(outcome.active.tolist()):
+            if active:
+                self.seq[b].extend(tokens[b][: counts[b] + 1])
+
+
+class SampledTree(Proposer):
+    """Trees of ``branching[d]`` children per node at depth ``d``, drawn i.i.d. from q_d.
+
+    q_d is a fixed random distribution per depth (the verifier is told it), so the draft is a true
+    SpecInfer draft; acceptance is low but not zero on a small vocabulary.
+    """
+
+    def __init__(self, vocab: int, branching=(2, 2), seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.q_logits = [2 * torch.randn(vocab, generator=g, dtype=torch.float64) for _ in branching]
+        self.branching = branching
+        self.max_draft = len(branching)
+        # BFS layout of the full tree: node index (1-based, root 0) of every draft node's parent.
+        parents, level = [], [0]
+        for width in branching:
+            nxt = []
+            for p in level:
+                for _ in range(width):
+                    parents.append(p)
+                    nxt.append(len(parents))
+            level = nxt
+        self.parents = torch.tensor(parents, dtype=torch.int64)
+        depth = []
+        for p in parents:
+            depth.append(0 if p == 0 else depth[p - 1] + 1)
+        self.depth = torch.tensor(depth)
+
+    def max_pending_tokens(self) -> int:
+        return len(self.parents)
+
+    def propose(self, state):
+        B, n, device = state.lengths.shape[0], len(self.parents), state.lengths.device
+        V = self.q_logits[0].shape[0]
+        logits = torch.stack([self.q_logits[d] for d in self.depth.tolist()])  # [n, V]
+        logits = logits.to(device)[None].expand(B, n, V).contiguous()
+        p = state.params
+        tokens = torch.empty(B, n, dtype=torch.int64, device=device)
+        for j in range(n):
+            # Each child an independent draw: keyed by its depth's position and its sibling index.
+            draw = ops.sample(logits[:, j], temperature=p.temperature.clamp(min=1e-3), top_k=p.top_k,
+                              top_p=p.top_p, seed=p.seed, position=state.lengths + 1 + int(self.depth[j]),
+                              purpose=Purpose.DRAFT, substream=j)
+            tokens[:, j] = draw.tokens.clamp(min=0)
+        # Rows whose tree would be deeper than granted send nothing this step.
+        num_nodes = torch.where(state.max_draft >= self.max_draft, n, 0)
+        parents = self.parents.to(device)[None].expand(B, n).contiguous()
+        return Draft(tokens, num_nodes, DraftKind.SAMPLED, parents=parents, logits=logits)
+
+    def accept(self, draft, outcome) -> None:
+        pass
