@@ -78,8 +78,12 @@ def test_incremental_lookup_matches_reference(kind, n_min, n_max, k, num_candida
             done[b] += len(new)
         extend_rows(idx, chunk, counts)
         max_nodes = torch.tensor([rng.randrange(-1, k * num_candidates + 3) for _ in range(batch)])
-        got = lookup(idx, k, num_candidates, max_nodes=max_nodes, max_occurrences=max_occurrences)
-        want = lookup_ref(ref, k, num_candidates, max_nodes=max_nodes,
+        # a depth cap per row on every other step (what StepState.max_draft asks of a tree)
+        max_depth = (torch.tensor([rng.randrange(-1, k + 2) for _ in range(batch)])
+                     if steps % 2 else None)
+        got = lookup(idx, k, num_candidates, max_nodes=max_nodes, max_depth=max_depth,
+                     max_occurrences=max_occurrences)
+        want = lookup_ref(ref, k, num_candidates, max_nodes=max_nodes, max_depth=max_depth,
                           max_occurrences=max_occurrences)
         assert_same(got, want, f"step {steps}")
         drafted += int(got.num_nodes.sum())
@@ -135,6 +139,10 @@ def test_tree_merges_shared_prefixes_in_bfs_order():
     d = lookup([ix], k=3, num_candidates=3, max_nodes=4)
     assert d.tokens[0, :4].tolist() == [1, 2, 5, 3] and d.parents[0, :4].tolist() == [0, 1, 1, 2]
     assert d.tokens[0, 4:].eq(0).all() and d.parents[0, 4:].eq(0).all()  # padding
+    # a depth cap cuts every candidate; shared prefixes still merge
+    d = lookup([ix], k=3, num_candidates=3, max_depth=2)
+    n = int(d.num_nodes[0])
+    assert d.tokens[0, :n].tolist() == [1, 8, 2, 5, 9] and d.parents[0, :n].tolist() == [0, 0, 1, 1, 2]
 
 
 def test_documents_do_not_leak():
@@ -307,6 +315,8 @@ def test_bad_lookup_arguments():
         lookup([ix], k=2, max_occurrences=0)
     with pytest.raises(ValueError, match=r"max_nodes: expected shape \(2,\)"):
         lookup([ix, ix], k=2, max_nodes=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"max_depth: expected shape \(2,\)"):
+        lookup([ix, ix], k=2, max_depth=[1])
     with pytest.raises(TypeError, match="max_nodes"):
         lookup([ix], k=2, max_nodes=torch.tensor([1.5]))
     with pytest.raises(TypeError, match=r"indexes\[1\]"):
@@ -329,3 +339,85 @@ def test_bad_extend_rows_arguments():
         extend_rows([idx[0], None], tok, torch.tensor([1, 1]))
     # every error above left both indexes as they were
     assert idx[0].tokens().tolist() == [1] and len(idx[1]) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# method="prompt_lookup" (proposers/ngram.py)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from decoding_models import load_backend, make_checkpoint
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("ngram") / "target", seed=0)
+    return load_backend(folder, "builtin")
+
+
+# Prompts that repeat themselves, as in code editing, and a ragged batch of short ones.
+LOOKUP_PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [1, 2, 3], [20, 21, 22, 20, 21], [4]]
+
+
+@pytest.mark.parametrize("options", [
+    dict(k=4),
+    dict(k=3, num_candidates=4, n_min=1, n_max=2),
+    dict(k=5, num_candidates=2, max_occurrences=1),
+])
+def test_prompt_lookup_greedy_equals_autoregressive(tiny_target, options):
+    import specdec_cuda
+
+    ar = specdec_cuda.generate(tiny_target, LOOKUP_PROMPTS, max_new_tokens=40)
+    out = specdec_cuda.generate(tiny_target, LOOKUP_PROMPTS, method="prompt_lookup", max_new_tokens=40,
+                                **options)
+    assert out.tokens == ar.tokens
+    # drafts were proposed and some accepted, so fewer target forwards than tokens
+    assert out.metrics.acceptance_rate > 0
+
+
+def test_prompt_lookup_sampled_equals_autoregressive_with_the_same_seed(tiny_target):
+    # sample-and-match with one-hot guesses emits exactly the autoregressive samples of the seed
+    import specdec_cuda
+
+    kw = dict(max_new_tokens=30, temperature=0.8, seed=3)
+    ar = specdec_cuda.generate(tiny_target, LOOKUP_PROMPTS, **kw)
+    out = specdec_cuda.generate(tiny_target, LOOKUP_PROMPTS, method="prompt_lookup", k=3,
+                                num_candidates=2, **kw)
+    assert out.tokens == ar.tokens
+
+
+def test_prompt_lookup_index_holds_the_committed_text(tiny_target):
+    from specdec_cuda.decoding import SamplingParams, decode
+    from specdec_cuda.proposers.ngram import PromptLookupProposer
+
+    proposer = PromptLookupProposer(k=3, num_candidates=2)
+    params = SamplingParams.make(len(LOOKUP_PROMPTS), 0.0, 0, 1.0, 0, tiny_target.device)
+    out = decode(tiny_target, LOOKUP_PROMPTS, params, 20, proposer=proposer)
+    for b, prompt in enumerate(LOOKUP_PROMPTS):
+        committed = proposer.indexes[b].tokens().tolist()
+        # exactly the committed text: the prompt, then every emitted token (nothing rejected)
+        assert committed[:len(prompt)] == prompt
+        assert committed[len(prompt):] == out.tokens[b]
+    assert all(m > 0 for m in proposer.memory_bytes())
+
+
+def test_prompt_lookup_with_a_corpus_file(tiny_target, tmp_path):
+    import specdec_cuda
+
+    ar = specdec_cuda.generate(tiny_target, LOOKUP_PROMPTS, max_new_tokens=20)
+    corpus = NgramIndex.from_corpus([row for row in ar.tokens], n_min=1, n_max=3)
+    corpus.save(tmp_path / "c.ngram")
+    out = specdec_cuda.generate(tiny_target, LOOKUP_PROMPTS, method="prompt_lookup", max_new_tokens=20,
+                                k=4, num_candidates=2, corpus=str(tmp_path / "c.ngram"))
+    assert out.tokens == ar.tokens
+    # the corpus holds the very continuations: most drafts are accepted
+    assert out.metrics.acceptance_rate > 0.5
+
+
+def test_prompt_lookup_bad_options(tiny_target):
+    import specdec_cuda
+
+    with pytest.raises(ValueError, match="n_min"):
+        specdec_cuda.generate(tiny_target, [[1, 2]], method="prompt_lookup", n_min=0)
+    with pytest.raises(ValueError, match="k=0"):
+        specdec_cuda.generate(tiny_target, [[1, 2]], method="prompt_lookup", k=0)
+    with pytest.raises(TypeError, match="corpus"):
+        specdec_cuda.generate(tiny_target, [[1, 2]], method="prompt_lookup", corpus=3)

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,8 @@ int64_t count(const NgramIndex& index, const torch::Tensor& ngram) {
 }
 
 py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t k,
-                 int64_t num_candidates, int64_t max_occurrences, const torch::Tensor& max_nodes) {
+                 int64_t num_candidates, int64_t max_occurrences, const torch::Tensor& max_nodes,
+                 const std::optional<torch::Tensor>& max_depth) {
   const std::vector<NgramIndex*> rows = index_list(indexes, "indexes");
   const int64_t batch = static_cast<int64_t>(rows.size());
   const NgramIndex* shared = nullptr;
@@ -95,6 +97,14 @@ py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t 
   if (budget.size(0) != batch)
     throw py::value_error("max_nodes: expected shape (" + std::to_string(batch) + ",), got " +
                           c10::str(budget.sizes()));
+  // max_depth: (B,) most tokens per candidate, or None (= k)
+  torch::Tensor depth;
+  if (max_depth.has_value()) {
+    depth = cpu_int64(*max_depth, 1, "max_depth");
+    if (depth.size(0) != batch)
+      throw py::value_error("max_depth: expected shape (" + std::to_string(batch) + ",), got " +
+                            c10::str(depth.sizes()));
+  }
   const int64_t width = k * num_candidates;
   auto tokens = torch::empty({batch, width}, torch::kInt64);   // (B, width)
   auto parents = torch::empty({batch, width}, torch::kInt64);  // (B, width)
@@ -103,6 +113,7 @@ py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t 
   specdec::ngram::lookup_batch(
       const_rows, shared, static_cast<int>(k), static_cast<int>(num_candidates),
       static_cast<int>(max_occurrences), budget.data_ptr<int64_t>(),
+      max_depth.has_value() ? depth.data_ptr<int64_t>() : nullptr,
       specdec::ngram::DraftRows{tokens.data_ptr<int64_t>(), parents.data_ptr<int64_t>(),
                                 num_nodes.data_ptr<int64_t>(), width});
   return py::make_tuple(tokens, parents, num_nodes);
@@ -164,6 +175,7 @@ void register_ngram(py::module_& m) {
       }, py::arg("image"), "an index from its file image; ValueError if it is corrupt");
   m.def("ngram_lookup", &lookup, py::arg("indexes"), py::arg("corpus"), py::arg("k"),
         py::arg("num_candidates"), py::arg("max_occurrences"), py::arg("max_nodes"),
+        py::arg("max_depth") = py::none(),
         "batched draft-tree lookup: (tokens [B, W], parents [B, W], num_nodes [B]), W = k * "
         "num_candidates");
   m.def("ngram_extend_rows", &extend_rows, py::arg("indexes"), py::arg("tokens"),

@@ -169,8 +169,17 @@ def _indexes(indexes: Sequence[NgramIndex | None], name: str = "indexes") -> lis
     return out
 
 
+def _per_row(value, name: str, batch: int) -> torch.Tensor:
+    t = torch.as_tensor(value)
+    if t.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name}: expected integers, got {t.dtype}")
+    if t.dim() == 0:
+        t = t.expand(batch)
+    return t.cpu()  # (B,) checked against the batch by the binding
+
+
 def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1, *,
-           max_nodes=None, corpus: NgramIndex | None = None, max_occurrences: int = 64,
+           max_nodes=None, max_depth=None, corpus: NgramIndex | None = None, max_occurrences: int = 64,
            device: torch.device | str | None = None) -> NgramDraft:
     """Draft trees for every row from the suffix of its committed tokens, in one call.
 
@@ -178,8 +187,8 @@ def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1
     ``n_max`` down to ``n_min``), takes up to ``num_candidates`` of its continuations (up to ``k``
     tokens each) ranked by count then recency among its newest ``max_occurrences`` occurrences,
     lets ``corpus`` fill the slots left, and merges them into one prefix tree of at most
-    ``max_nodes[b]`` nodes (candidates inserted in rank order, each as deep as the budget allows).
-    ``num_candidates=1`` gives a chain.
+    ``max_nodes[b]`` nodes (candidates inserted in rank order, each as deep as the budget allows)
+    and at most ``max_depth[b]`` deep. ``num_candidates=1`` gives a chain.
 
     Parameters
     ----------
@@ -187,12 +196,14 @@ def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1
     k : most tokens per candidate (the tree's depth).
     num_candidates : most candidates merged per row.
     max_nodes : node budget per row, an int or (B,) ints (0 = no draft); default ``k * num_candidates``.
+    max_depth : most tokens of each candidate per row, an int or (B,) ints (0 = no draft); default
+        ``k``. Candidates are ranked on their k-token continuations either way.
     corpus : a static index shared read-only by all rows, or None.
     max_occurrences : newest occurrences of the matched n-gram that are ranked (bounds the cost).
     device : where the outputs go (default CPU).
 
     Shape:
-        max_nodes: () or (B,) int.
+        max_nodes, max_depth: () or (B,) int.
         returns NgramDraft(tokens (B, W), parents (B, W), num_nodes (B,)), W = k * num_candidates.
     """
     batch = len(indexes)
@@ -200,18 +211,11 @@ def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1
     if corpus is not None and not isinstance(corpus, NgramIndex):
         raise TypeError(f"corpus: expected an NgramIndex or None, got {type(corpus).__name__}")
     width = int(k) * int(num_candidates)
-    if max_nodes is None:
-        budget = torch.full((batch,), width, dtype=torch.int64)
-    else:
-        budget = torch.as_tensor(max_nodes)
-        if budget.dim() == 0:
-            budget = budget.expand(batch)
-        if budget.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"max_nodes: expected integers, got {budget.dtype}")
-        budget = budget.cpu()
+    budget = _per_row(width if max_nodes is None else max_nodes, "max_nodes", batch)
+    depth = None if max_depth is None else _per_row(max_depth, "max_depth", batch)
     tokens, parents, num_nodes = _C.ngram_lookup(rows, None if corpus is None else corpus._index,
                                                  int(k), int(num_candidates), int(max_occurrences),
-                                                 budget)
+                                                 budget, depth)
     if device is not None:
         tokens, parents, num_nodes = (t.to(device) for t in (tokens, parents, num_nodes))
     return NgramDraft(tokens, parents, num_nodes)

@@ -272,7 +272,7 @@ int64_t build_draft_tree(const std::vector<Span>& candidates, int64_t budget, Dr
 
 void lookup_batch(const std::vector<const NgramIndex*>& indexes, const NgramIndex* corpus, int k,
                   int num_candidates, int max_occurrences, const int64_t* max_nodes,
-                  DraftRows out) {
+                  const int64_t* max_depth, DraftRows out) {
   if (k < 1 || num_candidates < 1 || max_occurrences < 1)
     throw std::invalid_argument("ngram lookup: need k >= 1, num_candidates >= 1 and "
                                 "max_occurrences >= 1, got k=" + std::to_string(k) +
@@ -287,7 +287,8 @@ void lookup_batch(const std::vector<const NgramIndex*>& indexes, const NgramInde
     out.num_nodes[b] = 0;
     const NgramIndex* index = indexes[b];
     const int64_t budget = std::min(max_nodes[b], out.width);
-    if (!index || budget <= 0) continue;
+    const int64_t depth = max_depth ? std::min<int64_t>(max_depth[b], k) : k;
+    if (!index || budget <= 0 || depth <= 0) continue;
     const int32_t* context = index->tokens();
     const int64_t context_len = index->size();
     index->collect_candidates(context, context_len, k, max_occurrences, own);
@@ -308,6 +309,7 @@ void lookup_batch(const std::vector<const NgramIndex*>& indexes, const NgramInde
         if (!duplicate) spans.push_back(Span{t, c.length});
       }
     }
+    for (Span& s : spans) s.length = static_cast<int32_t>(std::min<int64_t>(s.length, depth));
     build_draft_tree(spans, budget, out, b);
   }
 }

@@ -127,10 +127,12 @@ int64_t build_draft_tree(const std::vector<Span>& candidates, int64_t budget, Dr
 
 // The whole batched lookup: row b uses indexes[b] (nullptr = no draft) and, for the candidate slots
 // its own index leaves empty, `corpus` (nullptr = none), with the suffix of indexes[b]'s tokens.
-// max_nodes: [B] node budget per row (clamped to width; <= 0 = no draft).
+// max_nodes: [B] node budget per row (clamped to width; <= 0 = no draft). max_depth: [B] most tokens
+// of each candidate that enter row b's tree (clamped to k; <= 0 = no draft), or nullptr (= k); the
+// ranking is over the k-token continuations either way.
 void lookup_batch(const std::vector<const NgramIndex*>& indexes, const NgramIndex* corpus, int k,
                   int num_candidates, int max_occurrences, const int64_t* max_nodes,
-                  DraftRows out);
+                  const int64_t* max_depth, DraftRows out);
 
 }  // namespace ngram
 }  // namespace specdec

@@ -17,7 +17,8 @@ Rules
   given and slots are left, adds its own ranked candidates for the same context (the row's
   tokens), skipping continuations equal to one of the row's. The candidates are inserted in rank
   order into a prefix tree rooted at the last committed token, each as far as the node budget
-  ``min(max_nodes[b], k * num_candidates)`` allows; the tree is written in BFS order (children in
+  ``min(max_nodes[b], k * num_candidates)`` allows, each cut to ``max_depth[b]`` tokens (ranking
+  is over the k-token continuations regardless); the tree is written in BFS order (children in
   insertion order): ``tokens[b, j]`` is draft node j, ``parents[b, j]`` its parent as a node index
   (0 = the root, i + 1 = draft node i); the tail is padded with 0 in both.
 """
@@ -102,19 +103,23 @@ def _tree(candidates: list[tuple[int, ...]], budget: int) -> tuple[list[int], li
 
 
 def lookup_ref(indexes: Sequence[NgramIndexRef | None], k: int, num_candidates: int = 1, *,
-               max_nodes=None, corpus: NgramIndexRef | None = None, max_occurrences: int = 64):
+               max_nodes=None, max_depth=None, corpus: NgramIndexRef | None = None,
+               max_occurrences: int = 64):
     """Reference of ``specdec_cuda.ngram.lookup``: (tokens [B, W], parents [B, W], num_nodes [B])."""
     width = k * num_candidates
     batch = len(indexes)
     if max_nodes is None:
         max_nodes = [width] * batch
     max_nodes = [int(m) for m in torch.as_tensor(max_nodes).reshape(-1).expand(batch).tolist()]
+    if max_depth is None:
+        max_depth = [k] * batch
+    max_depth = [int(m) for m in torch.as_tensor(max_depth).reshape(-1).expand(batch).tolist()]
     tokens = torch.zeros(batch, width, dtype=torch.int64)
     parents = torch.zeros(batch, width, dtype=torch.int64)
     num_nodes = torch.zeros(batch, dtype=torch.int64)
     for b, index in enumerate(indexes):
-        budget = min(max_nodes[b], width)
-        if index is None or budget <= 0:
+        budget, depth = min(max_nodes[b], width), min(max_depth[b], k)
+        if index is None or budget <= 0 or depth <= 0:
             continue
         chosen = index.candidates(index.tokens, k, max_occurrences)[:num_candidates]
         own = list(chosen)
@@ -124,7 +129,7 @@ def lookup_ref(indexes: Sequence[NgramIndexRef | None], k: int, num_candidates: 
                     break
                 if cand not in own:
                     chosen.append(cand)
-        t, p = _tree(chosen, budget)
+        t, p = _tree([cand[:depth] for cand in chosen], budget)
         tokens[b, :len(t)] = torch.tensor(t, dtype=torch.int64)
         parents[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
         num_nodes[b] = len(t)
