@@ -9,7 +9,8 @@ suffixes recur) and C is swept up to 32k; batch 1 and 8; a chain (k = 8, one can
 (k = 8, four candidates, 64 occurrences ranked). The C++ index (specdec_cuda.ngram) and the
 plain-Python reference (python/specdec_cuda/reference/ngram.py) run the same steps on the same
 tokens in the same run; their drafts are compared before timing. Also reported: the time to index
-the C tokens (prefill, per token) and the memory per request (``NgramIndex.memory_bytes``).
+the C tokens (prefill, per token), the lookup alone (the index unchanged between calls) and the
+memory per request (``NgramIndex.memory_bytes``).
 
 Times are medians of single steps on the host (CPU only: the index is host state). Writes JSON
 (default bench/results/ngram.json) and prints a table.
@@ -88,12 +89,16 @@ def run_case(context: int, batch: int, k: int, num_candidates: int, steps: int, 
         for ix, row in zip(slow, new.tolist()):
             ix.extend(row)
 
+    # lookup alone (the index unchanged between calls), then whole steps that grow the index
+    t_lookup = timing.time_cpu(lambda r: lookup(fast, k, num_candidates), steps)
+    t_lookup_ref = timing.time_cpu(lambda r: lookup_ref(slow, k, num_candidates), steps)
     # chunk() is built inside both steps, so its cost is in both times alike
     t_fast = timing.time_cpu(step_fast, steps, warmup=0)
     t_ref = timing.time_cpu(step_ref, steps, warmup=0)
     return {
         "context": context, "batch": batch, "k": k, "num_candidates": num_candidates,
         "mean_draft_nodes": drafted,
+        "lookup_us": t_lookup * 1e6, "ref_lookup_us": t_lookup_ref * 1e6,
         "step_us": t_fast * 1e6, "ref_step_us": t_ref * 1e6, "speedup": t_ref / t_fast,
         "prefill_ns_per_token": prefill_fast * 1e9, "ref_prefill_ns_per_token": prefill_ref * 1e9,
         "memory_bytes_per_request": sum(ix.memory_bytes() for ix in fast) / batch,
@@ -113,12 +118,14 @@ def main() -> None:
         for batch in (1, 8):
             for k, cands in ((8, 1), (8, 4)):
                 rows.append(run_case(context, batch, k, cands, steps, seed=context + batch))
-    header = (f"{'context':>8} {'B':>2} {'k':>2} {'cand':>4} {'nodes':>6} {'step us':>9} "
+    header = (f"{'context':>8} {'B':>2} {'k':>2} {'cand':>4} {'nodes':>6} {'lookup us':>9} "
+              f"{'ref us':>9} {'step us':>9} "
               f"{'ref us':>10} {'x':>7} {'ns/tok':>7} {'ref ns/tok':>10} {'MiB/req':>8}")
     print(header)
     for r in rows:
         print(f"{r['context']:>8} {r['batch']:>2} {r['k']:>2} {r['num_candidates']:>4} "
-              f"{r['mean_draft_nodes']:>6.1f} {r['step_us']:>9.1f} {r['ref_step_us']:>10.1f} "
+              f"{r['mean_draft_nodes']:>6.1f} {r['lookup_us']:>9.1f} {r['ref_lookup_us']:>9.1f} "
+              f"{r['step_us']:>9.1f} {r['ref_step_us']:>10.1f} "
               f"{r['speedup']:>7.1f} {r['prefill_ns_per_token']:>7.0f} "
               f"{r['ref_prefill_ns_per_token']:>10.0f} {r['memory_bytes_per_request'] / 2**20:>8.2f}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

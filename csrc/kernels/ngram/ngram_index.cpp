@@ -167,13 +167,9 @@ void NgramIndex::extend(const int64_t* tokens, int64_t count) {
                                   std::to_string(tokens[i]) + " is not a token id in [0, 2^31)");
   if (size() + count > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("NgramIndex.extend: an index holds fewer than 2^31 tokens");
-  tokens_.reserve(tokens_.size() + static_cast<size_t>(count));
+  // No reserve(size + count) here: an exact reserve per call would defeat the vectors' geometric
+  // growth and copy every token on every commit.
   for (int64_t i = 0; i < count; ++i) append_checked(static_cast<int32_t>(tokens[i]));
-}
-
-void NgramIndex::extend(const int32_t* tokens, int64_t count) {
-  std::vector<int64_t> wide(tokens, tokens + count);
-  extend(wide.data(), count);
 }
 
 int64_t NgramIndex::count(const int32_t* ngram, int n) const {

@@ -56,7 +56,6 @@ class NgramIndex {
 
   // Appends tokens[0, count) to the current document. All ids are checked before anything changes.
   void extend(const int64_t* tokens, int64_t count);
-  void extend(const int32_t* tokens, int64_t count);
   // Later tokens start a new document: no n-gram and no continuation crosses the boundary.
   void start_document();
 
