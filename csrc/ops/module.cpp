@@ -11,6 +11,8 @@
 #include "kernels/quant/w4a16_cuda.h"
 #endif
 
+void register_ngram(pybind11::module_& m);  // csrc/ops/ngram_binding.cpp
+
 #ifndef SPECDEC_TORCH_VERSION
 #error "setup.py defines SPECDEC_TORCH_VERSION"
 #endif
@@ -79,6 +81,7 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("seed"), pybind11::arg("position"), pybind11::arg("purpose"),
         pybind11::arg("substream"), pybind11::arg("first"), pybind11::arg("count"));
   m.def("philox4x32_10", &philox4x32_10, "one raw Philox4x32-10 block (for known-answer tests)");
+  register_ngram(m);
 #ifdef SPECDEC_WITH_CUDA
   m.def("w4a16_cuda_tunings", &w4a16_cuda_tunings,
         "launch configurations of the W4A16 tensor-core kernel (for tuning sweeps)");
