@@ -86,9 +86,9 @@ def run_ar(ar_model, prompts, eos, max_new: int, temperature: float) -> dict:
         ids = torch.tensor([p])
         start = time.perf_counter()
         with torch.no_grad():
+            sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
             res = ar_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                    do_sample=temperature > 0, temperature=temperature or None, top_k=0,
-                                    eos_token_id=eos, pad_token_id=eos)
+                                    eos_token_id=eos, pad_token_id=eos, **sampling)
         seconds += time.perf_counter() - start
         new = res[0, len(p):].tolist()
         outputs.append(new[: new.index(eos) + 1] if eos in new else new)
@@ -120,7 +120,8 @@ def plot(rows: list[dict], path: Path) -> None:
         if r["kind"] == "ar":
             ax.axhline(r["perplexity"], linestyle="--", color="gray", linewidth=0.8)
             ax.annotate(r["label"], (ax.get_xlim()[0], r["perplexity"]), fontsize=7, color="gray")
-    ax.set_xlabel("generated positions / s (CPU, wall clock)")
+    ax.set_xscale("log")
+    ax.set_xlabel("generated positions / s (CPU, wall clock; log scale)")
     ax.set_ylabel("perplexity under the zoo AR target (lower is better)")
     ax.set_title("Diffusion-LM generation (lossy): quality / speed\n"
                  "blue: top-n steps, red: threshold; o no cache, s prefix cache, ^ dual cache")
@@ -137,12 +138,17 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = zoo_diffusion.SPECS[args.zoo]
     target_dir, _ = zoo.get_pair(zoo.SPECS[spec.pair])
     model, tokenizer = zoo_diffusion.load_zoo_diffusion(spec)
     ar_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    ar_vocab = AutoTokenizer.from_pretrained(target_dir).get_vocab()
+    mine = {t: i for t, i in tokenizer.get_vocab().items() if i != model.mask_token_id}
+    if mine != ar_vocab:
+        raise SystemExit(f"the diffusion model's tokenizer differs from the AR target's ({target_dir}): "
+                         "perplexities would compare different token ids; retrain it with the pair cached")
     eos = model.config.eos_token_id
     count, gen_length, block = (4, 64, 32) if args.quick else (8, 128, 32)
     prompts = held_out_prompts(tokenizer, count, 48)

@@ -210,10 +210,10 @@ def get_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log: Callable[[str], None]
 def load_zoo_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log=None, root: Path | None = None,
                        device="cpu") -> tuple[DiffusionLM, object]:
     """(model, tokenizer) of the zoo diffusion model, trained on first use."""
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast  # not AutoTokenizer: config.json is not a transformers model's
 
     folder = get_diffusion(spec, log=log, root=root)
-    return load_diffusion(folder, device=device), AutoTokenizer.from_pretrained(str(folder))
+    return load_diffusion(folder, device=device), PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def main(argv=None) -> int:
