@@ -5,7 +5,8 @@ configuration generates the same prompts and reports
   * tokens per forward (positions unmasked per model forward per row) and tokens/s (generated
     positions per second, text after EOS included: the work done);
   * quality: the perplexity of the generated continuation under the zoo autoregressive target
-    (NLL of each continuation token given the prompt and the tokens before it),
+    (NLL of each continuation token given the prompt and the tokens before it), and for the cached
+    runs the share of generated positions equal to the same configuration without the cache,
 beside the same figures for the zoo target's own greedy and sampled continuations, and for the
 diffusion model at one token per step (LLaDA's slowest, most careful setting), the baseline of the
 issue's target: threshold rule + cache at >= 3x its tokens/s with <= 10% higher perplexity.
@@ -163,15 +164,23 @@ def main(argv=None) -> int:
     for cache in ("prefix", "dual"):
         for th in thresholds:
             configs.append((f"threshold {th} + {cache} cache", "threshold", cache, dict(threshold=th, use_cache=cache)))
+    configs.append(("1 token/step + prefix cache", "top-n", "prefix", dict(steps=block, use_cache="prefix")))
     configs.append(("1 token/step + dual cache", "top-n", "dual", dict(steps=block, use_cache="dual")))
 
     run_diffusion(model, prompts[:1], eos, block, block, steps=4)  # warm-up
-    rows = []
+    rows, uncached = [], {}
     for label, rule, cache, options in configs:
         r = run_diffusion(model, prompts, eos, gen_length, block, **options)
-        outputs = [cut_at_eos(o, eos) for o in r.pop("outputs")]
+        raw = r.pop("outputs")
+        outputs = [cut_at_eos(o, eos) for o in raw]
+        # the approximate cache's effect on the output: positions equal to the uncached run's
+        key = (rule, options.get("threshold"), options.get("steps"))
+        if cache == "none":
+            uncached[key] = raw
+        same = sum(a == b for x, y in zip(raw, uncached.get(key, raw)) for a, b in zip(x, y))
         r.update(label=label, kind="diffusion", rule=rule, cache=cache,
                  perplexity=perplexity(ar_model, prompts, outputs),
+                 same_as_uncached=same / sum(len(x) for x in raw) if cache != "none" and key in uncached else None,
                  sample=tokenizer.decode(outputs[0]))
         rows.append(r)
         print(f"[bench] {label:32s} {r['tokens_per_s']:8.1f} tok/s  {r['tokens_per_forward']:5.2f} tok/fwd  "
@@ -185,12 +194,13 @@ def main(argv=None) -> int:
 
     base = rows[0]
     print(f"\n{'configuration (diffusion rows are LOSSY)':40s} {'tok/fwd':>8s} {'tok/s':>8s} {'speedup':>8s} "
-          f"{'ppl':>8s} {'ppl vs 1/step':>14s}")
+          f"{'ppl':>8s} {'ppl vs 1/step':>14s} {'= uncached':>11s}")
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["ppl_ratio"] = r["perplexity"] / base["perplexity"]
+        same = f"{100 * r['same_as_uncached']:.0f}%" if r.get("same_as_uncached") is not None else "-"
         print(f"{r['label']:40s} {r['tokens_per_forward']:8.2f} {r['tokens_per_s']:8.1f} {r['speedup']:7.2f}x "
-              f"{r['perplexity']:8.2f} {r['ppl_ratio']:13.2f}x")
+              f"{r['perplexity']:8.2f} {r['ppl_ratio']:13.2f}x {same:>11s}")
     # The target: threshold rule + cache, >= 3x the tokens/s of one token per step at no
     # more than 10% higher perplexity. Reported for the best qualifying configuration.
     candidates = [r for r in rows if r["kind"] == "diffusion" and r["rule"] == "threshold" and r["cache"] != "none"]
