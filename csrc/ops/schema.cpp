@@ -78,4 +78,15 @@ TORCH_LIBRARY(specdec, m) {
       "kv_dequantize_values(Tensor v_upper, Tensor v_lower, Tensor v_scale, Tensor v_zero, "
       "int group_size, bool use_lower, Tensor(a!) out) -> ()");
   // ---- end family: kv_quant ----
+
+  // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----
+  // diffusion_unmask: one step of masked-diffusion generation over a window of positions: a token
+  // and its confidence per masked position (tokens == mask_id), then the positions to unmask (top
+  // num_transfer by confidence, or confidence >= threshold plus the best one when threshold > 0).
+  m.def(
+      "diffusion_unmask(Tensor logits, Tensor tokens, int mask_id, Tensor temperature, "
+      "Tensor top_k, Tensor top_p, Tensor seed, Tensor position, Tensor step, "
+      "Tensor num_transfer, Tensor threshold, Tensor(a!) sampled, Tensor(b!) confidence, "
+      "Tensor(c!) keep, Tensor(d!) status) -> ()");
+  // ---- end family: diffusion ----
 }

@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompts", type=int, default=4, help="how many of the built-in prompts (max 8)")
     demo.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled runs")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--diffusion", action="store_true",
+                      help="also show the zoo diffusion LM (LOSSY), training it first if needed (~10 min)")
 
     bench = sub.add_parser("bench", help="end-to-end tokens/s against transformers generate")
     models_args(bench)

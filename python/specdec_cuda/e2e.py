@@ -167,7 +167,32 @@ def demo(args) -> int:
     print_table(rows, "autoregressive (greedy)")
     print(f"\n{len(prompts)} prompts, {args.max_new_tokens} new tokens each, {torch.get_num_threads()} CPU thread(s); "
           "one run per method (bench/bench_e2e.py repeats and interleaves them)")
+    diffusion_demo(args, prompts)
     return 0
+
+
+def diffusion_demo(args, prompts: list[str]) -> None:
+    """The zoo's masked-diffusion LM on the same prompts, LOSSY (its own text, not the target's):
+    Fast-dLLM threshold rule with the dual cache. Shown when cached, or trained with --diffusion."""
+    from . import zoo, zoo_diffusion
+    from .diffusion_generate import DiffusionGenerator
+
+    spec = zoo_diffusion.SPECS[args.zoo]
+    cached = (zoo.zoo_root() / spec.name / "report.json").exists()
+    if args.target or not (cached or getattr(args, "diffusion", False)):
+        print("\n(diffusion generation, lossy: pass --diffusion to train the zoo diffusion LM and show it)")
+        return
+    model, tok = zoo_diffusion.load_zoo_diffusion(spec, device=args.device)
+    gen = DiffusionGenerator(model, block_length=32, threshold=0.9, use_cache="dual")
+    max_new = min(args.max_new_tokens, 64)
+    out = gen.generate(encode(tok, prompts), max_new_tokens=max_new, eos_token_id=model.config.eos_token_id)
+    print("\n" + "=" * 80 + "\ndiffusion LM (LOSSY: a different model's text, not lossless decoding), "
+          "threshold 0.9, dual cache")
+    for prompt, tokens in zip(prompts, out.tokens):
+        print(f"--- diffusion (lossy):\n{prompt}{tok.decode(tokens)}")
+    m = out.metrics
+    print(f"diffusion (lossy): {m.tokens_per_s:.1f} tokens/s, {m.unmasked_per_forward:.2f} positions unmasked "
+          f"per forward, {m.target_forwards} forwards")
 
 
 def bench(args) -> int:

@@ -25,6 +25,7 @@ enum Purpose : uint32_t {
   kPurposeSample = 3,    // sampling from the target: bonus token, sample-and-match, plain sampling
   kPurposeDraft = 4,     // sampling draft tokens from a drafter's distribution
   kPurposeTree = 5,      // reserved for tree verification (one-hot sibling walks)
+  kPurposeDiffusion = 6, // diffusion generation: drawing a masked position's token (substream = step)
 };
 
 struct PhiloxOut {

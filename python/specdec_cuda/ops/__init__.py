@@ -8,10 +8,12 @@ from .tree import build_tree, compact_kv, verify_tree  # noqa: E402,F401
 from . import quant  # noqa: E402,F401  (quantize_w4, w4a16_matmul, w4_dequantize, PackedW4)
 from .quant import PackedW4, quantize_w4, repack_w4, w4_dequantize, w4a16_matmul  # noqa: E402,F401
 from . import kv_quant  # noqa: E402,F401  (hierarchical 4-bit KV cache ops)
+from .diffusion import diffusion_unmask  # noqa: E402,F401  (masked-diffusion generation step)
 
 __all__ = [
     *_sampling_all,
     "build_tree", "verify_tree", "compact_kv",
     "quant", "PackedW4", "quantize_w4", "w4a16_matmul", "w4_dequantize",
     "kv_quant",
+    "diffusion_unmask",
 ]

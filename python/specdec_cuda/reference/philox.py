@@ -27,6 +27,7 @@ class Purpose(enum.IntEnum):
     SAMPLE = 3  # sampling from the target: bonus token, sample-and-match, plain sampling
     DRAFT = 4  # sampling draft tokens from a drafter's distribution
     TREE = 5  # tree verification (one-hot sibling walks)
+    DIFFUSION = 6  # diffusion generation: a masked position's token at one step (substream = step)
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,235 @@
+"""The zoo's masked-diffusion LM: trained here, offline, on the zoo corpus with the zoo's tokenizer.
+
+A small bidirectional Llama-style model (``models.diffusion_lm``) learns LLaDA's objective: each
+training sequence is masked at a ratio ``t ~ U(0, 1)`` (every token independently with probability
+``t``), and the loss is the cross entropy on the masked positions weighted by ``1 / t``, an upper
+bound on the negative log-likelihood. Half of each batch keeps a random-length prefix unmasked, the
+shape of generation (a clean prompt, a masked continuation).
+
+The corpus and tokenizer are the zoo pair's (``zoo.stdlib_corpus``, ``zoo.train_tokenizer`` with
+the pair's vocabulary size), so the diffusion model's text can be scored by the zoo's autoregressive
+target. The tokenizer is read from the cached pair when it exists, otherwise trained the same way;
+the mask token is one extra id after it. The checkpoint folder is saved beside the pair,
+``zoo.zoo_root() / spec.name``, and trained on first use (``get_diffusion``) with a progress line
+and an ETA. ``python -m specdec_cuda.zoo_diffusion [--spec small]`` trains it ahead of time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import zoo
+from .models.diffusion_lm import MASK_TOKEN, DiffusionConfig, DiffusionLM, load_diffusion
+
+
+@dataclass
+class DiffusionSpec:
+    """Everything that determines the trained diffusion model; ``name`` is its cache folder.
+
+    The default is sized for about 10 minutes on 2 otherwise idle CPU cores: 6 layers of 256
+    (~6M parameters with the embeddings), 16 x 256 tokens per step, so a step costs about what one
+    of the zoo target's steps costs (~1.3 s there), and 420 steps see ~1.7M tokens. Masked
+    diffusion learns more slowly per token than next-token prediction, so this model is weaker
+    than the zoo target; it is a working example of the method, not a competitive LM.
+    """
+
+    name: str = "pystdlib-v3-diffusion"
+    pair: str = "default"  # which zoo pair's tokenizer (zoo.SPECS key)
+    seq_len: int = 256
+    batch_size: int = 16
+    num_layers: int = 6
+    hidden_size: int = 256
+    intermediate_size: int = 704
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position: int = 1024
+    steps: int = 420
+    lr: float = 2e-3
+    prefix_fraction: float = 0.5  # share of rows that keep a clean prefix
+    min_mask_ratio: float = 1e-3  # t ~ U(min, 1): keeps the 1/t weight bounded
+    eval_tokens: int = 16384
+    seed: int = 0
+    corpus_chars: int = 0  # 0: the whole corpus; else its first characters (tiny test specs)
+    vocab_size: int = 0  # 0: the pair's; else train a tokenizer of this size (tiny test specs)
+
+
+DEFAULT_SPEC = DiffusionSpec()
+# For busy machines (`--zoo small`): the small pair's tokenizer, a quarter of the steps.
+SMALL_SPEC = DiffusionSpec(name="pystdlib-v3-small-diffusion", pair="small", seq_len=128, steps=160, lr=3e-3)
+SPECS = {"default": DEFAULT_SPEC, "small": SMALL_SPEC}
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _tokenizer(spec: DiffusionSpec, texts: Sequence[str], root: Path, log):
+    """The zoo pair's tokenizer (read from the cached pair, else trained the same way)."""
+    pair = zoo.SPECS[spec.pair]
+    if spec.vocab_size:
+        return zoo.train_tokenizer(texts, spec.vocab_size)
+    cached = root / pair.name / "target"
+    if (cached / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        log(f"[zoo-diffusion] tokenizer of the cached pair {cached}")
+        return AutoTokenizer.from_pretrained(str(cached))
+    log(f"[zoo-diffusion] no cached pair at {cached.parent}; training its tokenizer (same corpus and size)")
+    return zoo.train_tokenizer(texts, pair.vocab_size)
+
+
+def masked_diffusion_loss(model: DiffusionLM, x0: torch.Tensor, gen: torch.Generator,
+                          min_ratio: float = 1e-3, prefix_fraction: float = 0.0) -> torch.Tensor:
+    """LLaDA's objective on a batch of clean sequences.
+
+    Each row b draws ``t_b ~ U(min_ratio, 1)`` and masks every token with probability ``t_b``
+    (rows chosen with probability ``prefix_fraction`` first keep a prefix of random length, up to
+    half the row, unmasked); the loss is ``sum over masked (b, i) of CE(logits[b, i], x0[b, i]) /
+    t_b``, divided by the number of tokens.
+
+    Shape: x0 [B, S] int64 -> scalar.
+    """
+    B, S = x0.shape
+    t = min_ratio + (1 - min_ratio) * torch.rand(B, 1, generator=gen)
+    masked = torch.rand(B, S, generator=gen) < t
+    with_prefix = torch.rand(B, 1, generator=gen) < prefix_fraction
+    prefix = (torch.rand(B, 1, generator=gen) * (S // 2)).long()
+    masked &= ~(with_prefix & (torch.arange(S)[None, :] < prefix))
+    inputs = torch.where(masked, model.mask_token_id, x0)
+    logits = model(inputs).logits
+    ce = F.cross_entropy(logits[masked], x0[masked], reduction="none")
+    weights = (1.0 / t).expand(B, S)[masked]
+    return (ce * weights).sum() / (B * S)
+
+
+@torch.no_grad()
+def eval_loss(model: DiffusionLM, data: torch.Tensor, seq_len: int, seed: int = 1) -> float:
+    """The objective on held-out windows (a fixed draw of masks): an upper bound on NLL per token."""
+    gen = torch.Generator().manual_seed(seed)
+    n = (data.numel() // seq_len) * seq_len
+    chunks = data[:n].view(-1, seq_len).split(8)
+    return float(sum(masked_diffusion_loss(model, c, gen) for c in chunks) / max(1, len(chunks)))
+
+
+def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Sequence[str] | None = None,
+                    log: Callable[[str], None] | None = None, root: Path | None = None) -> dict:
+    """Train the diffusion LM of ``spec``; save it (config, weights, tokenizer) to ``out_dir``.
+
+    Returns the report (also ``out_dir/report.json``): sizes, losses, timings.
+    """
+    out_dir, log = Path(out_dir), log or _log
+    root = Path(root or zoo.zoo_root())
+    started = time.perf_counter()
+    texts = zoo.stdlib_corpus() if texts is None else list(texts)
+    if spec.corpus_chars:
+        joined, texts = "".join(texts)[: spec.corpus_chars], []
+        texts = [joined[i: i + 4096] for i in range(0, len(joined), 4096)]
+    tokenizer = _tokenizer(spec, texts, root, log)
+    eos_id = tokenizer.convert_tokens_to_ids(zoo.EOS)
+    base_vocab = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]})
+    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask_id != base_vocab:
+        raise RuntimeError(f"the mask token got id {mask_id}, expected {base_vocab} (one past the vocabulary)")
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text)["input_ids"])
+        ids.append(eos_id)
+    data = torch.tensor(ids, dtype=torch.int64)
+    n_eval = min(spec.eval_tokens, data.numel() // 10)
+    train_data, eval_data = data[:-n_eval], data[-n_eval:]
+    if train_data.numel() <= spec.seq_len + 1:
+        raise ValueError(f"corpus too small: {train_data.numel()} training tokens for windows of {spec.seq_len}")
+    log(f"[zoo-diffusion] {len(texts)} texts, {data.numel()} tokens, vocab {base_vocab} + mask")
+
+    torch.manual_seed(spec.seed)
+    config = DiffusionConfig(
+        vocab_size=base_vocab + 1, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_layers=spec.num_layers, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+        mask_token_id=mask_id, eos_token_id=eos_id, max_position=spec.max_position)
+    model = DiffusionLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"[zoo-diffusion] training {params / 1e6:.1f}M params, {spec.steps} steps of "
+        f"{spec.batch_size}x{spec.seq_len} tokens (LLaDA objective)")
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    progress = zoo._Progress("diffusion", spec.steps, log, max(1, spec.steps // 20))
+    gen = torch.Generator().manual_seed(spec.seed + 7)
+    window_spec = dataclasses.replace(zoo.DEFAULT_SPEC, seq_len=spec.seq_len, batch_size=spec.batch_size)
+    model.train()
+    tokens = 0
+    for step, (inputs, _labels) in enumerate(zoo._batches(train_data, window_spec, spec.steps, spec.seed), start=1):
+        for group in opt.param_groups:
+            group["lr"] = zoo._lr(step - 1, spec.steps, spec.lr)
+        x0 = inputs  # [B, seq_len] windows of the corpus (the shifted labels are not needed)
+        loss = masked_diffusion_loss(model, x0, gen, spec.min_mask_ratio, spec.prefix_fraction)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens += x0.numel()
+        progress(step, float(loss.detach()), tokens)
+    model.eval()
+    held_out = eval_loss(model, eval_data, min(spec.seq_len, eval_data.numel()))
+    report = {"spec": dataclasses.asdict(spec), "config": config.to_dict(), "params": params,
+              "tokens": data.numel(), "eval_loss_bound": held_out,
+              "train_seconds": time.perf_counter() - started}
+    log(f"[zoo-diffusion] held-out LLaDA loss (NLL bound) {held_out:.3f}; trained in {report['train_seconds']:.0f}s")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "report.json").write_text(json.dumps(report, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return report
+
+
+def get_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = None,
+                  root: Path | None = None) -> Path:
+    """The checkpoint folder of the zoo diffusion model, training it the first time."""
+    root = Path(root or zoo.zoo_root())
+    out_dir = root / spec.name
+    if not (out_dir / "report.json").exists():
+        (log or _log)(f"[zoo-diffusion] no cached model at {out_dir}; training it once (~10 minutes on 2 idle cores)")
+        train_diffusion(out_dir, spec, log=log, root=root)
+    return out_dir
+
+
+def load_zoo_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log=None, root: Path | None = None,
+                       device="cpu") -> tuple[DiffusionLM, object]:
+    """(model, tokenizer) of the zoo diffusion model, trained on first use."""
+    from transformers import PreTrainedTokenizerFast  # not AutoTokenizer: config.json is not a transformers model's
+
+    folder = get_diffusion(spec, log=log, root=root)
+    return load_diffusion(folder, device=device), PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec_cuda.zoo_diffusion", description=__doc__.split("\n")[0])
+    parser.add_argument("--zoo", choices=sorted(SPECS), default="default")
+    parser.add_argument("--force", action="store_true", help="retrain even if cached")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = SPECS[args.zoo]
+    if args.force:
+        shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
+    print(get_diffusion(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
