@@ -189,3 +189,38 @@ def test_chain_through_the_tree_path_gives_the_chain_path_tokens(folders):
         assert tree.tokens == chain.tokens
         assert tree.metrics.drafted == chain.metrics.drafted
         assert tree.metrics.accepted == chain.metrics.accepted
+
+
+# -- lossy generation modes: the structural checks ---------------------------------------------------
+
+def _generation_model(name: str):
+    """A small random model for each registered generation method (structure only, no quality)."""
+    if name == "diffusion":
+        from test_diffusion import tiny_model
+
+        return tiny_model(seed=0)
+    raise AssertionError(f"the conformance suite has no model for generation method {name!r}")
+
+
+GENERATION = [m.name for m in methods.available() if m.kind == "generation"]
+
+
+@pytest.mark.parametrize("name", GENERATION)
+def test_generation_modes_are_labelled_lossy_and_keep_the_structure(name):
+    spec = methods.get(name)
+    assert not spec.lossless and "LOSSY" in spec.summary
+    model = _generation_model(name)
+    prompts = [[3, 4, 5], [6, 7], [8]]
+    dec = specdec_cuda.SpeculativeDecoder(model, method=name)
+    streamed = [[] for _ in prompts]
+    out = dec.generate(prompts, max_new_tokens=12, temperature=1.0, seed=[1, 2, 3],
+                       stream=lambda row, toks: streamed[row].extend(toks))
+    assert all(0 < len(t) <= 12 for t in out.tokens)
+    assert streamed == out.tokens
+    # EOS ends a row: nothing after it.
+    eos = out.tokens[0][len(out.tokens[0]) // 2]
+    cut = dec.generate(prompts, max_new_tokens=12, temperature=1.0, seed=[1, 2, 3], eos_token_id=eos).tokens
+    assert all(eos not in t[:-1] for t in cut)
+    # A row's output does not depend on its neighbours or its place in the batch (same seed).
+    alone = dec.generate([prompts[1]], max_new_tokens=12, temperature=1.0, seed=2).tokens[0]
+    assert alone == out.tokens[1]

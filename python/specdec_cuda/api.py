@@ -79,7 +79,8 @@ class SpeculativeDecoder:
         self.spec = methods.get(method)
         self.spec.check_options(options)
         self.method = method
-        self.target = as_causal_lm(target)
+        # A generation mode brings its own model (e.g. a diffusion LM): its make() loads it.
+        self.target = target if self.spec.kind == "generation" else as_causal_lm(target)
         policy = options.pop("policy", None)
         built = self.spec.make(self.target, **options)
         self.proposer = built if self.spec.kind == "speculative" else None  # None: autoregressive
@@ -98,7 +99,8 @@ class SpeculativeDecoder:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
         prompts = _as_prompts(prompts)
-        params = SamplingParams.make(len(prompts), temperature, top_k, top_p, seed, self.target.device)
+        device = self.generator.model.device if self.generator is not None else self.target.device
+        params = SamplingParams.make(len(prompts), temperature, top_k, top_p, seed, device)
         eos = () if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         if self.generator is not None:
             return self.generator.generate(prompts, params, max_new_tokens, list(eos), stream)

@@ -45,6 +45,7 @@ import torch
 
 from . import ops
 from .decoding import GenerationResult, Metrics, SamplingParams
+from .methods import MethodSpec, register
 
 StreamCallback = Callable[[int, list[int]], None]  # (row, newly emitted token ids)
 
@@ -288,3 +289,14 @@ def make_diffusion(target, **options) -> DiffusionGenerator:
 
         target = load_diffusion(target)
     return DiffusionGenerator(target, **options)
+
+
+register(MethodSpec(
+    name="diffusion",
+    summary="masked-diffusion LM generation (LLaDA remasking, Fast-dLLM threshold and cache); LOSSY: "
+            "the output is the diffusion model's, not an autoregressive target's",
+    lossless=False,
+    make=make_diffusion,
+    options=DIFFUSION_OPTIONS,
+    kind="generation",
+))
