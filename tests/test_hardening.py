@@ -299,3 +299,17 @@ def test_non_tensor_arguments_are_named():
         kvops.kv_quantize_keys(None, 0, 32, *[torch.zeros(1)] * 4)
     with pytest.raises(TypeError, match="logits must be a tensor"):
         ops.sample([[1.0, 2.0]])
+
+
+def test_model_caches_reject_float_lengths(tmp_path):
+    # the built-in model's static cache and the transformers adapter share the protocol's checks
+    from decoding_models import load_backend, make_checkpoint
+    folder = make_checkpoint(tmp_path / "m", seed=0)
+    for backend in ("builtin", "hf"):
+        cache = load_backend(folder, backend).new_cache(2, 16)
+        with pytest.raises(TypeError, match="lengths must hold integers"):
+            cache.truncate(torch.tensor([0.0, 0.0]))
+        with pytest.raises(ValueError, match="lengths must have shape \\[2\\]"):
+            cache.truncate(torch.tensor([0, 0, 0]))
+        with pytest.raises(TypeError, match="num_kept must hold integers"):
+            cache.commit(torch.tensor([0.5, 0.5]))
