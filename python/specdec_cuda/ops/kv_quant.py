@@ -77,6 +77,13 @@ def _start(start, batch: int, device) -> torch.Tensor:
     return start.to(device=device, dtype=torch.int64).contiguous()
 
 
+def _codes(t, name: str) -> torch.Tensor:
+    t = _tensor(t, name)
+    if t.dtype != torch.uint8 or t.dim() != 4:
+        raise TypeError(f"{name} must be a uint8 [B, H, capacity, D/2] tensor, got {t.dtype} {list(t.shape)}")
+    return t
+
+
 def _num_tokens(num_tokens) -> int:
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
         raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
@@ -123,7 +130,7 @@ def kv_dequantize_keys(k_upper, k_lower, k_scale, k_zero, group_size, num_tokens
     >>> kv_dequantize_keys(c["k_upper"], c["k_lower"], c["k_scale"], c["k_zero"], 64, 128).shape
     torch.Size([1, 2, 128, 64])
     """
-    b, h, _, half_d = _tensor(k_upper, "k_upper").shape
+    b, h, _, half_d = _codes(k_upper, "k_upper").shape
     out = torch.empty(b, h, _num_tokens(num_tokens), 2 * half_d, dtype=dtype, device=k_upper.device)
     torch.ops.specdec.kv_dequantize_keys(k_upper, k_lower, k_scale, k_zero, group_size, use_lower, out)
     return out
@@ -131,7 +138,7 @@ def kv_dequantize_keys(k_upper, k_lower, k_scale, k_zero, group_size, num_tokens
 
 def kv_dequantize_values(v_upper, v_lower, v_scale, v_zero, group_size, num_tokens, use_lower=True, dtype=torch.float32):
     """Values of tokens ``[0, num_tokens)`` read back.  Shape: ``[B, H, num_tokens, D]`` in ``dtype``."""
-    b, h, _, half_d = _tensor(v_upper, "v_upper").shape
+    b, h, _, half_d = _codes(v_upper, "v_upper").shape
     out = torch.empty(b, h, _num_tokens(num_tokens), 2 * half_d, dtype=dtype, device=v_upper.device)
     torch.ops.specdec.kv_dequantize_values(v_upper, v_lower, v_scale, v_zero, group_size, use_lower, out)
     return out

@@ -27,6 +27,19 @@ import torch.nn.functional as F
 from ..ops import kv_quant as kvops
 
 
+def _as_int(value, what: str, least: int) -> int:
+    """``value`` as an int >= least (numpy ints too; never a bool or a truncated float)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an int >= {least}, got {value!r}") from None
+    if value < least:
+        raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
+    return value
+
+
 class HierarchicalKVCache:
     """Hierarchical int4 KV cache (see ``specdec_cuda.reference.kv_quant`` for the codes).
 
@@ -51,12 +64,11 @@ class HierarchicalKVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int, *,
                  key_group: int = 64, value_group: int = 32, residual: int = 64,
                  dtype: torch.dtype = torch.float32, device=None):
-        for name, value, least in (("num_layers", num_layers, 1), ("batch", batch, 1),
-                                   ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 2),
-                                   ("capacity", capacity, 0), ("key_group", key_group, 1),
-                                   ("value_group", value_group, 2), ("residual", residual, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"HierarchicalKVCache: {name} must be an int >= {least}, got {value!r}")
+        num_layers, batch, num_kv_heads, head_dim, capacity, key_group, value_group, residual = (
+            _as_int(value, f"HierarchicalKVCache: {name}", least) for name, value, least in (
+                ("num_layers", num_layers, 1), ("batch", batch, 1), ("num_kv_heads", num_kv_heads, 1),
+                ("head_dim", head_dim, 2), ("capacity", capacity, 0), ("key_group", key_group, 1),
+                ("value_group", value_group, 2), ("residual", residual, 0)))
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"HierarchicalKVCache: dtype must be a floating dtype, got {dtype!r}")
         self.num_layers, self.batch, self.num_kv_heads, self.head_dim = num_layers, batch, num_kv_heads, head_dim
@@ -83,7 +95,11 @@ class HierarchicalKVCache:
         self.v_buffer[layer] = torch.cat([self.v_buffer[layer], pad], dim=2)
 
     def _check_layer(self, layer, method: str) -> None:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+        try:
+            ok = not isinstance(layer, bool) and 0 <= operator.index(layer) < self.num_layers
+        except TypeError:
+            ok = False
+        if not ok:
             raise IndexError(f"{method}: layer must be an int in [0, {self.num_layers}), got {layer!r}")
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -111,8 +127,7 @@ class HierarchicalKVCache:
 
     def advance(self, n: int) -> None:
         """Count the ``n`` tokens written to every layer (``n >= 0``)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"advance: n must be an int >= 0, got {n!r}")
+        n = _as_int(n, "advance: n", 0)
         self.lengths = [l + n for l in self.lengths]
 
     def truncate(self, lengths) -> None:
