@@ -17,9 +17,18 @@ $(VENV)/.deps-installed: requirements-dev.txt
 
 deps: $(VENV)/.deps-installed
 
-# Editable build: the extension lands in python/specdec_cuda/, where the tests import it.
-build: deps
-	$(PIP) install --no-build-isolation --no-deps -v -e .  # -v: shows the compile progress
+# The package is registered in the venv once (an editable install that compiles nothing), then
+# built in place: `setup.py build_ext --inplace` keeps its objects in build/ and ninja recompiles
+# only the sources whose code, headers or flags changed; when nothing the binary depends on changed
+# (a hash of csrc/, setup.py, torch's version and the switches, see setup.py) it neither compiles nor
+# links. So `make test` then `make demo` compiles once, and a repeat of either compiles nothing.
+# (`pip install -e` alone would rebuild everything in a temporary folder on every call.)
+$(VENV)/.specdec-registered: $(VENV)/.deps-installed setup.py pyproject.toml
+	SPECDEC_REGISTER_ONLY=1 $(PIP) install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+build: deps $(VENV)/.specdec-registered
+	$(PY) setup.py build_ext --inplace
 	$(PY) -c "import specdec_cuda, json; print(json.dumps(specdec_cuda.build_info()))"
 
 demo: build

@@ -16,9 +16,17 @@ Environment switches:
   TORCH_CUDA_ARCH_LIST     CUDA architectures (default "8.0;9.0", i.e. sm_80 and sm_90).
   MAX_JOBS                 parallel compile jobs (honoured by torch's ninja build).
   SPECDEC_DEBUG=1          -O0 -g host code, -lineinfo and device assertions for CUDA.
+  SPECDEC_REGISTER_ONLY=1  no extension (the Makefile's `pip install -e` registration step).
+
+Rebuilds: `setup.py build_ext --inplace` keeps its objects in build/, and ninja recompiles only
+what changed (it tracks the sources, the headers they include and the flags). When nothing that
+the binary depends on changed at all — every file under csrc/, setup.py, torch's version, the
+Python ABI and the switches above, hashed into build/specdec_build_digest.txt after each in-place
+build — it does not even relink: the in-place binary is reused as is.
 """
 
 import glob
+import hashlib
 import os
 import shutil
 import sys
@@ -88,6 +96,46 @@ def source_files(with_cuda: bool) -> list[str]:
     return sorted(sources)
 
 
+def build_digest(with_cuda: bool, archs: str, debug: bool) -> str:
+    """A hash of everything the binary is built from: the content of every file under csrc/ and of
+    setup.py, torch's version (and the CUDA it was built with), the Python ABI and the switches.
+    Content, not modification times, so an edit made while a build runs is not missed."""
+    h = hashlib.sha256()
+    h.update(f"torch {torch.__version__} cuda {torch.version.cuda} python {sys.implementation.cache_tag} "
+             f"with_cuda {with_cuda} archs {archs if with_cuda else ''} debug {debug}\n".encode())
+    for path in sorted(glob.glob("csrc/**/*", recursive=True)) + ["setup.py"]:
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                h.update(path.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
+
+
+DIGEST_PATH = os.path.join(ROOT, "build", "specdec_build_digest.txt")
+_DIGEST: str | None = None  # of the extension being built (set by make_extension)
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """torch's BuildExtension (ninja; it forces setuptools to relink every time), plus: an in-place
+    build whose inputs hash to the digest recorded by the last in-place build, with the binary still
+    in place, is skipped entirely (no compile, no link)."""
+
+    def run(self):
+        if self.inplace and _DIGEST is not None and self.extensions:
+            target = os.path.join(ROOT, "python", self.get_ext_filename(self.extensions[0].name))
+            recorded = open(DIGEST_PATH).read().strip() if os.path.exists(DIGEST_PATH) else None
+            if recorded == _DIGEST and os.path.exists(target):
+                _log(f"{os.path.relpath(target, ROOT)} is up to date (no source, header, switch or torch "
+                     "change since it was built): nothing to compile")
+                return
+            if os.path.exists(DIGEST_PATH):
+                os.remove(DIGEST_PATH)  # a failed or interrupted build must not look up to date
+        super().run()
+        if self.inplace and _DIGEST is not None and self.extensions:
+            os.makedirs(os.path.dirname(DIGEST_PATH), exist_ok=True)
+            with open(DIGEST_PATH, "w") as f:
+                f.write(_DIGEST + "\n")
+
+
 def write_build_meta(with_cuda: bool, archs: str, debug: bool, reason: str) -> None:
     """Python-side copy of the build facts, read before the binary is loaded (version check)."""
     path = os.path.join(ROOT, "python", "specdec_cuda", "_build_meta.py")
@@ -111,6 +159,8 @@ def make_extension():
     else:
         _log(f"building CPU kernels only: {reason}")
     write_build_meta(with_cuda, archs, debug, reason)
+    global _DIGEST
+    _DIGEST = build_digest(with_cuda, archs, debug)  # hashed before compiling: edits during it count
 
     opt = ["-O0", "-g"] if debug else ["-O3"]
     # -fopenmp: ATen's at::parallel_for is header-inline over OpenMP (torch's own backend), so
@@ -141,8 +191,11 @@ setup(
     description="Lossless speculative decoding kernels and orchestrator for PyTorch causal LMs",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    ext_modules=[make_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    # SPECDEC_REGISTER_ONLY=1 (used by the Makefile): register the package in the environment
+    # (`pip install -e`) without compiling; `setup.py build_ext --inplace` then builds the binary
+    # incrementally in python/specdec_cuda/, where the editable install finds it.
+    ext_modules=[] if os.environ.get("SPECDEC_REGISTER_ONLY") == "1" else [make_extension()],
+    cmdclass={"build_ext": BuildExt},
     python_requires=">=3.10",
     install_requires=["numpy", "safetensors"],
     extras_require={"hf": ["transformers"], "test": ["pytest", "scipy", "transformers"]},

@@ -13,7 +13,8 @@
 # Families add their tests / benchmarks in their own section below (copy the sampling block).
 # Step limits add up to about 13 minutes in the worst case (a device call may last 10): with
 # GPU_CHECK_ONLY=tests,bench_quant (a comma-separated list of step names) only those steps run
-# after the build and the HBM measurement.
+# after the build and the HBM measurement. The compute-sanitizer steps (sanitize_memcheck,
+# sanitize_racecheck, up to 9 more minutes) run only with GPU_CHECK_SANITIZE=1 or when named there.
 set -u
 OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [PYTHON]}
 mkdir -p "$OUT"
@@ -121,9 +122,30 @@ step bench_quant 150 "$PY" bench/bench_quant.py --device cuda --quick --tune --o
 step bench_kv_quant 30 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
+# ==== hardening: compute-sanitizer (issue 12) ======================================================
+# memcheck (out-of-bounds / misaligned device accesses, leaks of device errors) and racecheck
+# (shared-memory hazards) over the CUDA tests: every test whose name or file says cuda, plus the
+# fuzz suite's CUDA cases. Slow (the tools instrument every kernel): they run only with
+# GPU_CHECK_SANITIZE=1 or when named in GPU_CHECK_ONLY (GPU_CHECK_ONLY=sanitize_memcheck,
+# sanitize_racecheck runs just them after the build). Each writes its "ERROR SUMMARY" line to the
+# log and hence to summary.txt; a reported error fails the step (--error-exitcode).
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ] || [[ ",${GPU_CHECK_ONLY:-}," == *",sanitize_"* ]]; then
+  if [ -z "$SANITIZER" ]; then
+    log "sanitize: compute-sanitizer not found; skipped"
+  else
+    SAN_TESTS=(-m "not slow" -k cuda tests/ -p no:cacheprovider -x -q)
+    step sanitize_memcheck 300 "$SANITIZER" --tool memcheck --error-exitcode 99 --target-processes all \
+      "$PY" -m pytest "${SAN_TESTS[@]}"
+    step sanitize_racecheck 240 "$SANITIZER" --tool racecheck --racecheck-report hazard --error-exitcode 99 \
+      --target-processes all "$PY" -m pytest "${SAN_TESTS[@]}"
+  fi
+fi
+# ==== end hardening ===============================================================================
+
 log "done in $(( $(date +%s) - START ))s; failed steps: ${FAILED[*]:-none}"
 # The lines worth reading first, in one short file: step results, test counts, the error-path probes,
 # HBM bandwidth, targets and the tuning sweep's winners.
-grep -E "^\[gpu_check .*(----.*rc=|HBM bandwidth|done in)|passed|failed|probe|target|best for|gpu total" "$LOG" \
+grep -E "^\[gpu_check .*(----.*rc=|HBM bandwidth|done in|sanitize)|passed|failed|probe|target|best for|gpu total|ERROR SUMMARY" "$LOG" \
   > "$OUT/summary.txt" 2>/dev/null
 [ ${#FAILED[@]} -eq 0 ]

@@ -181,7 +181,7 @@ def test_verify_bad_inputs_raise():
     with pytest.raises(RuntimeError, match="max_draft"):
         ops.verify_chain(torch.tensor([1, 2]), torch.tensor([0, 2]), t, max_draft=1)
     with pytest.raises(RuntimeError, match="non-decreasing"):
-        ops.verify_chain(torch.tensor([1, 2]), torch.tensor([0, 3, 2]), torch.randn(4, 10),
+        ops.verify_chain(torch.tensor([1, 2]), torch.tensor([0, 2, 1]), torch.randn(4, 10),
                          max_draft=3)
     with pytest.raises(ValueError, match="temperature must be a scalar or have shape"):
         ops.verify_chain(torch.tensor([1, 2]), torch.tensor([0, 2]), t, temperature=torch.ones(2))

@@ -25,10 +25,12 @@ void dispatch_input(const at::Tensor& x, const F& f) {
   }
 }
 
+// T <= cap was checked with the shapes; comparing with cap - T (not start + T, which overflows
+// for a start near INT64_MAX and would pass) keeps every block inside the cache.
 void check_cpu_start(const at::Tensor& start, int64_t T, int64_t cap, int64_t G) {
   const int64_t* s = start.data_ptr<int64_t>();
   for (int64_t b = 0; b < start.size(0); ++b)
-    TORCH_CHECK(s[b] >= 0 && s[b] % G == 0 && s[b] + T <= cap, "start[", b, "] = ", s[b],
+    TORCH_CHECK(s[b] >= 0 && s[b] % G == 0 && s[b] <= cap - T, "start[", b, "] = ", s[b],
                 " must be a multiple of ", G, " with start + ", T, " tokens <= capacity ", cap);
 }
 

@@ -55,6 +55,9 @@ void w4a16_matmul_cpu(const at::Tensor& x, const at::Tensor& packed, const at::T
   TORCH_CHECK(layout == kLayoutCpu, "w4a16_matmul on CPU takes LAYOUT_CPU (0) weights; got layout ", layout);
   // x: (M, K); out: (M, N), both of x's dtype
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]; got ", x.sizes());
+  // Integer / bool activations would come back as truncated integers: an error, as in nn.Linear.
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "x must be float32, float16 or bfloat16; got ", x.scalar_type());
   TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type() &&
                   out.is_contiguous(),
               "out must be a contiguous [M, N] tensor of x's dtype; got ", out.scalar_type(), " ", out.sizes());

@@ -27,6 +27,10 @@ void sample_cpu_op(const at::Tensor& logits, const at::Tensor& temperature, cons
 // still guard every row, as the CUDA path must without a host sync).
 void check_layout_on_host(const VerifyArgs& a) {
   TORCH_CHECK(a.cu_num_draft[0] == 0, "cu_num_draft[0] must be 0, got ", a.cu_num_draft[0]);
+  // Each entry in range first, so that the differences below cannot overflow.
+  for (int64_t i = 0; i <= a.batch; ++i)
+    TORCH_CHECK(a.cu_num_draft[i] >= 0 && a.cu_num_draft[i] <= a.num_drafts, "cu_num_draft[", i,
+                "] = ", a.cu_num_draft[i], " is outside [0, ", a.num_drafts, "] (the number of draft tokens)");
   for (int64_t i = 0; i < a.batch; ++i) {
     const int64_t k = a.cu_num_draft[i + 1] - a.cu_num_draft[i];
     TORCH_CHECK(k >= 0, "cu_num_draft must be non-decreasing, got ", a.cu_num_draft[i], " then ",

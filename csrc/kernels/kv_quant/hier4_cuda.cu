@@ -28,7 +28,7 @@ __global__ void quantize_keys_kernel(const T* __restrict__ k, const int64_t* __r
   if (i >= rows * groups * pairs) return;
   const int64_t p = i % pairs, g = (i / pairs) % groups, r = i / (pairs * groups);
   const int64_t s = start[r / H];
-  if (s < 0 || s % G != 0 || s + T_ > capacity) return;
+  if (s < 0 || s % G != 0 || s > capacity - T_) return;  // not s + T_: it overflows near INT64_MAX
   const int64_t tok = s + g * G;
   quantize_key_pair(k + (r * T_ + g * G) * D + 2 * p, D, G, upper + (r * capacity + tok) * pairs + p,
                     lower + (r * capacity + tok) * pairs + p, scale + (r * (capacity / G) + tok / G) * D + 2 * p,
@@ -46,7 +46,7 @@ __global__ void quantize_values_kernel(const T* __restrict__ v, const int64_t* _
   if (i >= rows * T_ * groups) return;
   const int64_t g = i % groups, t = (i / groups) % T_, r = i / (groups * T_);
   const int64_t s = start[r / H];
-  if (s < 0 || s + T_ > capacity) return;
+  if (s < 0 || s > capacity - T_) return;  // not s + T_: it overflows near INT64_MAX
   const int64_t tok = r * capacity + s + t;
   quantize_value_group(v + (r * T_ + t) * D + g * G, G, upper + tok * (D / 2) + g * G / 2,
                        lower + tok * (D / 2) + g * G / 2, scale + tok * groups + g, zero + tok * groups + g);
@@ -114,7 +114,7 @@ cudaError_t by_dtype(DType dtype, const F& f) {
 cudaError_t launch_quantize_keys(const void* k, DType dtype, const int64_t* start, int64_t B, int64_t H, int64_t T,
                                  int64_t D, int64_t capacity, int64_t G, uint8_t* upper, uint8_t* lower, float* scale,
                                  float* zero, cudaStream_t stream) {
-  if (G <= 0 || T % G != 0 || D % 2 != 0 || capacity % G != 0) return cudaErrorInvalidValue;
+  if (G <= 0 || T % G != 0 || D % 2 != 0 || capacity % G != 0 || T > capacity) return cudaErrorInvalidValue;
   const int64_t items = B * H * (T / G) * (D / 2);
   if (items == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto tag) {
@@ -127,7 +127,7 @@ cudaError_t launch_quantize_keys(const void* k, DType dtype, const int64_t* star
 cudaError_t launch_quantize_values(const void* v, DType dtype, const int64_t* start, int64_t B, int64_t H, int64_t T,
                                    int64_t D, int64_t capacity, int64_t G, uint8_t* upper, uint8_t* lower, float* scale,
                                    float* zero, cudaStream_t stream) {
-  if (G <= 0 || G % 2 != 0 || D % G != 0) return cudaErrorInvalidValue;
+  if (G <= 0 || G % 2 != 0 || D % G != 0 || T > capacity) return cudaErrorInvalidValue;
   const int64_t items = B * H * T * (D / G);
   if (items == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto tag) {

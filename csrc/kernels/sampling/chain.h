@@ -84,11 +84,32 @@ SPECDEC_HD bool bad_params(float temperature, float top_p) {
   return !(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f);
 }
 
-// Whether row i's draft layout is readable: offsets inside [0, num_drafts], non-decreasing, and no
-// more drafts than the output width. A row failing this is flagged like an out-of-range draft.
+// The largest row r with cu[r] + r <= t (-1 when none), by binary search. For a valid cu this is
+// the row owning target logit row t; for any cu it is non-decreasing in t (each comparison is), which
+// row_layout_ok relies on. Written as cu[r] <= t - r so that a huge cu entry cannot overflow.
+SPECDEC_HD int64_t target_owner(const VerifyArgs& a, int64_t t) {
+  int64_t lo = 0, hi = a.batch - 1, found = -1;
+  while (lo <= hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a.cu_num_draft[mid] <= t - mid) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return found;
+}
+
+// Whether row i's draft layout is readable: offsets inside [0, num_drafts] (each checked before the
+// difference is taken), non-decreasing, no more drafts than the output width, and its target rows
+// owned by no other row (both ends map back to it, hence every row between: target_owner is
+// monotone), so a parallel evaluation never hands it another row's results when cu is not
+// monotone. A row failing this is flagged like an out-of-range draft.
 SPECDEC_HD bool row_layout_ok(const VerifyArgs& a, int64_t row) {
   const int64_t lo = a.cu_num_draft[row], hi = a.cu_num_draft[row + 1];
-  return lo >= 0 && hi >= lo && hi <= a.num_drafts && hi - lo <= a.max_draft;
+  if (!(lo >= 0 && hi >= lo && hi <= a.num_drafts && hi - lo <= a.max_draft)) return false;
+  return target_owner(a, lo + row) == row && target_owner(a, hi + row) == row;
 }
 
 }  // namespace sampling

@@ -466,16 +466,7 @@ __global__ void __launch_bounds__(kThreads) verify_serial_kernel(VerifyArgs a) {
 
 // The row owning target logit row t, or -1 (t outside every valid row's range).
 __device__ int64_t row_of_target(const VerifyArgs& a, int64_t t) {
-  int64_t lo = 0, hi = a.batch - 1, found = -1;  // largest r with cu[r] + r <= t
-  while (lo <= hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a.cu_num_draft[mid] + mid <= t) {
-      found = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int64_t found = target_owner(a, t);  // largest r with cu[r] + r <= t
   if (found < 0 || !row_layout_ok(a, found)) return -1;
   return t <= a.cu_num_draft[found + 1] + found ? found : -1;
 }

@@ -18,14 +18,17 @@ SPECDEC_HD bool compact_row_ok(const CompactArgs& a, int64_t b) {
     return false;
   }
   a.status[b] = 1;
-  const int64_t len = a.num_accepted[b] + 1, src = a.src_start[b], dst = a.dst_start[b];
-  if (len < 1 || len > a.width || dst < 0 || dst > src) return false;
+  // Each operand's range first (num_accepted < width, 0 <= dst <= src < slots), then the sums
+  // compared as differences, so an entry near INT64_MAX cannot overflow a check into passing.
+  const int64_t na = a.num_accepted[b], src = a.src_start[b], dst = a.dst_start[b];
+  if (na < 0 || na >= a.width || dst < 0 || dst > src || src >= a.slots) return false;
+  const int64_t len = na + 1;
   for (int64_t j = 1; j < len; ++j)
     if (path[j] <= path[j - 1]) return false;
   // Strictly increasing from path[0] >= 0 gives path[j] >= j; with dst <= src every destination
   // dst + j <= src + path[j], so a copy in increasing j never overwrites a slot still to be read
   // (and a slot written at step j is never the source of a later step).
-  if (src + path[len - 1] >= a.slots || dst + len - 1 >= a.slots) return false;
+  if (path[len - 1] > a.slots - 1 - src || len - 1 > a.slots - 1 - dst) return false;
   a.status[b] = 0;
   return true;
 }

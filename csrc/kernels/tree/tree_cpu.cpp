@@ -43,7 +43,7 @@ void build_tree_row_cpu(const BuildTreeArgs& a, int64_t b) {
   const int64_t n = ok ? hi - lo : 0;
   const int64_t* parents = a.parents + (ok ? lo : 0);
   for (int64_t v = 0; ok && v < n; ++v) ok = node_ok(parents, v);
-  if (a.hf_mask != nullptr && !(cache_len >= 0 && cache_len <= a.max_prefix)) ok = false;
+  if (!cache_len_ok(cache_len, m, a.hf_mask != nullptr, a.max_prefix)) ok = false;
   a.status[b] = ok ? kStatusOk : kStatusMalformedTree;
   const int64_t live = ok ? n : 0;  // a malformed row is written as if it had no node
 

@@ -51,7 +51,7 @@ __global__ void build_tree_rows_kernel(BuildTreeArgs a) {
   const int64_t n = bounds ? hi - lo : 0;
   const int64_t* parents = a.parents + (bounds ? lo : 0);
   const int64_t cache_len = a.cache_len[b];
-  bool bad = !bounds || (a.hf_mask != nullptr && !(cache_len >= 0 && cache_len <= a.max_prefix));
+  bool bad = !bounds || !cache_len_ok(cache_len, m, a.hf_mask != nullptr, a.max_prefix);
   for (int64_t v = threadIdx.x; v < n; v += blockDim.x) {
     const bool ok = node_ok(parents, v);
     bad |= !ok;

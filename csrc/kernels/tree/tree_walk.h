@@ -19,6 +19,13 @@ SPECDEC_HD bool row_bounds_ok(int64_t lo, int64_t hi, int64_t num_flat, int64_t 
   return lo >= 0 && hi > lo && hi <= num_flat && hi - lo <= max_nodes;
 }
 
+// Whether a row's cache_len is usable: >= 0, small enough that cache_len + depth (< max_nodes)
+// cannot overflow, and with the Hugging Face mask inside [0, max_prefix].
+SPECDEC_HD bool cache_len_ok(int64_t cache_len, int64_t max_nodes, bool hf_mask, int64_t max_prefix) {
+  if (cache_len < 0 || cache_len > INT64_MAX - max_nodes) return false;
+  return !hf_mask || cache_len <= max_prefix;
+}
+
 // Whether node v of a row (parents = the row's parent array) satisfies the tree rule.
 SPECDEC_HD bool node_ok(const int64_t* parents, int64_t v) {
   const int64_t p = parents[v];

@@ -59,6 +59,11 @@ class LlamaConfig:
     bos_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -77,6 +82,8 @@ class LlamaConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> "LlamaConfig":
         """Parse a Hugging Face config dict; raise UnsupportedModelError naming the family if unknown."""
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
         family = family_of(cfg, source)
         if cfg.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
@@ -86,8 +93,25 @@ class LlamaConfig:
         if any(t != "full_attention" for t in layer_types):
             raise UnsupportedModelError(f"{source}: only full_attention layers are supported, got {layer_types}")
 
-        num_heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
+        def positive(key: str, default=None) -> int:
+            value = cfg.get(key, default)
+            if value is None:
+                raise ValueError(f"{source}: {key} is missing")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+                raise ValueError(f"{source}: {key} must be a positive integer, got {value!r}")
+            return int(value)
+
+        num_heads = positive("num_attention_heads")
+        hidden = positive("hidden_size")
+        for key in ("vocab_size", "intermediate_size", "num_hidden_layers"):
+            positive(key)
+        if cfg.get("num_key_value_heads") is not None:
+            positive("num_key_value_heads")
+        if cfg.get("head_dim") is not None:
+            positive("head_dim")
+        elif hidden % num_heads:
+            raise ValueError(f"{source}: hidden_size {hidden} is not a multiple of num_attention_heads "
+                             f"{num_heads} and no head_dim is given")
         head_dim = cfg.get("head_dim") or hidden // num_heads
         attention_bias = bool(cfg.get("attention_bias", False))
         eos_ids = eos_token_ids(cfg.get("eos_token_id"))
@@ -124,12 +148,14 @@ def eos_token_ids(eos: int | list[int] | None) -> tuple[int, ...]:
 def family_of(cfg: dict[str, Any], source: str = "config.json") -> str:
     """The supported family of a config dict, by ``model_type`` then ``architectures``."""
     model_type = cfg.get("model_type")
-    if model_type in SUPPORTED_FAMILIES:
+    if isinstance(model_type, str) and model_type in SUPPORTED_FAMILIES:
         return SUPPORTED_FAMILIES[model_type]
-    for arch in cfg.get("architectures") or []:
-        if arch in _ARCHITECTURES:
+    architectures = cfg.get("architectures") or []
+    for arch in architectures if isinstance(architectures, list) else []:
+        if isinstance(arch, str) and arch in _ARCHITECTURES:
             return _ARCHITECTURES[arch]
-    name = model_type or ", ".join(cfg.get("architectures") or []) or "<no model_type>"
+    arch_names = ", ".join(map(str, architectures)) if isinstance(architectures, list) else str(architectures)
+    name = model_type or arch_names or "<no model_type>"
     raise UnsupportedModelError(
         f"{source}: model family {name!r} is not supported by the built-in model; supported families: "
         f"{', '.join(SUPPORTED_FAMILIES)} (model_type) / {', '.join(_ARCHITECTURES)}. "

@@ -27,7 +27,7 @@ from torch import nn
 
 from .config import UnsupportedModelError, eos_token_ids
 from ..ops.tree import compact_kv
-from .protocol import ModelOutput, check_commit_args
+from .protocol import ModelOutput, as_index_tensor, check_commit_args
 
 _MASKABLE = ("sdpa", "eager")
 
@@ -104,7 +104,7 @@ class HFCache:
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll rows back to ``lengths`` [B] int64 (each between 0 and the row's current length)."""
-        lengths = torch.as_tensor(lengths, dtype=torch.int64, device=self.device)
+        lengths = as_index_tensor(lengths, "lengths", self.device)
         if lengths.shape != (self.batch_size,):
             raise ValueError(f"lengths must have shape [{self.batch_size}], got {tuple(lengths.shape)}")
         lo, hi, bad = torch.stack(

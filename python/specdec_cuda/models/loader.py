@@ -51,15 +51,18 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
         raise FileNotFoundError(f"{str(folder)!r} has no config.json; expected a Hugging Face checkpoint folder")
     try:
         raw = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_path}: expected a JSON object, got {type(raw).__name__}")
     config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
     # Chat checkpoints often list their end-of-turn tokens only in generation_config.json.
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
         try:
-            eos = json.loads(generation_path.read_text()).get("eos_token_id")
-        except json.JSONDecodeError:
+            generation = json.loads(generation_path.read_text())
+            eos = generation.get("eos_token_id") if isinstance(generation, dict) else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
             eos = None
         if eos is not None:
             config = dataclasses.replace(config, eos_token_id=eos_token_ids(eos))
@@ -80,7 +83,15 @@ class SafetensorsFolder(Mapping):
     def __init__(self, folder: Path) -> None:
         index_path = folder / _INDEX
         if index_path.is_file():
-            weight_map = json.loads(index_path.read_text()).get("weight_map", {})
+            try:
+                index = json.loads(index_path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{index_path}: not valid JSON ({exc})") from None
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+                raise ValueError(f"{index_path}: expected a JSON object with a \"weight_map\" of tensor name -> "
+                                 f"shard file name")
             files = {name: folder / f for name, f in weight_map.items()}
             for f in sorted(set(files.values())):
                 if not f.is_file():
@@ -93,8 +104,11 @@ class SafetensorsFolder(Mapping):
                 raise FileNotFoundError(f"{str(folder)!r} has no *.safetensors weights{hint}")
             files = {}
             for f in shards:
-                with safe_open(str(f), framework="pt") as handle:
-                    files.update({name: f for name in handle.keys()})
+                try:
+                    with safe_open(str(f), framework="pt") as handle:
+                        files.update({name: f for name in handle.keys()})
+                except Exception as exc:  # safetensors raises its own error type for a corrupt header
+                    raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
         # Checkpoints of a bare decoder (saved without the LM wrapper) lack the "model." prefix.
         if "model.embed_tokens.weight" not in files and "embed_tokens.weight" in files:
             files = {(k if k.startswith("lm_head.") else f"model.{k}"): v for k, v in files.items()}
@@ -106,10 +120,13 @@ class SafetensorsFolder(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         f = self._files[name]
-        if f not in self._handles:
-            self._handles[f] = safe_open(str(f), framework="pt")
         key = name[len("model."):] if self._strip and name.startswith("model.") else name
-        return self._handles[f].get_tensor(key)
+        try:
+            if f not in self._handles:
+                self._handles[f] = safe_open(str(f), framework="pt")
+            return self._handles[f].get_tensor(key)
+        except Exception as exc:  # a corrupt shard, or an index naming a tensor the shard lacks
+            raise ValueError(f"{f}: cannot read tensor {key!r} ({exc})") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._files

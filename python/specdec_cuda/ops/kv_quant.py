@@ -51,10 +51,43 @@ def allocate_kv_cache(
     }
 
 
+def _tensor(t, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    return t
+
+
+def _block(x, name: str) -> torch.Tensor:
+    x = _tensor(x, name)
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.dim() != 4:
+        raise TypeError(f"{name} must be a float32 / float16 / bfloat16 [B, H, n, D] tensor, got "
+                        f"{x.dtype} {list(x.shape)}")
+    return x.contiguous()
+
+
 def _start(start, batch: int, device) -> torch.Tensor:
-    if isinstance(start, int):
+    # an int or integer tensor; a float start is an error, not truncated to a token index
+    if isinstance(start, int) and not isinstance(start, bool):
+        if not -2**63 <= start < 2**63:
+            raise ValueError(f"start {start} does not fit in int64")
         return torch.full((batch,), start, dtype=torch.int64, device=device)
+    start = _tensor(start, "start")
+    if start.dtype.is_floating_point or start.dtype.is_complex or start.dtype == torch.bool:
+        raise TypeError(f"start must be an int or an integer tensor, got {start.dtype}")
     return start.to(device=device, dtype=torch.int64).contiguous()
+
+
+def _codes(t, name: str) -> torch.Tensor:
+    t = _tensor(t, name)
+    if t.dtype != torch.uint8 or t.dim() != 4:
+        raise TypeError(f"{name} must be a uint8 [B, H, capacity, D/2] tensor, got {t.dtype} {list(t.shape)}")
+    return t
+
+
+def _num_tokens(num_tokens) -> int:
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+    return num_tokens
 
 
 def kv_quantize_keys(k, start, group_size, k_upper, k_lower, k_scale, k_zero) -> None:
@@ -69,8 +102,9 @@ def kv_quantize_keys(k, start, group_size, k_upper, k_lower, k_scale, k_zero) ->
     >>> c = allocate_kv_cache(1, 2, 128, 64)
     >>> kv_quantize_keys(torch.randn(1, 2, 64, 64), 0, 64, c["k_upper"], c["k_lower"], c["k_scale"], c["k_zero"])
     """
+    k = _block(k, "k")
     torch.ops.specdec.kv_quantize_keys(
-        k.contiguous(), _start(start, k.shape[0], k.device), group_size, k_upper, k_lower, k_scale, k_zero
+        k, _start(start, k.shape[0], k.device), group_size, k_upper, k_lower, k_scale, k_zero
     )
 
 
@@ -79,8 +113,9 @@ def kv_quantize_values(v, start, group_size, v_upper, v_lower, v_scale, v_zero) 
 
     Shape: v ``[B, H, n, D]``; start ``[B]`` int64 (or an int); cache tensors written in place.
     """
+    v = _block(v, "v")
     torch.ops.specdec.kv_quantize_values(
-        v.contiguous(), _start(start, v.shape[0], v.device), group_size, v_upper, v_lower, v_scale, v_zero
+        v, _start(start, v.shape[0], v.device), group_size, v_upper, v_lower, v_scale, v_zero
     )
 
 
@@ -95,16 +130,16 @@ def kv_dequantize_keys(k_upper, k_lower, k_scale, k_zero, group_size, num_tokens
     >>> kv_dequantize_keys(c["k_upper"], c["k_lower"], c["k_scale"], c["k_zero"], 64, 128).shape
     torch.Size([1, 2, 128, 64])
     """
-    b, h, _, half_d = k_upper.shape
-    out = torch.empty(b, h, num_tokens, 2 * half_d, dtype=dtype, device=k_upper.device)
+    b, h, _, half_d = _codes(k_upper, "k_upper").shape
+    out = torch.empty(b, h, _num_tokens(num_tokens), 2 * half_d, dtype=dtype, device=k_upper.device)
     torch.ops.specdec.kv_dequantize_keys(k_upper, k_lower, k_scale, k_zero, group_size, use_lower, out)
     return out
 
 
 def kv_dequantize_values(v_upper, v_lower, v_scale, v_zero, group_size, num_tokens, use_lower=True, dtype=torch.float32):
     """Values of tokens ``[0, num_tokens)`` read back.  Shape: ``[B, H, num_tokens, D]`` in ``dtype``."""
-    b, h, _, half_d = v_upper.shape
-    out = torch.empty(b, h, num_tokens, 2 * half_d, dtype=dtype, device=v_upper.device)
+    b, h, _, half_d = _codes(v_upper, "v_upper").shape
+    out = torch.empty(b, h, _num_tokens(num_tokens), 2 * half_d, dtype=dtype, device=v_upper.device)
     torch.ops.specdec.kv_dequantize_values(v_upper, v_lower, v_scale, v_zero, group_size, use_lower, out)
     return out
 

@@ -96,6 +96,12 @@ def quantize_w4(
     >>> q = quantize_w4(w, group_size=64)
     >>> y = w4a16_matmul(torch.randn(3, 512), q)          # Shape: [3, 256]
     """
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a tensor, got {type(weight).__name__}")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be floating point, got {weight.dtype}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"group_size must be an int, got {group_size!r}")
     if weight.dim() != 2:
         raise ValueError(f"weight must be [out_features, in_features]; got shape {tuple(weight.shape)}")
     n, k = weight.shape
@@ -141,9 +147,18 @@ def w4a16_matmul(x: torch.Tensor, weight: PackedW4, *, tuning: int | None = None
     >>> w4a16_matmul(torch.randn(2, 5, 128), q).shape
     torch.Size([2, 5, 64])
     """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if not isinstance(weight, PackedW4):
+        raise TypeError(f"weight must be a PackedW4 (from quantize_w4), got {type(weight).__name__}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        # like nn.Linear: integer / bool activations are an error, not silently truncated outputs
+        raise TypeError(f"x must be float32, float16 or bfloat16 (float32 on the CPU only), got {x.dtype}")
     n, k = weight.out_features, weight.in_features
     packed, scales = weight.packed, weight.scales
     shape = x.shape
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension [..., in_features], got a 0-d tensor")
     if shape[-1] != k:
         raise ValueError(f"x has {shape[-1]} features but the weight expects {k} (x shape {tuple(shape)})")
     if x.device != packed.device:

@@ -267,9 +267,19 @@ def verify_chain(
     draft_tokens = draft_tokens.to(device=device, dtype=torch.int64).contiguous()
     cu_num_draft = cu_num_draft.to(device=device, dtype=torch.int64).contiguous()
     if max_draft is None:
-        max_draft = int((cu_num_draft[1:] - cu_num_draft[:-1]).max()) if batch > 0 else 0
-    if max_draft < 0:
-        raise ValueError(f"max_draft must be >= 0, got {max_draft}")
+        # cu_num_draft is read anyway to size the outputs: check its layout here, naming it, before a
+        # negative or huge entry could size an allocation (the kernels flag rows on their own too)
+        cu = cu_num_draft.tolist()
+        bad = next((i for i in range(batch + 1) if not 0 <= cu[i] <= num_drafts), None)
+        if bad is not None:
+            raise ValueError(f"cu_num_draft[{bad}] = {cu[bad]} is outside [0, {num_drafts}] "
+                             f"(the number of draft tokens)")
+        if cu[0] != 0 or cu[-1] != num_drafts or any(cu[i + 1] < cu[i] for i in range(batch)):
+            raise ValueError(f"cu_num_draft must start at 0, never decrease and end at the number of "
+                             f"draft tokens {num_drafts}; got {cu[:16]}")
+        max_draft = max((cu[i + 1] - cu[i] for i in range(batch)), default=0)
+    if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 0:
+        raise ValueError(f"max_draft must be an int >= 0, got {max_draft!r}")
     tokens = torch.empty(batch, max_draft + 1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     accepted = torch.empty(batch, max_draft, dtype=torch.int8, device=device)

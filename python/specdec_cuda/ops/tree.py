@@ -25,6 +25,7 @@ graphs and read ``status`` yourself. Under ``torch.compile`` the check is skippe
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple, Sequence
 
 import torch
@@ -56,14 +57,23 @@ class VerifyTreeResult(NamedTuple):
 
 
 def _as_index(t, name: str, device=None) -> torch.Tensor:
-    t = torch.as_tensor(t, device=device)
+    try:
+        t = torch.as_tensor(t, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name}: expected an int64 or int32 tensor, got {type(t).__name__} ({exc})") from None
     if t.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name}: expected an int64 or int32 tensor, got {t.dtype}")
     return t.to(torch.int64).contiguous()
 
 
 def _per_row(value, name: str, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
-    t = torch.as_tensor(value, device=device)
+    try:
+        t = torch.as_tensor(value, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name}: expected a number or a tensor, got {type(value).__name__} ({exc})") from None
+    if not dtype.is_floating_point and (t.dtype.is_floating_point or t.dtype.is_complex):
+        # an integer parameter (seed, position, top_k, offsets) is never silently truncated
+        raise TypeError(f"{name}: expected integers, got {t.dtype}")
     if t.dim() == 0:
         t = t.expand(batch)
     if t.shape != (batch,):
@@ -71,15 +81,26 @@ def _per_row(value, name: str, batch: int, dtype: torch.dtype, device) -> torch.
     return t.to(dtype).contiguous()
 
 
-def _max_nodes(cu: torch.Tensor, max_nodes: int | None) -> int:
+def _max_nodes(cu: torch.Tensor, max_nodes: int | None, num_flat: int) -> int:
     if max_nodes is not None:
-        return int(max_nodes)
+        try:
+            if isinstance(max_nodes, bool):
+                raise TypeError
+            return operator.index(max_nodes)  # an int (numpy's too), never a truncated float
+        except TypeError:
+            raise TypeError(f"max_nodes: expected an int, got {max_nodes!r}") from None
     if cu.numel() < 2:
         return 1
-    return max(1, int((cu[1:] - cu[:-1]).max()))  # reads the device: pass max_nodes to avoid it
+    # Reads the device (pass max_nodes to avoid it). Only rows whose range [lo, hi) lies inside the
+    # N flat nodes count: the kernels flag the others (status 4), so a negative or huge offset is
+    # reported naming its row instead of sizing an allocation.
+    lo, hi = cu[:-1], cu[1:]
+    usable = (lo >= 0) & (hi > lo) & (hi <= num_flat)
+    return max(1, int(torch.where(usable, hi - lo, torch.zeros_like(lo)).max()))
 
 
-def _raise_malformed(status, parents, cu, max_nodes, op: str, extra: str = "") -> None:
+def _raise_malformed(status, parents, cu, max_nodes, op: str, extra: str = "",
+                     cache_len=None) -> None:
     if torch.compiler.is_compiling():
         return
     bad = torch.nonzero(status == STATUS_MALFORMED_TREE).flatten().tolist()
@@ -90,7 +111,10 @@ def _raise_malformed(status, parents, cu, max_nodes, op: str, extra: str = "") -
     if not (0 <= lo < hi <= parents.numel()):
         why = f"its node range cu_num_nodes[{b}:{b + 2}] = [{lo}, {hi}) is empty or out of bounds"
     else:
-        why = tree_problem(parents[lo:hi].tolist(), max_nodes) or extra or "invalid"
+        why = tree_problem(parents[lo:hi].tolist(), max_nodes)
+        if why is None and cache_len is not None:
+            raise ValueError(f"{op}: cache_len[{b}] = {int(cache_len[b])}: {extra}")
+        why = why or extra or "invalid"
     raise ValueError(f"{op}: parents: row {b} is not a valid tree: {why}")
 
 
@@ -128,7 +152,8 @@ def build_tree(parents, cu_num_nodes, cache_len, max_nodes: int | None = None, *
         first_child, next_sibling: (B, M) int64, -1 when none (children in index order).
         hf_mask: (B, 1, M, P + M) in hf_mask_dtype, 0 where visible and ``finfo.min`` where not,
             or None.
-        status: (B,) int32, 0 ok, 4 malformed tree (or cache_len outside [0, P] for hf_mask).
+        status: (B,) int32, 0 ok, 4 malformed tree (or cache_len < 0, cache_len + M beyond
+            int64, or cache_len > P with hf_mask).
 
     Example
     -------
@@ -145,17 +170,29 @@ def build_tree(parents, cu_num_nodes, cache_len, max_nodes: int | None = None, *
         raise ValueError(f"cu_num_nodes: expected shape (B + 1,), got {tuple(cu.shape)}")
     batch = cu.numel() - 1
     cache_len = _per_row(cache_len, "cache_len", batch, torch.int64, device)
-    m = _max_nodes(cu, max_nodes)
+    m = _max_nodes(cu, max_nodes, parents.numel())
     if m < 1:
         raise ValueError(f"max_nodes: must be >= 1, got {m}")
+    if hf_mask_dtype is not None and not isinstance(hf_mask_dtype, torch.dtype):
+        raise TypeError(f"hf_mask_dtype: expected a torch float dtype, got {hf_mask_dtype!r}")
     hf_mask = None
     prefix = 0
     if hf_mask_dtype is not None:
         if not hf_mask_dtype.is_floating_point:
             raise TypeError(f"hf_mask_dtype: expected a float dtype, got {hf_mask_dtype}")
-        prefix = int(max_prefix) if max_prefix is not None else (
-            int(cache_len.max()) if batch else 0)
-        hf_mask = torch.empty(batch, 1, m, prefix + m, dtype=hf_mask_dtype, device=device)
+        if max_prefix is not None:
+            prefix, source = int(max_prefix), "max_prefix"
+            if prefix < 0:
+                raise ValueError(f"max_prefix: must be >= 0, got {prefix}")
+        else:
+            # max(cache_len), read from the device; a negative entry is flagged per row below
+            prefix, source = (max(0, int(cache_len.max())) if batch else 0), "max(cache_len)"
+        try:
+            hf_mask = torch.empty(batch, 1, m, prefix + m, dtype=hf_mask_dtype, device=device)
+        except (RuntimeError, OverflowError) as exc:
+            raise ValueError(f"build_tree: the Hugging Face mask [{batch}, 1, {m}, {source} + {m}] "
+                             f"with {source} = {prefix} cannot be allocated; cache_len holds "
+                             f"{cache_len.tolist()[:8]} ({exc})") from None
     longs = dict(dtype=torch.int64, device=device)
     depth = torch.empty(batch, m, **longs)
     positions = torch.empty(batch, m, **longs)
@@ -168,7 +205,10 @@ def build_tree(parents, cu_num_nodes, cache_len, max_nodes: int | None = None, *
                                  packed, first_child, next_sibling, hf_mask, status)
     if check:
         _raise_malformed(status, parents, cu, m, "build_tree",
-                         f"cache_len must lie in [0, max_prefix={prefix}]")
+                         "must be >= 0" + (
+                             f" and <= max_prefix={prefix}" if hf_mask is not None else
+                             " (and cache_len + max_nodes inside int64)"),
+                         cache_len)
     return TreeLayout(depth, positions, tree_mask, packed, first_child, next_sibling, hf_mask,
                       status)
 
@@ -242,7 +282,12 @@ def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits
     if cu.dim() != 1 or cu.numel() < 1:
         raise ValueError(f"cu_num_nodes: expected shape (B + 1,), got {tuple(cu.shape)}")
     batch = cu.numel() - 1
-    m = _max_nodes(cu, max_nodes)
+    m = _max_nodes(cu, max_nodes, parents.numel())
+    for name, t in (("target_logits", target_logits), ("draft_logits", draft_logits)):
+        if not (isinstance(t, torch.Tensor) or (t is None and name == "draft_logits")):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+        if t is not None and t.dim() == 0:
+            raise ValueError(f"{name}: expected shape (N, V) or (B, max_nodes, V), got a 0-d tensor")
     if target_logits.stride(-1) != 1:
         target_logits = target_logits.contiguous()
     if draft_logits is not None and draft_logits.stride(-1) != 1:
@@ -306,6 +351,10 @@ def compact_kv(caches: Sequence[torch.Tensor], accepted_nodes, num_accepted, src
     src_start = _per_row(src_start, "src_start", batch, torch.int64, device)
     dst_start = src_start if dst_start is None else _per_row(
         dst_start, "dst_start", batch, torch.int64, device)
+    if isinstance(caches, torch.Tensor) or not all(isinstance(c, torch.Tensor) for c in caches):
+        raise TypeError("caches: expected a list of (B, H, T, D) tensors, got "
+                        f"{type(caches).__name__}" + ("" if isinstance(caches, torch.Tensor) else
+                                                      f" of {[type(c).__name__ for c in caches][:4]}"))
     status = torch.empty(batch, dtype=torch.int32, device=device)
     torch.ops.specdec.compact_kv(list(caches), accepted_nodes, num_accepted, src_start, dst_start,
                                  status)

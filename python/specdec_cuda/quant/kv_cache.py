@@ -19,10 +19,25 @@ A decoding step::
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
 
 from ..ops import kv_quant as kvops
+
+
+def _as_int(value, what: str, least: int) -> int:
+    """``value`` as an int >= least (numpy ints too; never a bool or a truncated float)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an int >= {least}, got {value!r}") from None
+    if value < least:
+        raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
+    return value
 
 
 class HierarchicalKVCache:
@@ -49,6 +64,13 @@ class HierarchicalKVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int, *,
                  key_group: int = 64, value_group: int = 32, residual: int = 64,
                  dtype: torch.dtype = torch.float32, device=None):
+        num_layers, batch, num_kv_heads, head_dim, capacity, key_group, value_group, residual = (
+            _as_int(value, f"HierarchicalKVCache: {name}", least) for name, value, least in (
+                ("num_layers", num_layers, 1), ("batch", batch, 1), ("num_kv_heads", num_kv_heads, 1),
+                ("head_dim", head_dim, 2), ("capacity", capacity, 0), ("key_group", key_group, 1),
+                ("value_group", value_group, 2), ("residual", residual, 0)))
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"HierarchicalKVCache: dtype must be a floating dtype, got {dtype!r}")
         self.num_layers, self.batch, self.num_kv_heads, self.head_dim = num_layers, batch, num_kv_heads, head_dim
         self.key_group, self.value_group, self.residual = key_group, value_group, residual
         self.capacity = -(-capacity // key_group) * key_group
@@ -72,15 +94,31 @@ class HierarchicalKVCache:
         self.k_buffer[layer] = torch.cat([self.k_buffer[layer], pad], dim=2)
         self.v_buffer[layer] = torch.cat([self.v_buffer[layer], pad], dim=2)
 
+    def _check_layer(self, layer, method: str) -> None:
+        try:
+            ok = not isinstance(layer, bool) and 0 <= operator.index(layer) < self.num_layers
+        except TypeError:
+            ok = False
+        if not ok:
+            raise IndexError(f"{method}: layer must be an int in [0, {self.num_layers}), got {layer!r}")
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the K/V of ``n`` new tokens at each row's current length (not yet counted).
 
-        Shape: k, v ``[batch, num_kv_heads, n, head_dim]``.
+        Shape: k, v ``[batch, num_kv_heads, n, head_dim]``, floating point.
         """
-        n = k.shape[2]
+        self._check_layer(layer, "write")
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"write: {name} must be a tensor, got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise TypeError(f"write: {name} must be floating point (it is stored as {self.dtype}), "
+                                f"got {t.dtype}")
+        n = k.shape[2] if k.dim() == 4 else -1
         expected = (self.batch, self.num_kv_heads, n, self.head_dim)
         if tuple(k.shape) != expected or tuple(v.shape) != expected:
-            raise ValueError(f"k and v must be {list(expected)}; got {list(k.shape)} and {list(v.shape)}")
+            raise ValueError(f"k and v must be [batch={self.batch}, num_kv_heads={self.num_kv_heads}, n, "
+                             f"head_dim={self.head_dim}] alike; got {list(k.shape)} and {list(v.shape)}")
         self._ensure_buffer(layer, max(l - q for l, q in zip(self.lengths, self.quantized_lengths)) + n)
         for b in range(self.batch):
             i = self.lengths[b] - self.quantized_lengths[b]
@@ -88,13 +126,31 @@ class HierarchicalKVCache:
             self.v_buffer[layer][b, :, i:i + n] = v[b].to(self.dtype)
 
     def advance(self, n: int) -> None:
-        """Count the ``n`` tokens written to every layer."""
+        """Count the ``n`` tokens written to every layer (``n >= 0``)."""
+        n = _as_int(n, "advance: n", 0)
         self.lengths = [l + n for l in self.lengths]
 
     def truncate(self, lengths) -> None:
-        """Roll rows back to ``lengths`` (list or tensor ``[batch]``). Quantised data is never touched;
-        a length below a row's quantised length is an error (``residual`` was too small)."""
-        lengths = [int(x) for x in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
+        """Roll rows back to ``lengths`` (list or tensor ``[batch]`` of integers). Quantised data is
+        never touched; a length below a row's quantised length is an error (``residual`` was too
+        small)."""
+        if torch.is_tensor(lengths):
+            if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+                raise TypeError(f"truncate: lengths must hold integers, got {lengths.dtype}")
+            if lengths.dim() != 1:
+                raise ValueError(f"truncate: lengths must have shape [{self.batch}], got {list(lengths.shape)}")
+            lengths = lengths.tolist()
+        if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__"):
+            raise TypeError(f"truncate: lengths must be a list or a tensor of {self.batch} integers, "
+                            f"got {type(lengths).__name__}")
+        if len(lengths) != self.batch:
+            raise ValueError(f"truncate: lengths must have one entry per row ({self.batch}), got {len(lengths)}")
+        try:
+            if any(isinstance(x, bool) for x in lengths):
+                raise TypeError
+            lengths = [operator.index(x) for x in lengths]  # ints (numpy's too), never floats
+        except TypeError:
+            raise TypeError(f"truncate: lengths must hold integers, got {list(lengths)}") from None
         for b, (new, old, q) in enumerate(zip(lengths, self.lengths, self.quantized_lengths)):
             if not q <= new <= old:
                 raise ValueError(f"row {b}: cannot truncate to {new} (length {old}, quantised history {q}; "
@@ -124,6 +180,7 @@ class HierarchicalKVCache:
 
     def keys_values(self, layer: int, upper_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantised history of ``max(quantized_lengths)`` tokens.  Shape: ``[B, Hkv, Tq, D]`` each."""
+        self._check_layer(layer, "keys_values")
         q = self.quantized[layer]
         tq = max(self.quantized_lengths)
         use_lower = not upper_only
@@ -144,11 +201,19 @@ class HierarchicalKVCache:
         tree_mask ``[B, n, n]`` bool (which new tokens each new token sees; default causal);
         returns ``[B, Hq, n, D]``.
         """
+        self._check_layer(layer, "attend")
+        if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() != 4:
+            raise TypeError(f"attend: q must be a floating [B, Hq, n, D] tensor, got "
+                            f"{getattr(q, 'dtype', type(q).__name__)} {list(getattr(q, 'shape', []))}")
         bsz, hq, n, d = q.shape
         hkv = self.num_kv_heads
-        if hq % hkv != 0 or bsz != self.batch or d != self.head_dim:
+        if hq == 0 or hq % hkv != 0 or bsz != self.batch or d != self.head_dim:
             raise ValueError(f"q of shape {list(q.shape)} does not fit the cache (batch {self.batch}, "
                              f"{hkv} KV heads, head_dim {self.head_dim})")
+        if tree_mask is not None and (not isinstance(tree_mask, torch.Tensor) or
+                                      tuple(tree_mask.shape) != (bsz, n, n)):
+            raise ValueError(f"attend: tree_mask must be a [{bsz}, {n}, {n}] tensor, got "
+                             f"{list(getattr(tree_mask, 'shape', [type(tree_mask).__name__]))}")
         kq, vq = self.keys_values(layer, upper_only)
         tq = kq.shape[2]
         fb = max(l + n - ql for l, ql in zip(self.lengths, self.quantized_lengths))

@@ -98,6 +98,10 @@ def quantize_linears(
     >>> quantize_linears(m, include=["*"], group_size=32)
     ['0', '2']
     """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or not (
+            group_size == -1 or (group_size > 0 and group_size % 32 == 0)):
+        raise ValueError(f"quantize_linears: group_size must be -1 (per channel) or a positive multiple of 32, "
+                         f"got {group_size!r}")
     if callable(include):
         chosen = include
     else:

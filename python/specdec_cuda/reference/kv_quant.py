@@ -9,6 +9,8 @@ separately (the kernels avoid fused multiply-adds so their codes match these bit
     r     = x - (upper * scale + zero)                               |r| <= scale / 2
     lower = clamp(round(r / (scale / 16)), -8, 7) + 8                symmetric residual, 4 bits
     (upper and lower are 0 and 8 where scale == 0, i.e. a constant group)
+    (a group holding NaN or +-inf, or whose range overflows float32, gets scale = zero = NaN and codes 0 / 8: it reads back as NaN,
+    so a diverging model is not hidden from the sampler's non-finite check)
 
     upper-only    x ~ upper * scale + zero                           error <= scale / 2
     upper + lower x ~ upper * scale + zero + (lower - 8) * (scale / 16)   error <= scale / 32
@@ -33,12 +35,17 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     x = x.to(torch.float32)
     zero = x.amin(dim=-1)
     scale = (x.amax(dim=-1) - zero) / 15.0
+    # NaN / +-inf in the group, or a range beyond float32: NaN scale and zero (codes 0 / 8)
+    finite = torch.isfinite(x).all(dim=-1) & torch.isfinite(scale)
+    nan = torch.full_like(scale, float("nan"))
+    zero, scale = torch.where(finite, zero, nan), torch.where(finite, scale, nan)
     nonconstant = (scale > 0)[..., None]
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
     upper = torch.clamp(torch.round((x - zero[..., None]) / safe), 0, 15)
     upper = torch.where(nonconstant, upper, torch.zeros_like(upper))
     residual = x - (upper * scale[..., None] + zero[..., None])
-    lower = torch.clamp(torch.round(residual / (safe / 16.0)), -8, 7)
+    # nan=0: a subnormal scale can underflow scale / 16 to 0 (0 / 0); the residual code is then 0
+    lower = torch.clamp(torch.nan_to_num(torch.round(residual / (safe / 16.0)), nan=0.0), -8, 7)
     lower = torch.where(nonconstant, lower, torch.zeros_like(lower)) + 8
     return upper.to(torch.uint8), lower.to(torch.uint8), scale, zero
 

@@ -71,7 +71,9 @@ def build_tree(parents, cu_num_nodes, cache_len, max_nodes, hf_mask_dtype=None, 
     }
     for b, (lo, hi) in enumerate(rows):
         par = parents[lo:hi].tolist()
-        bad_prefix = hf_mask_dtype is not None and not (0 <= int(cache_len[b]) <= max_prefix)
+        # cache_len: >= 0, positions cache_len + depth inside int64, and inside the HF mask's prefix
+        bad_prefix = not 0 <= int(cache_len[b]) <= 2**63 - 1 - m or (
+            hf_mask_dtype is not None and int(cache_len[b]) > max_prefix)
         if tree_problem(par, max_nodes) is not None or bad_prefix:
             out["status"][b] = STATUS_MALFORMED_TREE
             continue
