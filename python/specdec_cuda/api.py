@@ -50,7 +50,7 @@ def _as_prompts(prompts) -> list[list[int]]:
         ids = p.tolist() if isinstance(p, torch.Tensor) else list(p)
         bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__")]
         if bad:
-            raise TypeError(f"prompt {b} must hold integer token ids, got {type(bad[0]).__name__} {bad[0]!r}")
+            raise TypeError(f"prompts must hold integer token ids, got {type(bad[0]).__name__} {bad[0]!r} in prompt {b}")
         out.append([int(t) for t in ids])
     return out
 
@@ -97,7 +97,7 @@ class SpeculativeDecoder:
         ids per prompt (EOS included when hit) and the run's ``Metrics``.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         prompts = _as_prompts(prompts)
         device = self.generator.model.device if self.generator is not None else self.target.device
         params = SamplingParams.make(len(prompts), temperature, top_k, top_p, seed, device)

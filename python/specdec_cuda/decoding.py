@@ -194,8 +194,8 @@ class _Loop:
     """The state of one ``decode`` call and its steps: prefill, propose, feed, verify, commit, emit."""
 
     def __init__(self, target, prompts, params, max_new_tokens, proposer, policy, eos_token_id, stream):
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         self.target, self.params, self.proposer, self.policy = target, params, proposer, policy
         self.batch, self.device = len(prompts), target.device
         self.rows = _Rows(self.batch, max_new_tokens, eos_token_id, stream)
