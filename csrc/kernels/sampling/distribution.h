@@ -128,13 +128,57 @@ SPECDEC_HD bool accept_typical(float p_x, float entropy, double epsilon, double 
 struct RaceBest {
   float key;
   int64_t index;
+  SPECDEC_HD static RaceBest none() { return {-INFINITY, INT64_MAX}; }  // loses to any offer
   SPECDEC_HD void offer(float k, int64_t i) {
     if (k > key || (k == key && i < index)) {
       key = k;
       index = i;
     }
   }
+  // Combines two partial races (threads, lanes, tiles): the same winner as one race over both.
+  SPECDEC_HD static RaceBest merge(RaceBest a, const RaceBest& b) {
+    a.offer(b.key, b.index);
+    return a;
+  }
 };
+
+// ---- the races, element by element (every race of every op goes through these) ----------------
+//
+// Gumbel race over the kept elements of s: key s_i + G_i. An element may still win (or tie) only if
+// s_i + kGumbelMax >= the best key so far; one that cannot is skipped without its Philox draw.
+SPECDEC_HD bool gumbel_may_win(float s, float best_key) {
+  return s > -INFINITY && s + kGumbelMax >= best_key;
+}
+SPECDEC_HD float gumbel_key(float s, uint32_t bits) { return s + gumbel_noise(bits); }
+
+// Residual race over r_i = max(0, p_i - q_i) > 0: key r_i / E_i, pruned by r_i * kInvExpNoiseMin.
+SPECDEC_HD bool residual_may_win(float r, float best_key) {
+  return r > 0.0f && r * kInvExpNoiseMin >= best_key;
+}
+SPECDEC_HD float residual_key(float r, uint32_t bits) { return r / exp_noise(bits); }
+
+// Offers elements 4g .. 4g+3, which share one Philox block, to a Gumbel race (`s[k]` = -inf for an
+// element removed by the filter or past the row); the block is drawn only when one of them may win.
+SPECDEC_HD void offer_gumbel_group(const RandomStream& stream, int64_t g, const float (&s)[4],
+                                   RaceBest& best) {
+  bool any = false;
+  for (int k = 0; k < 4; ++k) any |= gumbel_may_win(s[k], best.key);
+  if (!any) return;
+  const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
+  for (int k = 0; k < 4; ++k)
+    if (s[k] > -INFINITY) best.offer(gumbel_key(s[k], bits.x[k]), 4 * g + k);
+}
+
+// The same for the residual race (`r[k]` = 0 for an element that does not take part).
+SPECDEC_HD void offer_residual_group(const RandomStream& stream, int64_t g, const float (&r)[4],
+                                     RaceBest& best) {
+  bool any = false;
+  for (int k = 0; k < 4; ++k) any |= residual_may_win(r[k], best.key);
+  if (!any) return;
+  const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
+  for (int k = 0; k < 4; ++k)
+    if (r[k] > 0.0f) best.offer(residual_key(r[k], bits.x[k]), 4 * g + k);
+}
 
 // Online softmax statistics of a set of scaled logits:
 //   max = m, sum = sum exp(s - m), dot = sum exp(s - m) * (s - m)   (dot gives the entropy)
@@ -173,7 +217,11 @@ struct SoftmaxStats {
   SPECDEC_HD float entropy() const { return logf(sum) - dot / sum; }
 };
 
-// What makes a row of logits unusable (status 1): NaN or +inf anywhere, or nothing above -inf.
+// A value that makes its row unusable wherever it is: NaN or +inf.
+SPECDEC_HD bool nan_or_posinf(float s) { return s != s || s == INFINITY; }
+
+// What makes a row of logits unusable (kStatusNonFiniteLogits): NaN or +inf anywhere, or nothing
+// above -inf.
 SPECDEC_HD bool row_unusable(bool saw_nan_or_posinf, float max) {
   return saw_nan_or_posinf || !(max > -INFINITY);
 }
