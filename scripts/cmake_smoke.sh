@@ -20,9 +20,19 @@ fi
 GENERATOR=()
 [ -x "$(dirname "$PY")/ninja" ] && GENERATOR=(-G Ninja -DCMAKE_MAKE_PROGRAM="$(dirname "$PY")/ninja")
 PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+# A CUDA build of torch makes find_package(Torch) look for the CUDA toolkit even for CPU kernels;
+# point it where torch.utils.cpp_extension looks (CUDA_HOME, else /usr/local/cuda), since CMake
+# guesses the root from the nvcc on PATH, which may be a wrapper outside the toolkit.
+# With no TORCH_CUDA_ARCH_LIST it would also try to run a probe on a GPU; name the archs instead.
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"
+CUDA_ROOT="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
+CUDA_HINTS=()
+[ -d "$CUDA_ROOT" ] && CUDA_HINTS=(-DCUDA_TOOLKIT_ROOT_DIR="$CUDA_ROOT" -DCUDAToolkit_ROOT="$CUDA_ROOT")
 start=$(date +%s)
-"$CMAKE" -S "$ROOT" -B "$BUILD" "${GENERATOR[@]}" -DSPECDEC_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$PREFIX" > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+# No build type (no -O, no -g): the smoke test proves building, linking and registering, and an
+# unoptimised compile is the cheapest (the kernels' speed is setup.py's build's business).
+"$CMAKE" -S "$ROOT" -B "$BUILD" "${GENERATOR[@]}" "${CUDA_HINTS[@]}" -DSPECDEC_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE= -DCMAKE_PREFIX_PATH="$PREFIX" > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
 "$CMAKE" --build "$BUILD" -j "${MAX_JOBS:-2}"
 echo "[cmake-smoke] built $(ls "$BUILD"/libspecdec_ops.so) in $(( $(date +%s) - start ))s"
 "$PY" - "$BUILD/libspecdec_ops.so" <<'PYEOF'
