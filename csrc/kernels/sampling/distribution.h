@@ -144,40 +144,46 @@ struct RaceBest {
 
 // ---- the races, element by element (every race of every op goes through these) ----------------
 //
-// Gumbel race over the kept elements of s: key s_i + G_i. An element may still win (or tie) only if
-// s_i + kGumbelMax >= the best key so far; one that cannot is skipped without its Philox draw.
-SPECDEC_HD bool gumbel_may_win(float s, float best_key) {
-  return s > -INFINITY && s + kGumbelMax >= best_key;
-}
-SPECDEC_HD float gumbel_key(float s, uint32_t bits) { return s + gumbel_noise(bits); }
+// A race is argmax_i key(v_i, draw_i) over the elements that take part, ties to the lower index.
+// An element may still win (or tie) only while its bound reaches the best key so far; one that
+// cannot is skipped without its Philox draw, which keeps the result exact.
+//   GumbelRace    v = s_i (kept, else -inf)   key s_i + G_i   bound s_i + kGumbelMax
+//   ResidualRace  v = r_i = max(0, p_i - q_i)  key r_i / E_i   bound r_i * kInvExpNoiseMin
+struct GumbelRace {
+  SPECDEC_HD static bool takes_part(float s) { return s > -INFINITY; }
+  SPECDEC_HD static bool may_win(float s, float best_key) {
+    return takes_part(s) && s + kGumbelMax >= best_key;
+  }
+  SPECDEC_HD static float key(float s, uint32_t bits) { return s + gumbel_noise(bits); }
+};
 
-// Residual race over r_i = max(0, p_i - q_i) > 0: key r_i / E_i, pruned by r_i * kInvExpNoiseMin.
+struct ResidualRace {
+  SPECDEC_HD static bool takes_part(float r) { return r > 0.0f; }
+  SPECDEC_HD static bool may_win(float r, float best_key) {
+    return takes_part(r) && r * kInvExpNoiseMin >= best_key;
+  }
+  SPECDEC_HD static float key(float r, uint32_t bits) { return r / exp_noise(bits); }
+};
+
+SPECDEC_HD bool gumbel_may_win(float s, float best_key) { return GumbelRace::may_win(s, best_key); }
+SPECDEC_HD float gumbel_key(float s, uint32_t bits) { return GumbelRace::key(s, bits); }
 SPECDEC_HD bool residual_may_win(float r, float best_key) {
-  return r > 0.0f && r * kInvExpNoiseMin >= best_key;
+  return ResidualRace::may_win(r, best_key);
 }
-SPECDEC_HD float residual_key(float r, uint32_t bits) { return r / exp_noise(bits); }
+SPECDEC_HD float residual_key(float r, uint32_t bits) { return ResidualRace::key(r, bits); }
 
-// Offers elements 4g .. 4g+3, which share one Philox block, to a Gumbel race (`s[k]` = -inf for an
-// element removed by the filter or past the row); the block is drawn only when one of them may win.
-SPECDEC_HD void offer_gumbel_group(const RandomStream& stream, int64_t g, const float (&s)[4],
-                                   RaceBest& best) {
+// Offers elements 4g .. 4g+3, which share one Philox block, to a race (Race: GumbelRace or
+// ResidualRace; v[k] an element that does not take part, or past the row: -inf / 0); the block
+// is drawn only when one of them may win.
+template <class Race>
+SPECDEC_HD void offer_group(const RandomStream& stream, int64_t g, const float (&v)[4],
+                            RaceBest& best) {
   bool any = false;
-  for (int k = 0; k < 4; ++k) any |= gumbel_may_win(s[k], best.key);
+  for (int k = 0; k < 4; ++k) any |= Race::may_win(v[k], best.key);
   if (!any) return;
   const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
   for (int k = 0; k < 4; ++k)
-    if (s[k] > -INFINITY) best.offer(gumbel_key(s[k], bits.x[k]), 4 * g + k);
-}
-
-// The same for the residual race (`r[k]` = 0 for an element that does not take part).
-SPECDEC_HD void offer_residual_group(const RandomStream& stream, int64_t g, const float (&r)[4],
-                                     RaceBest& best) {
-  bool any = false;
-  for (int k = 0; k < 4; ++k) any |= residual_may_win(r[k], best.key);
-  if (!any) return;
-  const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
-  for (int k = 0; k < 4; ++k)
-    if (r[k] > 0.0f) best.offer(residual_key(r[k], bits.x[k]), 4 * g + k);
+    if (Race::takes_part(v[k])) best.offer(Race::key(v[k], bits.x[k]), 4 * g + k);
 }
 
 // Online softmax statistics of a set of scaled logits:

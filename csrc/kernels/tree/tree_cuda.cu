@@ -257,7 +257,7 @@ __device__ int64_t race_block(const LogitRow<T>& row, const RowDist& d, const Ra
       const float s = i < row.vocab ? row.s(i) : -INFINITY;
       x[k] = sampling::kept(d, s) ? s : -INFINITY;
     }
-    sampling::offer_gumbel_group(stream, g, x, best);
+    sampling::offer_group<sampling::GumbelRace>(stream, g, x, best);
   }
   return block_reduce(best, BestOp{}, RaceBest::none(), sh.best).index;
 }
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_tree_kernel(VerifyTreeA
             float r[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) r[k] = 4 * g + k < vocab ? p_ws[4 * g + k] : 0.0f;
-            sampling::offer_residual_group(stream, g, r, best);
+            sampling::offer_group<sampling::ResidualRace>(stream, g, r, best);
           }
           emit = block_reduce(best, BestOp{}, RaceBest::none(), sh.best).index;
         }
