@@ -167,8 +167,6 @@ __device__ T block_reduce(T v, Op op, T identity, T* red) {
 struct VerifyShared {
   RaceBest best[32];
   float f[32];
-  double d[32];
-  int32_t i32[32];
   int32_t warp_counts[32];
   int32_t found;
   int32_t accept;
