@@ -19,6 +19,7 @@ import specdec_cuda.ops as ops
 from specdec_cuda.models.config import LlamaConfig
 from specdec_cuda.models.loader import SafetensorsFolder, load
 from specdec_cuda.ops import kv_quant as kvops
+from specdec_cuda.ops.status import STATUS_BAD_COMPACTION
 from specdec_cuda.quant import HierarchicalKVCache, W4Linear, quantize_linears
 from specdec_cuda.reference import kv_quant as kvref
 
@@ -83,7 +84,7 @@ def test_overflowing_offsets_are_rejected_not_followed():
     for name in ("kv_keys_start", "kv_values_start"):
         assert by[name]["raised"] == "RuntimeError" and "start[0]" in by[name]["message"], by[name]
     for name in ("compact_src", "compact_num_accepted", "compact_node"):
-        assert by[name]["result"] == {"status": [1, 0], "untouched": True}, by[name]
+        assert by[name]["result"] == {"status": [STATUS_BAD_COMPACTION, 0], "untouched": True}, by[name]
     assert by["tree_cache_len"]["result"] == {"status": [4]}
     # with max_draft given the op reads cu on the host (CPU) and names the entry
     assert by["chain_cu_given_max_draft"]["raised"] == "RuntimeError"

@@ -10,8 +10,6 @@ from specdec_cuda.ops import kv_quant as kv
 from specdec_cuda.quant import HierarchicalKVCache
 from specdec_cuda.reference import kv_quant as ref
 
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -226,7 +224,7 @@ def test_attention_tree_mask():
 # ---- CUDA --------------------------------------------------------------------------------------
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_equals_cpu(dtype):
     torch.manual_seed(7)
@@ -248,7 +246,7 @@ def test_cuda_equals_cpu(dtype):
         assert torch.equal(a.cpu(), e)
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_cache_class_matches_cpu():
     torch.manual_seed(8)
     b, hkv, d, n = 2, 2, 64, 3

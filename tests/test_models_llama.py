@@ -130,7 +130,6 @@ def test_bf16_checkpoint_is_cast_on_load(tmp_path):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 0.1)])
 def test_cuda_matches_cpu(family_pair, dtype, tol):
     # Prefill, a tree step with compaction and a decode step on the GPU track the CPU fp32 run.

@@ -11,8 +11,6 @@ from specdec_cuda.ops import quant as q
 from specdec_cuda.quant import W4Linear, quantize_linears
 from specdec_cuda.reference import quant as ref
 
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 # Max-abs error relative to max |reference| (both rounded to the output dtype once; fp32 sees only
 # summation-order differences).
@@ -253,7 +251,7 @@ def cuda_expected(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Te
     return (x.cpu().float() @ dense.float().T).to(x.dtype)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 16, 17, 33, 70, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group_size", [32, 64, 128, -1])
@@ -269,7 +267,7 @@ def test_cuda_matches_reference(m, dtype, group_size):
     assert torch.equal(dense, ref.dequantize_w4(codes, scales.to(dtype).float(), group_size).to(dtype))
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(7, 96), (33, 352), (100, 640), (64, 4096)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_odd_shapes(shape, dtype):
@@ -283,7 +281,7 @@ def test_cuda_odd_shapes(shape, dtype):
         assert rel_err(q.w4a16_matmul(x.cuda(), pw).cpu(), cuda_expected(x, w, 32)) <= REL_TOL[dtype], m
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(4096, 4096), (14336, 4096), (4096, 14336)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_real_layer_shapes(shape, dtype):
@@ -308,7 +306,7 @@ def test_cuda_tuning_table():
     assert sorted(m for t in tunings for m in t["auto_for_rows"]) == list(range(1, 17))
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_every_tuning_matches_reference(dtype):
     """The sweep's configurations are held to the same reference as the automatic one, for M up to
@@ -330,7 +328,7 @@ def test_cuda_every_tuning_matches_reference(dtype):
                            torch.empty(3, n, dtype=dtype, device="cuda")))
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_dtype_mismatch_and_repack():
     torch.manual_seed(12)
     w = torch.randn(40, 256) * 0.05
@@ -349,7 +347,7 @@ def test_cuda_dtype_mismatch_and_repack():
     assert rel_err(q.w4a16_matmul(x.cuda(), pw16).cpu(), expected) <= REL_TOL[torch.float16]
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_equals_cpu_and_moves():
     torch.manual_seed(9)
     lin = nn.Linear(256, 96).half()
@@ -372,7 +370,7 @@ def test_cuda_equals_cpu_and_moves():
                                                                                 device="cuda")))
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 5, 16, 70])
 def test_cuda_graph_capture_and_replay(m):
     """An engine captures decoding steps in CUDA graphs: the op must capture (no allocation or host

@@ -398,10 +398,6 @@ def test_torch_compile_fullgraph_tree_step():
 # ----------------------------------------------------------------------------------------------
 # CUDA equals CPU
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("hf_dtype", [None, torch.bfloat16])
 def test_build_tree_cuda_equals_cpu(hf_dtype):
@@ -417,7 +413,6 @@ def test_build_tree_cuda_equals_cpu(hf_dtype):
         ops.build_tree(bad_parents.cuda(), bad_cu.cuda(), torch.zeros(2, dtype=torch.int64).cuda(), 2)
 
 
-@cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["greedy", "onehot", "specinfer"])
@@ -437,7 +432,6 @@ def test_verify_tree_cuda_equals_cpu(dtype, mode):
         assert torch.equal(c, g.cpu())
 
 
-@cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_compact_kv_cuda_equals_cpu(dtype):
@@ -452,7 +446,6 @@ def test_compact_kv_cuda_equals_cpu(dtype):
         assert torch.equal(c, g.cpu())
 
 
-@cuda
 @pytest.mark.cuda
 def test_tree_step_captures_in_cuda_graph():
     tokens, parents, cu, target, draft = (t.cuda() for t in _case([6, 9], 1000, torch.float32, 15, True))

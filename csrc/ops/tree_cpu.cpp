@@ -3,6 +3,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include "kernels/common/status.h"
 #include "kernels/tree/compact.h"
 #include "kernels/tree/tree.h"
 #include "ops/tree_common.h"
@@ -58,7 +59,7 @@ void compact_kv_cpu(at::TensorList caches, const at::Tensor& accepted_nodes,
   at::parallel_for(0, num * a.batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i % a.batch;
-      if (a.status[b] != 0 || a.accepted_nodes[b * a.width] < 0) continue;
+      if (a.status[b] != kStatusOk || a.accepted_nodes[b * a.width] < 0) continue;
       tree::compact_row_cpu(a, b, static_cast<char*>(caches[i / a.batch].data_ptr()));
     }
   });

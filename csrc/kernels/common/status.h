@@ -1,5 +1,7 @@
-// Per-row status codes that kernels write instead of raising (no host synchronisation inside a
-// kernel). The Python layer maps them to messages (specdec_cuda.ops.status).
+// The one table of per-row status codes. Kernels write these instead of raising (no host
+// synchronisation inside a kernel); every op family uses this table and no other number.
+// Python mirror: python/specdec_cuda/ops/status.py (describe / raise_for), held equal to this file
+// by tests/test_status.py. A new code goes here, there, and in the test's expected table.
 #pragma once
 
 #include <cstdint>
@@ -8,14 +10,21 @@ namespace specdec {
 
 enum RowStatus : int32_t {
   kStatusOk = 0,
-  // A logit row of this request held NaN or +inf, or every logit was -inf: no distribution.
+  // sample / verify_chain / verify_tree: a logit row this request read held NaN or +inf (after the
+  // temperature), or every logit was -inf: no distribution.
   kStatusNonFiniteLogits = 1,
-  // A draft token id was outside [0, vocab).
+  // verify_chain / verify_tree: a draft token id outside [0, vocab), or (verify_chain) the row's
+  // cu_num_draft entries are unusable.
   kStatusDraftTokenOutOfRange = 2,
-  // temperature < 0 or NaN, or top_p outside (0, 1].
+  // sample / verify_chain / verify_tree: temperature < 0 or NaN, or top_p outside (0, 1].
   kStatusBadSamplingParams = 3,
-  // A tree row failed validation (parent index not smaller than the node's own index, ...).
+  // build_tree / verify_tree: a tree row failed validation (a parent not below its node, a root
+  // parent other than -1, an empty row or one longer than max_nodes; build_tree with an hf_mask:
+  // cache_len outside [0, max_prefix]).
   kStatusMalformedTree = 4,
+  // compact_kv: the row's request is not a valid compaction (path not increasing, num_accepted
+  // outside the path's width, dst_start > src_start or a slot outside the cache); nothing moved.
+  kStatusBadCompaction = 5,
 };
 
 }  // namespace specdec

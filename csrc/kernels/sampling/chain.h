@@ -10,15 +10,16 @@
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/hd.h"
+#include "kernels/common/status.h"
 
 namespace specdec {
 namespace sampling {
 
 // Per-row sampling parameters, each a [rows] array.
 struct RowParams {
-  const float* temperature;  // 0: greedy; < 0 or NaN: status 3
+  const float* temperature;  // 0: greedy; < 0 or NaN: kStatusBadSamplingParams
   const int32_t* top_k;      // <= 0 or >= vocab: off
-  const float* top_p;        // 1: off; outside (0, 1]: status 3
+  const float* top_p;        // 1: off; outside (0, 1]: kStatusBadSamplingParams
   const int64_t* seed;
   const int64_t* position;   // absolute position of the row's first token
 };
@@ -69,7 +70,7 @@ struct VerifyArgs {
 // What one position of one row decided; the walk over positions turns these into outputs.
 struct PositionResult {
   int64_t token;   // the emitted token at this position (the draft when accepted)
-  int32_t status;  // 0, or 1 when a logit row read here was unusable
+  int32_t status;  // kStatusOk, or kStatusNonFiniteLogits when a logit row read here was unusable
   int32_t accepted;  // 1 when the draft at this position is accepted
 };
 
@@ -79,7 +80,7 @@ SPECDEC_HD RowKind row_kind(float temperature, bool typical, bool has_draft_logi
   return has_draft_logits ? kKindRejection : kKindMatch;
 }
 
-// Status 3: temperature < 0 or NaN, top_p outside (0, 1] (NaN fails every comparison).
+// kStatusBadSamplingParams: temperature < 0 or NaN, top_p outside (0, 1] (NaN fails every comparison).
 SPECDEC_HD bool bad_params(float temperature, float top_p) {
   return !(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f);
 }
@@ -119,14 +120,15 @@ namespace specdec {
 namespace sampling {
 
 // Row-level checks that come before any logit is read, in the reference's order: parameters
-// (status 3), then the draft layout and every draft token's range (status 2). Returns 0 or the code.
+// (kStatusBadSamplingParams), then the draft layout and every draft token's range
+// (kStatusDraftTokenOutOfRange). Returns kStatusOk or the code.
 SPECDEC_HD int32_t verify_row_precheck(const VerifyArgs& a, int64_t row) {
-  if (bad_params(a.params.temperature[row], a.params.top_p[row])) return 3;
-  if (!row_layout_ok(a, row)) return 2;
+  if (bad_params(a.params.temperature[row], a.params.top_p[row])) return kStatusBadSamplingParams;
+  if (!row_layout_ok(a, row)) return kStatusDraftTokenOutOfRange;
   for (int64_t d = a.cu_num_draft[row]; d < a.cu_num_draft[row + 1]; ++d) {
-    if (a.draft_tokens[d] < 0 || a.draft_tokens[d] >= a.vocab) return 2;
+    if (a.draft_tokens[d] < 0 || a.draft_tokens[d] >= a.vocab) return kStatusDraftTokenOutOfRange;
   }
-  return 0;
+  return kStatusOk;
 }
 
 // The walk over one row's positions (serial on both devices): writes tokens / accepted /
@@ -143,11 +145,11 @@ SPECDEC_HD void walk_row(const VerifyArgs& a, int64_t row, Evaluate&& evaluate, 
   int64_t reached = 0;    // draft positions decided (accepted entries written)
   int64_t num_acc = 0;
   int32_t status = verify_row_precheck(a, row);
-  if (status == 0) {
+  if (status == kStatusOk) {
     const int64_t k = a.cu_num_draft[row + 1] - a.cu_num_draft[row];
     for (int64_t j = 0; j <= k; ++j) {
       const PositionResult r = evaluate(j);
-      if (r.status != 0) {
+      if (r.status != kStatusOk) {
         status = r.status;
         emitted = 0;
         reached = 0;

@@ -128,13 +128,63 @@ SPECDEC_HD bool accept_typical(float p_x, float entropy, double epsilon, double 
 struct RaceBest {
   float key;
   int64_t index;
+  SPECDEC_HD static RaceBest none() { return {-INFINITY, INT64_MAX}; }  // loses to any offer
   SPECDEC_HD void offer(float k, int64_t i) {
     if (k > key || (k == key && i < index)) {
       key = k;
       index = i;
     }
   }
+  // Combines two partial races (threads, lanes, tiles): the same winner as one race over both.
+  SPECDEC_HD static RaceBest merge(RaceBest a, const RaceBest& b) {
+    a.offer(b.key, b.index);
+    return a;
+  }
 };
+
+// ---- the races, element by element (every race of every op goes through these) ----------------
+//
+// A race is argmax_i key(v_i, draw_i) over the elements that take part, ties to the lower index.
+// An element may still win (or tie) only while its bound reaches the best key so far; one that
+// cannot is skipped without its Philox draw, which keeps the result exact.
+//   GumbelRace    v = s_i (kept, else -inf)   key s_i + G_i   bound s_i + kGumbelMax
+//   ResidualRace  v = r_i = max(0, p_i - q_i)  key r_i / E_i   bound r_i * kInvExpNoiseMin
+struct GumbelRace {
+  SPECDEC_HD static bool takes_part(float s) { return s > -INFINITY; }
+  SPECDEC_HD static bool may_win(float s, float best_key) {
+    return takes_part(s) && s + kGumbelMax >= best_key;
+  }
+  SPECDEC_HD static float key(float s, uint32_t bits) { return s + gumbel_noise(bits); }
+};
+
+struct ResidualRace {
+  SPECDEC_HD static bool takes_part(float r) { return r > 0.0f; }
+  SPECDEC_HD static bool may_win(float r, float best_key) {
+    return takes_part(r) && r * kInvExpNoiseMin >= best_key;
+  }
+  SPECDEC_HD static float key(float r, uint32_t bits) { return r / exp_noise(bits); }
+};
+
+SPECDEC_HD bool gumbel_may_win(float s, float best_key) { return GumbelRace::may_win(s, best_key); }
+SPECDEC_HD float gumbel_key(float s, uint32_t bits) { return GumbelRace::key(s, bits); }
+SPECDEC_HD bool residual_may_win(float r, float best_key) {
+  return ResidualRace::may_win(r, best_key);
+}
+SPECDEC_HD float residual_key(float r, uint32_t bits) { return ResidualRace::key(r, bits); }
+
+// Offers elements 4g .. 4g+3, which share one Philox block, to a race (Race: GumbelRace or
+// ResidualRace; v[k] an element that does not take part, or past the row: -inf / 0); the block
+// is drawn only when one of them may win.
+template <class Race>
+SPECDEC_HD void offer_group(const RandomStream& stream, int64_t g, const float (&v)[4],
+                            RaceBest& best) {
+  bool any = false;
+  for (int k = 0; k < 4; ++k) any |= Race::may_win(v[k], best.key);
+  if (!any) return;
+  const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
+  for (int k = 0; k < 4; ++k)
+    if (Race::takes_part(v[k])) best.offer(Race::key(v[k], bits.x[k]), 4 * g + k);
+}
 
 // Online softmax statistics of a set of scaled logits:
 //   max = m, sum = sum exp(s - m), dot = sum exp(s - m) * (s - m)   (dot gives the entropy)
@@ -173,7 +223,11 @@ struct SoftmaxStats {
   SPECDEC_HD float entropy() const { return logf(sum) - dot / sum; }
 };
 
-// What makes a row of logits unusable (status 1): NaN or +inf anywhere, or nothing above -inf.
+// A value that makes its row unusable wherever it is: NaN or +inf.
+SPECDEC_HD bool nan_or_posinf(float s) { return s != s || s == INFINITY; }
+
+// What makes a row of logits unusable (kStatusNonFiniteLogits): NaN or +inf anywhere, or nothing
+// above -inf.
 SPECDEC_HD bool row_unusable(bool saw_nan_or_posinf, float max) {
   return saw_nan_or_posinf || !(max > -INFINITY);
 }

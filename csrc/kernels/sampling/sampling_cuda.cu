@@ -5,8 +5,8 @@
 //   online softmax statistics (max, sum exp, entropy dot; distribution.h SoftmaxStats),
 //   the NaN / +inf flags, the argmax (greedy) and, when the row is unfiltered, the Gumbel race
 // (distribution.h: Philox only for elements that can still win), then reduces them with CUB.
-// Top-k / top-p rows first find their threshold by radix select on float order keys (4 rounds of 8
-// bits: counts for top-k, probability mass for top-p), then run the same pass restricted to it.
+// Top-k / top-p rows first find their threshold by filter.h's radix select (filter_cuda.cuh: counts
+// for top-k, probability mass for top-p), then run the same pass restricted to it.
 //
 //   parallel: verify_positions_kernel  grid = num_drafts + batch blocks (one per target row = one
 //             per (row, position)), each deciding its position alone -> PositionResult[t];
@@ -26,6 +26,8 @@
 #include "kernels/common/philox.h"
 #include "kernels/common/status.h"
 #include "kernels/sampling/distribution.h"
+#include "kernels/sampling/filter.h"
+#include "kernels/sampling/filter_cuda.cuh"
 
 namespace specdec {
 namespace sampling {
@@ -104,15 +106,13 @@ struct PassState {
   int bad;             // NaN or +inf seen
 
   __device__ static PassState empty() {
-    return {SoftmaxStats::empty(), {-INFINITY, INT64_MAX}, {-INFINITY, INT64_MAX}, 0};
+    return {SoftmaxStats::empty(), RaceBest::none(), RaceBest::none(), 0};
   }
   __device__ static PassState merge(const PassState& a, const PassState& b) {
     PassState out;
     out.stats = SoftmaxStats::merge(a.stats, b.stats);
-    out.argmax = a.argmax;
-    out.argmax.offer(b.argmax.key, b.argmax.index);
-    out.race = a.race;
-    out.race.offer(b.race.key, b.race.index);
+    out.argmax = RaceBest::merge(a.argmax, b.argmax);
+    out.race = RaceBest::merge(a.race, b.race);
     out.bad = a.bad | b.bad;
     return out;
   }
@@ -125,9 +125,7 @@ struct MergePass {
 };
 struct MergeRace {
   __device__ RaceBest operator()(const RaceBest& a, const RaceBest& b) const {
-    RaceBest out = a;
-    out.offer(b.key, b.index);
-    return out;
+    return RaceBest::merge(a, b);
   }
 };
 
@@ -148,10 +146,8 @@ __device__ V block_all_reduce(const V& value, Op op) {
 // ---- one row's distribution ----------------------------------------------------------------------
 
 struct Dist {
-  bool ok;          // false: the row is unusable (status 1)
-  float max;        // m
-  float threshold;  // keep s >= threshold
-  float inv_z;      // 1 / Z over what is kept
+  bool ok;          // false: the row is unusable (kStatusNonFiniteLogits)
+  RowDist row;      // max, threshold, 1 / Z (filter.h)
   float entropy;
   int64_t argmax;   // first maximum (greedy)
   int64_t sampled;  // Gumbel race winner when `race` was requested, else -1
@@ -192,8 +188,9 @@ __device__ __noinline__ PassState row_pass(const T* row, int64_t vocab, float te
         const float e = __expf(d);
         a.sum += e;
         a.dot += e > 0.0f ? e * d : 0.0f;
-        if (stream != nullptr && s + (kGumbelMax + fabsf(s) * 1e-6f) >= st.race.key) {
-          st.race.offer(l / temperature + gumbel_noise(draw(*stream, i)), i);
+        // the bound gets |s'| * 1e-6 of slack for s' = l * (1/T) != l / T (see above)
+        if (stream != nullptr && gumbel_may_win(s + fabsf(s) * 1e-6f, st.race.key)) {
+          st.race.offer(gumbel_key(l / temperature, draw(*stream, i)), i);
         }
       }
     });
@@ -209,96 +206,27 @@ __device__ __noinline__ PassState row_pass(const T* row, int64_t vocab, float te
     if (s > st.argmax.key) st.argmax = {s, i};  // each thread sees increasing i: first max kept
     if (s >= threshold) {
       st.stats.add(s);
-      if (stream != nullptr && s + kGumbelMax >= st.race.key) {
-        st.race.offer(s + gumbel_noise(draw(*stream, i)), i);
+      if (stream != nullptr && gumbel_may_win(s, st.race.key)) {
+        st.race.offer(gumbel_key(s, draw(*stream, i)), i);
       }
     }
   });
   return block_all_reduce(st, MergePass());
 }
 
-// Radix select of the k-th largest order key among all elements (top-k threshold).
+// filter_cuda.cuh's selects over s = l / T of one row (one copy per dtype: __noinline__).
 template <typename T>
 __device__ __noinline__ float kth_largest(const T* row, int64_t vocab, float temperature, int64_t k) {
-  __shared__ int hist[256];
-  __shared__ uint32_t chosen_prefix;
-  __shared__ int64_t chosen_remaining;
-  uint32_t prefix = 0, mask = 0;
-  int64_t remaining = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
-    __syncthreads();
-    for_each_logit(row, vocab, [&](int64_t, float l) {
-      const uint32_t key = float_order_key(l / temperature);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
-    });
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t above = 0;
-      int b = 255;
-      for (; b > 0; --b) {
-        if (above + hist[b] >= remaining) break;
-        above += hist[b];
-      }
-      chosen_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-      chosen_remaining = remaining - above;
-    }
-    __syncthreads();
-    prefix = chosen_prefix;
-    remaining = chosen_remaining;
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  return float_from_order_key(prefix);
+  return block_kth_largest(
+      [&](auto&& f) { for_each_logit(row, vocab, [&](int64_t, float l) { f(l / temperature); }); }, k);
 }
 
-// Radix select of the top-p threshold: the largest value t with float(P(s >= t)) >= top_p under
-// p_i = exp(s_i - m) * inv_z over s_i >= threshold (mass in double, as the reference's cumsum).
-// Returns -inf when rounding leaves the total below top_p.
 template <typename T>
-__device__ __noinline__ float nucleus_threshold(const T* row, int64_t vocab, float temperature, float threshold,
-                                   float m, float inv_z, float top_p) {
-  __shared__ double mass[256];
-  __shared__ uint32_t chosen_prefix;
-  __shared__ double chosen_above;
-  __shared__ int found;
-  uint32_t prefix = 0, mask = 0;
-  double above = 0.0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += kThreads) mass[b] = 0.0;
-    __syncthreads();
-    for_each_logit(row, vocab, [&](int64_t, float l) {
-      const float s = l / temperature;
-      const uint32_t key = float_order_key(s);
-      if (s >= threshold && (key & mask) == prefix) {
-        atomicAdd(&mass[(key >> shift) & 255u], static_cast<double>(exp_nonpos(s - m) * inv_z));
-      }
-    });
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double cum = above;
-      int b = 255, last_nonempty = -1;
-      for (; b >= 0; --b) {
-        if (mass[b] > 0.0) last_nonempty = b;
-        if (static_cast<float>(cum + mass[b]) >= top_p) break;
-        cum += mass[b];
-      }
-      found = b >= 0 || (shift < 24 && last_nonempty >= 0);
-      if (b < 0 && found) {  // rounding between rounds: take the smallest bucket of the range
-        b = last_nonempty;
-        cum -= mass[b];
-      }
-      chosen_prefix = prefix | (static_cast<uint32_t>(b < 0 ? 0 : b) << shift);
-      chosen_above = cum;
-    }
-    __syncthreads();
-    if (!found) return -INFINITY;
-    prefix = chosen_prefix;
-    above = chosen_above;
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  return float_from_order_key(prefix);
+__device__ __noinline__ float nucleus_threshold(const T* row, int64_t vocab, float temperature,
+                                                float threshold, float m, float inv_z, float top_p) {
+  return block_nucleus_threshold(
+      [&](auto&& f) { for_each_logit(row, vocab, [&](int64_t, float l) { f(l / temperature); }); },
+      threshold, m, inv_z, top_p);
 }
 
 // The distribution of one logit row (temperature > 0) under top-k / top-p; with `stream` the
@@ -306,60 +234,52 @@ __device__ __noinline__ float nucleus_threshold(const T* row, int64_t vocab, flo
 template <typename T>
 __device__ __noinline__ Dist build_dist(const T* row, int64_t vocab, float temperature, int32_t top_k,
                            float top_p, const RandomStream* stream) {
-  const bool filtered = (top_k > 0 && top_k < vocab) || top_p < 1.0f;
+  const bool filtered = top_k_active(top_k, vocab) || top_p_active(top_p);
   PassState st = row_pass(row, vocab, temperature, -INFINITY, filtered ? nullptr : stream);
   Dist d;
   d.ok = !row_unusable(st.bad != 0, st.argmax.key);
-  d.max = st.argmax.key;
+  d.row.max = st.argmax.key;
   d.argmax = st.argmax.index;
-  d.threshold = -INFINITY;
+  d.row.threshold = -INFINITY;
   d.sampled = st.race.index;
   if (!d.ok) return d;
   if (filtered) {
-    if (top_k > 0 && top_k < vocab) {
-      d.threshold = kth_largest(row, vocab, temperature, top_k);
-      st = row_pass(row, vocab, temperature, d.threshold, nullptr);
+    if (top_k_active(top_k, vocab)) {
+      d.row.threshold = kth_largest(row, vocab, temperature, top_k);
+      st = row_pass(row, vocab, temperature, d.row.threshold, nullptr);
     }
-    if (top_p < 1.0f) {
-      const float t = nucleus_threshold(row, vocab, temperature, d.threshold, d.max,
+    if (top_p_active(top_p)) {
+      const float t = nucleus_threshold(row, vocab, temperature, d.row.threshold, d.row.max,
                                         1.0f / st.stats.sum, top_p);
-      if (t > d.threshold) d.threshold = t;
+      if (t > d.row.threshold) d.row.threshold = t;
     }
-    st = row_pass(row, vocab, temperature, d.threshold, stream);
+    st = row_pass(row, vocab, temperature, d.row.threshold, stream);
     d.sampled = st.race.index;
   }
   // the online max equals the row max (it is always kept); rescale in case rounding differs
-  d.inv_z = 1.0f / (st.stats.sum * exp_nonpos(st.stats.max - d.max));
+  d.row.inv_z = 1.0f / (st.stats.sum * exp_nonpos(st.stats.max - d.row.max));
   d.entropy = st.stats.entropy();
   if (stream == nullptr) d.sampled = -1;
   return d;
 }
 
 template <typename T>
-__device__ float prob_of(const T* row, const Dist& d, float temperature, int64_t x) {
-  const float s = load_one(row, x) / temperature;
-  return s >= d.threshold ? exp_nonpos(s - d.max) * d.inv_z : 0.0f;
+__device__ float prob_of(const T* row, const RowDist& d, float temperature, int64_t x) {
+  return prob(d, load_one(row, x) / temperature);
 }
 
 // The residual race argmax r_i / E_i over r = max(0, p - q) (or over p when `use_p`); returns
 // (winner, whether any r_i > 0).
 template <typename T>
-__device__ __noinline__ RaceBest residual_pass(const T* target, const T* draft, int64_t vocab, float temperature,
-                                  const Dist& dt, const Dist& dq, const RandomStream& stream,
-                                  bool use_p) {
-  RaceBest best{-INFINITY, INT64_MAX};
+__device__ __noinline__ RaceBest residual_pass(const T* target, const T* draft, int64_t vocab,
+                                               float temperature, const RowDist& dt,
+                                               const RowDist& dq, const RandomStream& stream,
+                                               bool use_p) {
+  RaceBest best = RaceBest::none();
   for_each_logit(target, vocab, [&](int64_t i, float lt) {
-    const float st = lt / temperature;
-    const float p = st >= dt.threshold ? exp_nonpos(st - dt.max) * dt.inv_z : 0.0f;
-    float r = p;
-    if (!use_p) {
-      const float sq = load_one(draft, i) / temperature;
-      const float q = sq >= dq.threshold ? exp_nonpos(sq - dq.max) * dq.inv_z : 0.0f;
-      r = p - q;
-    }
-    if (r > 0.0f && r * kInvExpNoiseMin >= best.key) {
-      best.offer(r / exp_noise(draw(stream, i)), i);
-    }
+    const float p = prob(dt, lt / temperature);
+    const float r = use_p ? p : p - prob(dq, load_one(draft, i) / temperature);
+    if (residual_may_win(r, best.key)) best.offer(residual_key(r, draw(stream, i)), i);
   });
   return block_all_reduce(best, MergeRace());
 }
@@ -397,7 +317,7 @@ __device__ __noinline__ PositionResult evaluate_position(const VerifyArgs& a, in
                              race_needed ? &sample_stream : nullptr);
   if (!dt.ok) return unusable;
   if (x < 0 || kind == kKindMatch) return {dt.sampled, kStatusOk, dt.sampled == x ? 1 : 0};
-  const float p_x = prob_of(target, dt, temperature, x);
+  const float p_x = prob_of(target, dt.row, temperature, x);
   if (kind == kKindTypical) {
     if (accept_typical(p_x, dt.entropy, a.typical_epsilon, a.typical_alpha)) return {x, kStatusOk, 1};
     return {dt.sampled, kStatusOk, 0};
@@ -405,19 +325,20 @@ __device__ __noinline__ PositionResult evaluate_position(const VerifyArgs& a, in
   const T* draft = static_cast<const T*>(a.draft_logits) + (lo + j) * a.draft_stride;
   const Dist dq = build_dist(draft, a.vocab, temperature, p.top_k[row], p.top_p[row], nullptr);
   if (!dq.ok) return unusable;
-  const float q_x = prob_of(draft, dq, temperature, x);
+  const float q_x = prob_of(draft, dq.row, temperature, x);
   const float u = uniform_open01(RandomStream(seed, pos, kPurposeAccept, 0).element(0));
   if (accept_draft(u, q_x, p_x)) return {x, kStatusOk, 1};
   if (deferred != nullptr) {
     if (threadIdx.x == 0) {
-      deferred[lo + row + j] = {dt.max, dt.threshold, dt.inv_z, dq.max, dq.threshold, dq.inv_z};
+      deferred[lo + row + j] = {dt.row, dq.row};
     }
     return {kResidualPending, kStatusOk, 0};
   }
   const RandomStream residual_stream(seed, pos, kPurposeResidual, 0);
-  RaceBest best = residual_pass(target, draft, a.vocab, temperature, dt, dq, residual_stream, false);
+  RaceBest best =
+      residual_pass(target, draft, a.vocab, temperature, dt.row, dq.row, residual_stream, false);
   if (best.index == INT64_MAX) {  // p <= q everywhere: the defined outcome is a sample from p
-    best = residual_pass(target, draft, a.vocab, temperature, dt, dq, residual_stream, true);
+    best = residual_pass(target, draft, a.vocab, temperature, dt.row, dq.row, residual_stream, true);
   }
   return {best.index, kStatusOk, 0};
 }
@@ -505,13 +426,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const float temperature = a.params.temperature[row];
   const T* target = static_cast<const T*>(a.target_logits) + (lo + row + j) * a.target_stride;
   const T* draft = static_cast<const T*>(a.draft_logits) + (lo + j) * a.draft_stride;
-  const Dist dt{true, st.target_max, st.target_threshold, st.target_inv_z, 0.0f, -1, -1};
-  const Dist dq{true, st.draft_max, st.draft_threshold, st.draft_inv_z, 0.0f, -1, -1};
   const RandomStream stream(static_cast<uint64_t>(a.params.seed[row]), a.params.position[row] + j,
                             kPurposeResidual, 0);
-  RaceBest best = residual_pass(target, draft, a.vocab, temperature, dt, dq, stream, false);
+  RaceBest best = residual_pass(target, draft, a.vocab, temperature, st.target, st.draft, stream,
+                                false);
   if (best.index == INT64_MAX) {
-    best = residual_pass(target, draft, a.vocab, temperature, dt, dq, stream, true);
+    best = residual_pass(target, draft, a.vocab, temperature, st.target, st.draft, stream, true);
   }
   if (threadIdx.x == 0) *token = best.index;
 }

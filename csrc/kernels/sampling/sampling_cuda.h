@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/sampling/chain.h"
+#include "kernels/sampling/filter.h"
 
 namespace specdec {
 namespace sampling {
@@ -18,8 +19,7 @@ cudaError_t launch_sample(const SampleArgs& a, cudaStream_t stream);
 // Statistics of a deferred rejection (parallel strategy): the target's and the draft's
 // distribution at that position, for the residual race run after the walk.
 struct PositionStats {
-  float target_max, target_threshold, target_inv_z;
-  float draft_max, draft_threshold, draft_inv_z;
+  RowDist target, draft;
 };
 
 // Token value marking "rejected here, residual race pending" between the parallel kernels.

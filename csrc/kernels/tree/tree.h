@@ -65,7 +65,7 @@ struct CompactArgs {
   int64_t batch, width;
   int64_t heads, slots, row_bytes;  // H, T, D * element size
   int64_t stride_b, stride_h, stride_t;  // bytes, identical for every cache tensor
-  int32_t* status;                 // (B,) 1 when the row's request is invalid (nothing moved)
+  int32_t* status;                 // (B,) kStatusBadCompaction: invalid request, nothing moved
 };
 
 // CPU, one row each.

@@ -11,8 +11,9 @@
 #include "kernels/common/status.h"
 #include "kernels/sampling/chain.h"
 #include "kernels/sampling/distribution.h"
+#include "kernels/sampling/filter.h"
+#include "kernels/sampling/row_cpu.h"
 #include "kernels/tree/compact.h"
-#include "kernels/tree/row_dist.h"
 #include "kernels/tree/tree.h"
 #include "kernels/tree/tree_walk.h"
 
@@ -95,99 +96,13 @@ void build_tree_row_cpu(const BuildTreeArgs& a, int64_t b) {
 
 namespace {
 
-using sampling::exp_noise;
-using sampling::gumbel_noise;
-using sampling::kGumbelMax;
-using sampling::kInvExpNoiseMin;
-using sampling::RaceBest;
+using sampling::RowDist;
+using sampling::cpu::build_dist;
+using sampling::cpu::decode_row;
+using sampling::cpu::offset_pointer;
+using sampling::cpu::race;
+using sampling::cpu::residual_race;
 
-// One distribution row materialised as float32 s = l / T (l itself for greedy); false when the row
-// is unusable (NaN / +inf anywhere, or nothing above -inf).
-template <typename T>
-bool load_scaled(const T* logits, int64_t vocab, float temperature, float* s, float& max) {
-  bool bad = false;
-  float m = -INFINITY;
-  for (int64_t i = 0; i < vocab; ++i) {
-    const float x = scaled(to_float(logits[i]), temperature);
-    s[i] = x;
-    bad |= bad_value(x);
-    m = x > m ? x : m;
-  }
-  max = m;
-  return !sampling::row_unusable(bad, m);
-}
-
-float sum_weights(const float* s, int64_t vocab, float threshold, float max) {
-  float z = 0.0f;
-  for (int64_t i = 0; i < vocab; ++i) z += weight(threshold, max, s[i]);
-  return z;
-}
-
-// The filter + normaliser of a scaled row (top-k, then top-p over the top-k softmax). A race needs
-// no normaliser: with need_probs false and top-p off, Z is not computed (inv_z stays 0).
-RowDist make_dist(const float* s, int64_t vocab, float max, int64_t top_k, float top_p,
-                  bool need_probs = true) {
-  RowDist d{-INFINITY, max, 0.0f};
-  if (top_k_active(top_k, vocab)) {
-    d.threshold = search_threshold([&](uint32_t cand) {
-      int64_t count = 0;
-      for (int64_t i = 0; i < vocab; ++i) count += float_order_key(s[i]) >= cand;
-      return count >= top_k;
-    });
-  }
-  if (!need_probs && !top_p_active(top_p)) return d;
-  float z = sum_weights(s, vocab, d.threshold, max);
-  if (top_p_active(top_p)) {
-    const float inv_z = 1.0f / z, k_threshold = d.threshold;
-    const float t = search_threshold([&](uint32_t cand) {
-      double mass = 0.0;
-      for (int64_t i = 0; i < vocab; ++i)
-        if (float_order_key(s[i]) >= cand) mass += weight(k_threshold, max, s[i]) * inv_z;
-      return top_p_reached(mass, top_p);
-    });
-    if (t > d.threshold) {  // (a NaN t, no cut found, keeps everything)
-      d.threshold = t;
-      z = sum_weights(s, vocab, d.threshold, max);
-    }
-  }
-  d.inv_z = 1.0f / z;
-  return d;
-}
-
-// Gumbel race argmax_i s_i + G_i over kept tokens, pruned exactly (distribution.h's bound).
-int64_t race_cpu(const float* s, const RowDist& d, int64_t vocab, const RandomStream& stream) {
-  // Seed the pruning bound with the max (the element with the highest bound), as sampling does.
-  int64_t first = 0;
-  while (s[first] != d.max) ++first;
-  RaceBest best{s[first] + gumbel_noise(stream.element(static_cast<uint32_t>(first))), first};
-  for (int64_t g = 0; g < vocab; g += 4) {
-    const int64_t end = g + 4 < vocab ? g + 4 : vocab;
-    bool any = false;
-    for (int64_t i = g; i < end; ++i) any |= kept(d, s[i]) && s[i] + kGumbelMax >= best.key;
-    if (!any) continue;
-    const PhiloxOut bits = stream.block(static_cast<uint32_t>(g >> 2));
-    for (int64_t i = g; i < end; ++i)
-      if (kept(d, s[i])) best.offer(s[i] + gumbel_noise(bits.x[i - g]), i);
-  }
-  return best.index;
-}
-
-// Residual race argmax_i r_i / E_i over r_i > 0, pruned exactly.
-int64_t residual_race_cpu(const float* r, int64_t vocab, const RandomStream& stream) {
-  RaceBest best{-INFINITY, -1};
-  for (int64_t g = 0; g < vocab; g += 4) {
-    const int64_t end = g + 4 < vocab ? g + 4 : vocab;
-    bool any = false;
-    for (int64_t i = g; i < end; ++i) any |= r[i] > 0.0f && r[i] * kInvExpNoiseMin >= best.key;
-    if (!any) continue;
-    const PhiloxOut bits = stream.block(static_cast<uint32_t>(g >> 2));
-    for (int64_t i = g; i < end; ++i)
-      if (r[i] > 0.0f) best.offer(r[i] / exp_noise(bits.x[i - g]), i);
-  }
-  return best.index;
-}
-
-template <typename T>
 void verify_row(const VerifyTreeArgs& a, int64_t b) {
   const int64_t m = a.max_nodes, vocab = a.vocab;
   int64_t* out_tokens = a.tokens + b * m;
@@ -210,15 +125,17 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
   for (int64_t v = 1; v < n; ++v)
     if (tokens[v] < 0 || tokens[v] >= vocab) return fail(kStatusDraftTokenOutOfRange);
 
+  const DType dtype = static_cast<DType>(a.dtype);
   auto node_row = [&](const void* base, bool flat, int64_t row_stride, int64_t node_stride,
                       int64_t v) {
-    const T* p = static_cast<const T*>(base);
-    return flat ? p + (lo + v) * node_stride : p + b * row_stride + v * node_stride;
+    return offset_pointer(base, dtype,
+                          flat ? (lo + v) * node_stride : b * row_stride + v * node_stride);
   };
   float* s = a.workspace;              // (V,) target row, scaled
   float* sd = a.workspace + vocab;     // (V,) draft row, scaled
   float* p = a.workspace + 2 * vocab;  // (V,) adjusted target probabilities, then the residual
   float* q = a.workspace + 3 * vocab;  // (V,) draft probabilities at the current node
+  std::vector<float> scratch;          // candidate lists of the threshold selects
   const uint64_t seed = static_cast<uint64_t>(a.seed[b]);
   const int64_t top_k = a.top_k[b];
 
@@ -226,37 +143,45 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
   out_path[0] = 0;
   while (true) {
     const int64_t pos = a.position[b] + depth;  // absolute position of the token decided at v
-    const T* target = node_row(a.target_logits, a.target_flat, a.target_row_stride,
-                               a.target_node_stride, v);
-    float smax;
-    if (!load_scaled(target, vocab, temperature, s, smax)) return fail(kStatusNonFiniteLogits);
+    const void* target = node_row(a.target_logits, a.target_flat, a.target_row_stride,
+                                  a.target_node_stride, v);
+    // s = float(l) / T, or l itself for greedy; every unusable row gives status 1 before use
+    decode_row(target, dtype, vocab, temperature > 0.0f ? temperature : 1.0f, s);
     int64_t next = -1, emit = -1;
+    RowDist d;
     if (temperature == 0.0f) {  // greedy: the first child equal to the argmax
-      for (emit = 0; s[emit] != smax; ++emit) {
-      }
+      const sampling::cpu::RowScan scan = sampling::cpu::scan_row(s, vocab);
+      if (sampling::row_unusable(scan.bad, scan.max)) return fail(kStatusNonFiniteLogits);
+      emit = sampling::cpu::first_index_of(s, vocab, scan.max);
       for (int64_t c = next_child(parents, n, v, v); c >= 0 && next < 0; c = next_child(parents, n, v, c))
         if (tokens[c] == emit) next = c;
     } else if (a.draft_logits == nullptr) {  // one-hot drafts: sample-and-match over the children
-      const RowDist d = make_dist(s, vocab, smax, top_k, top_p, /*need_probs=*/false);
-      emit = race_cpu(s, d, vocab, RandomStream(seed, pos, kPurposeSample, 0));
+      if (!build_dist(s, vocab, top_k, top_p, /*need_probs=*/false, d, nullptr, scratch)) {
+        return fail(kStatusNonFiniteLogits);
+      }
+      emit = race(s, vocab, d, RandomStream(seed, pos, kPurposeSample, 0));
       for (int64_t c = next_child(parents, n, v, v); c >= 0 && next < 0; c = next_child(parents, n, v, c))
         if (tokens[c] == emit) next = c;
     } else {  // SpecInfer multi-step speculative sampling
-      const RowDist d = make_dist(s, vocab, smax, top_k, top_p);
+      if (!build_dist(s, vocab, top_k, top_p, /*need_probs=*/true, d, nullptr, scratch)) {
+        return fail(kStatusNonFiniteLogits);
+      }
       int64_t c = next_child(parents, n, v, v);
       if (c < 0) {  // leaf: bonus token from p
-        emit = race_cpu(s, d, vocab, RandomStream(seed, pos, kPurposeSample, 0));
+        emit = race(s, vocab, d, RandomStream(seed, pos, kPurposeSample, 0));
       } else {
-        const T* draft = node_row(a.draft_logits, a.draft_flat, a.draft_row_stride,
-                                  a.draft_node_stride, v);
-        float dmax;
-        if (!load_scaled(draft, vocab, temperature, sd, dmax)) return fail(kStatusNonFiniteLogits);
-        const RowDist dq = make_dist(sd, vocab, dmax, top_k, top_p);
+        const void* draft = node_row(a.draft_logits, a.draft_flat, a.draft_row_stride,
+                                     a.draft_node_stride, v);
+        decode_row(draft, dtype, vocab, temperature, sd);
+        RowDist dq;
+        if (!build_dist(sd, vocab, top_k, top_p, /*need_probs=*/true, dq, nullptr, scratch)) {
+          return fail(kStatusNonFiniteLogits);
+        }
         // p and q once per node (one exp each per token); the attempts below are then plain
         // subtract / clamp passes that vectorise.
         for (int64_t i = 0; i < vocab; ++i) {
-          p[i] = prob(d, s[i]);
-          q[i] = prob(dq, sd[i]);
+          p[i] = sampling::prob(d, s[i]);
+          q[i] = sampling::prob(dq, sd[i]);
         }
         for (uint32_t attempt = 0; c >= 0; ++attempt) {
           const int64_t x = tokens[c];
@@ -273,12 +198,13 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
             total += r > 0.0f ? r : 0.0f;
           }
           if (later < 0) {  // all rejected: race over r, or over p when r is zero everywhere
-            if (total > 0.0f)
-              for (int64_t i = 0; i < vocab; ++i) {
-                const float r = p[i] - q[i];
-                p[i] = r > 0.0f ? r : 0.0f;
-              }
-            emit = residual_race_cpu(p, vocab, RandomStream(seed, pos, kPurposeResidual, 0));
+            float rmax = 0.0f;
+            for (int64_t i = 0; i < vocab; ++i) {
+              const float r = p[i] - q[i];
+              if (total > 0.0f) p[i] = r > 0.0f ? r : 0.0f;
+              rmax = p[i] > rmax ? p[i] : rmax;
+            }
+            emit = residual_race(p, vocab, rmax, RandomStream(seed, pos, kPurposeResidual, 0));
             break;
           }
           if (total > 0.0f)  // p <- normalise(max(0, p - q)); unchanged when that is zero
@@ -304,14 +230,7 @@ void verify_row(const VerifyTreeArgs& a, int64_t b) {
 
 }  // namespace
 
-void verify_tree_row_cpu(const VerifyTreeArgs& a, int64_t b) {
-  switch (static_cast<DType>(a.dtype)) {
-    case DType::kFloat32: return verify_row<float>(a, b);
-    case DType::kFloat16: return verify_row<Half16>(a, b);
-    case DType::kBFloat16: return verify_row<BFloat16>(a, b);
-    case DType::kFloat64: return verify_row<double>(a, b);
-  }
-}
+void verify_tree_row_cpu(const VerifyTreeArgs& a, int64_t b) { verify_row(a, b); }
 
 void compact_row_cpu(const CompactArgs& a, int64_t b, char* cache) {
   const int64_t* path = a.accepted_nodes + b * a.width;

@@ -21,8 +21,9 @@
 #include "kernels/common/status.h"
 #include "kernels/sampling/chain.h"
 #include "kernels/sampling/distribution.h"
+#include "kernels/sampling/filter.h"
+#include "kernels/sampling/filter_cuda.cuh"
 #include "kernels/tree/compact.h"
-#include "kernels/tree/row_dist.h"
 #include "kernels/tree/tree.h"
 #include "kernels/tree/tree_walk.h"
 
@@ -31,6 +32,7 @@ namespace tree {
 namespace {
 
 using sampling::RaceBest;
+using sampling::RowDist;
 
 constexpr int kBuildThreads = 256;
 constexpr int kDenseThreads = 256;
@@ -123,12 +125,6 @@ __global__ void build_tree_dense_kernel(BuildTreeArgs a, HfBits hidden) {
 // Block reductions (blockDim.x a multiple of 32). `red` is shared scratch of >= 32 entries; the
 // leading barrier makes back-to-back calls on the same scratch safe.
 
-__device__ __forceinline__ RaceBest best_merge(RaceBest a, RaceBest b) {
-  if (b.index < 0) return a;
-  if (a.index < 0) return b;
-  return (b.key > a.key || (b.key == a.key && b.index < a.index)) ? b : a;
-}
-
 __device__ __forceinline__ RaceBest shfl_down(RaceBest v, int off) {
   RaceBest o;
   o.key = __shfl_down_sync(0xffffffffu, v.key, off);
@@ -145,7 +141,7 @@ struct SumOp {
   __device__ T operator()(T a, T b) const { return a + b; }
 };
 struct BestOp {
-  __device__ RaceBest operator()(RaceBest a, RaceBest b) const { return best_merge(a, b); }
+  __device__ RaceBest operator()(RaceBest a, RaceBest b) const { return RaceBest::merge(a, b); }
 };
 
 template <typename T, typename Op>
@@ -171,8 +167,6 @@ __device__ T block_reduce(T v, Op op, T identity, T* red) {
 struct VerifyShared {
   RaceBest best[32];
   float f[32];
-  double d[32];
-  int32_t i32[32];
   int32_t warp_counts[32];
   int32_t found;
   int32_t accept;
@@ -186,22 +180,30 @@ struct LogitRow {
   const T* p;
   int64_t vocab;
   float temperature;
-  __device__ float s(int64_t i) const { return scaled(to_float(p[i]), temperature); }
+  // s = float(l) / T, the sampling transform; greedy (T = 0) reads l itself
+  __device__ float s(int64_t i) const {
+    return temperature > 0.0f ? to_float(p[i]) / temperature : to_float(p[i]);
+  }
+  // for_each_s of filter_cuda.cuh: this thread's elements, strided by the block
+  template <class F>
+  __device__ void for_each_s(F&& f) const {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) f(s(i));
+  }
 };
 
 // Max (with the first index holding it) and usability of a row: pass A of every decision.
 template <typename T>
 __device__ RaceBest scan_row(const LogitRow<T>& row, VerifyShared& sh, bool& usable) {
-  RaceBest best{-INFINITY, -1};
+  RaceBest best = RaceBest::none();
   bool bad = false;
   for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x) {
     const float x = row.s(i);
-    bad |= bad_value(x);
+    bad |= sampling::nan_or_posinf(x);
     if (x > -INFINITY) best.offer(x, i);
   }
   const bool any_bad = __syncthreads_or(bad);
-  best = block_reduce(best, BestOp{}, RaceBest{-INFINITY, -1}, sh.best);
-  usable = !sampling::row_unusable(any_bad, best.index >= 0 ? best.key : -INFINITY);
+  best = block_reduce(best, BestOp{}, RaceBest::none(), sh.best);
+  usable = !sampling::row_unusable(any_bad, best.key);  // key stays -inf when nothing is above
   return best;
 }
 
@@ -209,41 +211,27 @@ template <typename T>
 __device__ float sum_weights_block(const LogitRow<T>& row, float threshold, float max,
                                    VerifyShared& sh) {
   float z = 0.0f;
-  for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x) z += weight(threshold, max, row.s(i));
+  for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x) {
+    z += sampling::weight(threshold, max, row.s(i));
+  }
   return block_reduce(z, SumOp{}, 0.0f, sh.f);
 }
 
-// The filter + normaliser of a row (top-k, then top-p over the top-k softmax); see row_dist.h.
+// The filter + normaliser of a row (top-k, then top-p over the top-k softmax); the thresholds by
+// filter.h's radix select, run by the whole block (filter_cuda.cuh).
 template <typename T>
 __device__ RowDist make_dist_block(const LogitRow<T>& row, float max, int64_t top_k, float top_p,
                                    VerifyShared& sh) {
-  RowDist d{-INFINITY, max, 0.0f};
-  if (top_k_active(top_k, row.vocab)) {
-    uint32_t key = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t cand = key | (1u << bit);
-      int32_t count = 0;
-      for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x)
-        count += float_order_key(row.s(i)) >= cand;
-      if (block_reduce(count, SumOp{}, 0, sh.i32) >= top_k) key = cand;
-    }
-    d.threshold = float_from_order_key(key);
+  RowDist d{max, -INFINITY, 0.0f};
+  auto for_each_s = [&](auto&& f) { row.for_each_s(f); };
+  if (sampling::top_k_active(top_k, row.vocab)) {
+    d.threshold = sampling::block_kth_largest(for_each_s, top_k);
   }
   float z = sum_weights_block(row, d.threshold, max, sh);
-  if (top_p_active(top_p)) {
-    const float inv_z = 1.0f / z;
-    uint32_t key = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t cand = key | (1u << bit);
-      double mass = 0.0;
-      for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x) {
-        const float x = row.s(i);
-        if (float_order_key(x) >= cand) mass += weight(d.threshold, max, x) * inv_z;
-      }
-      if (top_p_reached(block_reduce(mass, SumOp{}, 0.0, sh.d), top_p)) key = cand;
-    }
-    const float t = float_from_order_key(key);
-    if (t > d.threshold) {  // (a NaN t, no cut found, keeps everything)
+  if (sampling::top_p_active(top_p)) {
+    const float t =
+        sampling::block_nucleus_threshold(for_each_s, d.threshold, max, 1.0f / z, top_p);
+    if (t > d.threshold) {  // (-inf, no cut found, keeps everything)
       d.threshold = t;
       z = sum_weights_block(row, d.threshold, max, sh);
     }
@@ -253,29 +241,23 @@ __device__ RowDist make_dist_block(const LogitRow<T>& row, float max, int64_t to
 }
 
 // Gumbel race over kept tokens; each thread owns groups of 4 tokens (one Philox block), pruned
-// exactly against the thread's best so far (distribution.h's bound).
+// exactly against the thread's best so far (distribution.h).
 template <typename T>
 __device__ int64_t race_block(const LogitRow<T>& row, const RowDist& d, const RandomStream& stream,
                               VerifyShared& sh) {
-  RaceBest best{-INFINITY, -1};
+  RaceBest best = RaceBest::none();
   const int64_t groups = (row.vocab + 3) / 4;
   for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
     float x[4];
-    bool any = false;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t i = 4 * g + k;
-      x[k] = i < row.vocab ? row.s(i) : -INFINITY;
-      any |= kept(d, x[k]) && x[k] > -INFINITY && x[k] + sampling::kGumbelMax >= best.key;
+      const float s = i < row.vocab ? row.s(i) : -INFINITY;
+      x[k] = sampling::kept(d, s) ? s : -INFINITY;
     }
-    if (!any) continue;
-    const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (4 * g + k < row.vocab && kept(d, x[k]) && x[k] > -INFINITY)
-        best.offer(x[k] + sampling::gumbel_noise(bits.x[k]), 4 * g + k);
+    sampling::offer_group<sampling::GumbelRace>(stream, g, x, best);
   }
-  return block_reduce(best, BestOp{}, RaceBest{-INFINITY, -1}, sh.best).index;
+  return block_reduce(best, BestOp{}, RaceBest::none(), sh.best).index;
 }
 
 // The children of v in index order into kids (shared, >= n entries); returns their count.
@@ -399,10 +381,10 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_tree_kernel(VerifyTreeA
       for (int attempt = 0; attempt < count; ++attempt) {
         if (threadIdx.x == 0) {
           const int64_t x = tokens[kids[attempt]];
-          const float p_x = p_in_ws ? p_ws[x] : prob(d, target.s(x));
+          const float p_x = p_in_ws ? p_ws[x] : sampling::prob(d, target.s(x));
           const float u = uniform_open01(
               RandomStream(seed, pos, kPurposeAccept, static_cast<uint32_t>(attempt)).element(0));
-          sh.accept = sampling::accept_draft(u, prob(dq, draft.s(x)), p_x);
+          sh.accept = sampling::accept_draft(u, sampling::prob(dq, draft.s(x)), p_x);
         }
         __syncthreads();
         if (sh.accept) {
@@ -412,15 +394,16 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_tree_kernel(VerifyTreeA
         // r = max(0, p - q): the next p once normalised, or the residual to sample from
         float part = 0.0f;
         for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-          const float r = (p_in_ws ? p_ws[i] : prob(d, target.s(i))) - prob(dq, draft.s(i));
+          const float r = (p_in_ws ? p_ws[i] : sampling::prob(d, target.s(i))) -
+                          sampling::prob(dq, draft.s(i));
           part += r > 0.0f ? r : 0.0f;
         }
         const float total = block_reduce(part, SumOp{}, 0.0f, sh.f);
         const bool last = attempt == count - 1;
         // Each thread rewrites only the entries it read, so no barrier is needed in between.
         for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-          const float p_i = p_in_ws ? p_ws[i] : prob(d, target.s(i));
-          const float r = p_i - prob(dq, draft.s(i));
+          const float p_i = p_in_ws ? p_ws[i] : sampling::prob(d, target.s(i));
+          const float r = p_i - sampling::prob(dq, draft.s(i));
           const float rp = r > 0.0f ? r : 0.0f;
           // all rejected: race over r (p when r is zero); else p <- normalise(r) (unchanged at 0)
           p_ws[i] = total > 0.0f ? (last ? rp : rp / total) : p_i;
@@ -429,23 +412,15 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_tree_kernel(VerifyTreeA
         __syncthreads();  // the race below reads entries other threads wrote
         if (last) {
           const RandomStream stream(seed, pos, kPurposeResidual, 0);
-          RaceBest best{-INFINITY, -1};
+          RaceBest best = RaceBest::none();
           const int64_t groups = (vocab + 3) / 4;
           for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
             float r[4];
-            bool any = false;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              r[k] = 4 * g + k < vocab ? p_ws[4 * g + k] : 0.0f;
-              any |= r[k] > 0.0f && r[k] * sampling::kInvExpNoiseMin >= best.key;
-            }
-            if (!any) continue;
-            const PhiloxOut bits = stream.block(static_cast<uint32_t>(g));
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-              if (r[k] > 0.0f) best.offer(r[k] / sampling::exp_noise(bits.x[k]), 4 * g + k);
+            for (int k = 0; k < 4; ++k) r[k] = 4 * g + k < vocab ? p_ws[4 * g + k] : 0.0f;
+            sampling::offer_group<sampling::ResidualRace>(stream, g, r, best);
           }
-          emit = block_reduce(best, BestOp{}, RaceBest{-INFINITY, -1}, sh.best).index;
+          emit = block_reduce(best, BestOp{}, RaceBest::none(), sh.best).index;
         }
         __syncthreads();  // p_ws complete before the next attempt's test reads it
       }
@@ -494,7 +469,7 @@ template <typename Vec>
 __global__ void compact_copy_kernel(CompactArgs a, CachePtrs caches) {
   const int64_t b = blockIdx.x;
   const int64_t* path = a.accepted_nodes + b * a.width;
-  if (a.status[b] != 0 || path[0] < 0) return;
+  if (a.status[b] != kStatusOk || path[0] < 0) return;
   char* row_base = caches.p[blockIdx.y] + b * a.stride_b;
   const int64_t len = a.num_accepted[b] + 1, src = a.src_start[b], dst = a.dst_start[b];
   const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(Vec));

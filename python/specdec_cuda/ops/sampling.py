@@ -5,15 +5,11 @@ and draw every random number from counter-based Philox streams keyed by (seed, a
 purpose), so a row's result depends neither on its batch neighbours nor on its place in the batch,
 and CPU and CUDA agree. The executable specification is :mod:`specdec_cuda.reference.sampling`.
 
-Per-row status codes (``status`` outputs; a flagged row emits only -1 and accepts nothing):
-
-* 0 ``STATUS_OK``
-* 1 ``STATUS_NONFINITE_LOGITS``: a logit row the decision read held NaN or +inf (after dividing by
-  the temperature), or only -inf.
-* 2 ``STATUS_DRAFT_OUT_OF_RANGE``: a draft token outside ``[0, vocab)`` (checked for every draft of
-  the row), or the row's ``cu_num_draft`` entries are unusable (only possible on CUDA, where they
-  are not checked on the host): decreasing, outside ``draft_tokens`` or more than ``max_draft``.
-* 3 ``STATUS_BAD_PARAMS``: temperature < 0 or NaN, or top_p outside (0, 1].
+Per-row status codes (``status`` outputs; a flagged row emits only -1 and accepts nothing) are the
+project's one table, :mod:`specdec_cuda.ops.status`: ``STATUS_NONFINITE_LOGITS`` (1),
+``STATUS_DRAFT_OUT_OF_RANGE`` (2: a draft outside ``[0, vocab)``, or on CUDA, where they are not
+checked on the host, ``cu_num_draft`` entries that are decreasing, outside ``draft_tokens`` or
+longer than ``max_draft``) and ``STATUS_BAD_PARAMS`` (3).
 
 Use :func:`raise_on_status` to turn flagged rows into an exception.
 """
@@ -25,11 +21,13 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from ..reference.philox import Purpose
-from ..reference.sampling import (
+from .status import (
     STATUS_BAD_PARAMS,
     STATUS_DRAFT_OUT_OF_RANGE,
+    STATUS_MESSAGES,
     STATUS_NONFINITE_LOGITS,
     STATUS_OK,
+    raise_for,
 )
 
 __all__ = [
@@ -45,14 +43,6 @@ __all__ = [
     "sample",
     "verify_chain",
 ]
-
-STATUS_MESSAGES = {
-    STATUS_OK: "ok",
-    STATUS_NONFINITE_LOGITS: "a logit row held NaN or +inf (after temperature) or only -inf",
-    STATUS_DRAFT_OUT_OF_RANGE: "a draft token is outside [0, vocab) or the row's cu_num_draft "
-    "entries are unusable",
-    STATUS_BAD_PARAMS: "temperature < 0 or NaN, or top_p outside (0, 1]",
-}
 
 _STRATEGIES = {"auto": 0, "parallel": 1, "serial": 2}
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -72,19 +62,13 @@ class VerifyResult(NamedTuple):
     status: torch.Tensor  # [B] int32
 
 
-def raise_on_status(status: torch.Tensor) -> None:
+def raise_on_status(status: torch.Tensor, what: str = "sampling") -> None:
     """Raise ``ValueError`` naming every flagged row and why (synchronises with the device).
 
     Shape: status [N] int32, as returned by :func:`sample` or :func:`verify_chain`.
+    Same as :func:`specdec_cuda.ops.status.raise_for`.
     """
-    status = status.detach().cpu()
-    bad = torch.nonzero(status != STATUS_OK).flatten().tolist()
-    if not bad:
-        return
-    lines = [f"row {i}: status {int(status[i])} ({STATUS_MESSAGES.get(int(status[i]), 'unknown')})"
-             for i in bad[:8]]
-    more = f" (and {len(bad) - 8} more)" if len(bad) > 8 else ""
-    raise ValueError(f"{len(bad)} row(s) flagged{more}:\n  " + "\n  ".join(lines))
+    raise_for(status, what)
 
 
 def _per_row(value: Scalar, name: str, rows: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -17,7 +17,8 @@ position ``cache_len[b]`` and node ``v`` at ``cache_len[b] + depth[v]``; with th
 model's cache node ``v``'s K/V is written at slot ``cache_len[b] + v``.
 
 Errors: a malformed row (a parent not below its node, a root parent other than -1, a row empty or
-longer than ``max_nodes``) is reported per row in ``status`` (4) by the kernels, which never read
+longer than ``max_nodes``) is reported per row in ``status`` (``STATUS_MALFORMED_TREE``, 4; every
+code is in :mod:`specdec_cuda.ops.status`) by the kernels, which never read
 out of bounds; with ``check=True`` (the default) the Python layer raises a ``ValueError`` naming the
 row and the node. That check reads ``status`` (a device sync); pass ``check=False`` inside CUDA
 graphs and read ``status`` yourself. Under ``torch.compile`` the check is skipped.
@@ -32,8 +33,7 @@ import torch
 
 from .. import _native  # noqa: F401  (registers torch.ops.specdec)
 from ..reference.tree import tree_problem
-
-STATUS_MALFORMED_TREE = 4
+from .status import STATUS_BAD_COMPACTION, STATUS_MALFORMED_TREE, describe, flagged_rows
 
 __all__ = ["TreeLayout", "VerifyTreeResult", "build_tree", "verify_tree", "compact_kv"]
 
@@ -262,9 +262,9 @@ def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits
         accepted_nodes: (B, M) int64, the accepted path as row-local node indices, root first
             (``num_accepted + 1`` entries), -1 padded.
         num_accepted: (B,) int64, accepted draft tokens (tokens holds num_accepted + 1).
-        status: (B,) int32, 0 ok, 1 non-finite logits, 2 draft token outside [0, V), 3 bad
-            sampling parameters, 4 malformed tree (raised when ``check``). A flagged row emits no
-            token (all -1, num_accepted 0).
+        status: (B,) int32 (codes of ``specdec_cuda.ops.status``): 0 ok, 1 non-finite logits,
+            2 draft token outside [0, V), 3 bad sampling parameters, 4 malformed tree (raised
+            when ``check``). A flagged row emits no token (all -1, num_accepted 0).
 
     Example
     -------
@@ -330,9 +330,9 @@ def compact_kv(caches: Sequence[torch.Tensor], accepted_nodes, num_accepted, src
             place.
         accepted_nodes: (B, W) int64 (``verify_tree``'s path, -1 padded).
         num_accepted, src_start, dst_start: (B,) int64 (dst_start defaults to src_start).
-        returns status: (B,) int32, 0 ok, 1 an invalid request for the row (path not
-            increasing, dst_start > src_start, a slot outside [0, T)); nothing of that row is
-            moved, and with ``check`` a ``ValueError`` names the row.
+        returns status: (B,) int32, 0 ok, ``STATUS_BAD_COMPACTION`` (5) an invalid request for
+            the row (path not increasing, dst_start > src_start, a slot outside [0, T)); nothing
+            of that row is moved, and with ``check`` a ``ValueError`` names the row.
 
     Example
     -------
@@ -359,14 +359,15 @@ def compact_kv(caches: Sequence[torch.Tensor], accepted_nodes, num_accepted, src
     torch.ops.specdec.compact_kv(list(caches), accepted_nodes, num_accepted, src_start, dst_start,
                                  status)
     if check and not torch.compiler.is_compiling():
-        bad = torch.nonzero(status).flatten().tolist()
+        bad = flagged_rows(status)
         if bad:
-            b = bad[0]
+            b, code = bad[0]
+            if code != STATUS_BAD_COMPACTION:  # only the kernel's own code is expected here
+                raise RuntimeError(f"compact_kv: row {b}: status {code} ({describe(code)})")
             raise ValueError(
                 f"compact_kv: row {b}: accepted_nodes {accepted_nodes[b].tolist()} with "
                 f"num_accepted {int(num_accepted[b])}, src_start {int(src_start[b])}, dst_start "
-                f"{int(dst_start[b])} is not a valid compaction (nodes must increase, "
-                "dst_start <= src_start, every slot inside the cache)")
+                f"{int(dst_start[b])} is {describe(code)}")
     return status
 
 

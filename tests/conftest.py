@@ -1,0 +1,35 @@
+"""Shared pytest setup: the one ``cuda`` marker.
+
+A test marked ``@pytest.mark.cuda`` (or a module with ``pytestmark = pytest.mark.cuda``) runs only
+where there is a CUDA device *and* specdec_cuda was built with its CUDA kernels; elsewhere it is
+skipped with the reason. This is the only CUDA skip in tests/: do not add ``skipif`` lines of
+your own. The marker is registered in pyproject.toml; ``-m cuda`` / ``-m "not cuda"`` select by it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+
+@functools.cache
+def cuda_skip_reason() -> str | None:
+    """Why CUDA tests cannot run here, or None when they can."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    import specdec_cuda  # imported late: collection of CPU-only tests must not need the build
+
+    if not specdec_cuda.build_info()["with_cuda"]:
+        return "specdec_cuda was built without CUDA kernels (SPECDEC_CUDA=0)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("cuda") is None:
+            continue
+        reason = cuda_skip_reason()
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
