@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from . import ops
+from .ops.status import raise_for
 from .proposers.base import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, StepState
 
 if TYPE_CHECKING:
@@ -162,15 +163,6 @@ class _Rows:
         return [0 if d else self.max_new_tokens - len(o) for d, o in zip(self.done, self.out)]
 
 
-def _check_status(status: list[int], what: str) -> None:
-    bad = [(b, s) for b, s in enumerate(status) if s]
-    if bad:
-        meaning = {1: "non-finite logits (NaN / +inf / all -inf)", 2: "a draft token outside the vocabulary",
-                   3: "bad sampling parameters (temperature < 0 or top_p outside (0, 1])"}
-        b, s = bad[0]
-        raise RuntimeError(f"{what} flagged row {b}: status {s}, {meaning.get(s, 'unknown')}")
-
-
 @dataclass
 class _Fed:
     """One step's target input. Shape: tokens / positions [B, T] (T = 1 + n + e: root, draft nodes,
@@ -229,7 +221,7 @@ class _Loop:
                              hidden_layers=self.hidden_layers)
         self.cache.commit(prompt_lens)
         first = ops.sample(out.logits[self.row_index, prompt_lens - 1], **self.params.kwargs(), position=prompt_lens)
-        _check_status(first.status.tolist(), "sampling the first token")
+        raise_for(first.status.tolist(), "sampling the first token", exc=RuntimeError)
         self.last, self.lengths = first.tokens, prompt_lens.clone()
         for b, t in enumerate(self.last.tolist()):
             self.rows.emit(b, [t])
@@ -392,7 +384,7 @@ class _Loop:
         self.cache.commit(num_kept, accepted_nodes)
         # One host copy of everything the bookkeeping reads: tokens, counts, status per row.
         host = torch.cat([new_tokens, num_accepted[:, None], status[:, None].to(torch.int64)], 1).tolist()
-        _check_status([h[-1] for h in host], "sampling" if draft is None else "verification")
+        raise_for([h[-1] for h in host], "sampling" if draft is None else "verification", exc=RuntimeError)
         num_accepted_host = [h[-2] for h in host]
         drafted = [d if a else 0 for d, a in zip(fed.depth_host, self.active_host)]
         self.metrics._count(drafted, [n if a else 0 for n, a in zip(num_accepted_host, self.active_host)])
