@@ -406,19 +406,20 @@ def _prepare(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log) -> tuple:
             size += len(text)
         tokenizer = train_tokenizer(sample, spec.vocab_size)
         eos_id = tokenizer.convert_tokens_to_ids(EOS)
-        ids: list[int] = []
+        # Files EOS-separated; stored as int16 chunks (a Python list of ~40M ints would take 1.5 GB).
+        dtype = torch.int16 if spec.vocab_size <= 32767 else torch.int32
+        chunks = []
         texts = [t for _, t in corpus.train]
         for i in range(0, len(texts), 256):
-            for enc in tokenizer(texts[i: i + 256])["input_ids"]:
-                ids.extend(enc)
-                ids.append(eos_id)
-        dtype = torch.int16 if spec.vocab_size <= 32767 else torch.int32
-        _atomic_save(torch.tensor(ids, dtype=dtype), data_path)
+            chunks.append(torch.tensor([t for enc in tokenizer(texts[i: i + 256])["input_ids"]
+                                        for t in enc + [eos_id]], dtype=dtype))
+        ids = torch.cat(chunks)
+        _atomic_save(ids, data_path)
         _atomic_write(held_path, json.dumps({"heldout": corpus.heldout, "stats": corpus.stats}))
         shutil.rmtree(tok_dir, ignore_errors=True)
         tokenizer.save_pretrained(tok_dir)
-        log(f"[zoo-v4] tokenizer: vocab {len(tokenizer)}, {len(ids) / 1e6:.1f}M training tokens "
-            f"({corpus.stats.get('train_chars', sum(len(t) for t in texts)) / len(ids):.2f} chars/token); "
+        log(f"[zoo-v4] tokenizer: vocab {len(tokenizer)}, {ids.numel() / 1e6:.1f}M training tokens "
+            f"({sum(len(t) for t in texts) / ids.numel():.2f} chars/token); "
             f"prepared in {time.perf_counter() - started:.0f}s")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
     held = json.loads(held_path.read_text())
