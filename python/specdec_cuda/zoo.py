@@ -90,15 +90,16 @@ class V4Spec(ZooSpec):
 
     Every field is frozen into the run folder's ``spec.json``: a resume with another spec fails.
 
-    Sizing (measured: about 1200 tokens per CPU-second for a 12 x 192 target with a 4096-token
-    vocabulary at 512 tokens of context, one thread): the target keeps v3's deep, narrow shape
-    (12 layers of 192, ~6.3M parameters with the larger vocabulary) because decoding at batch 1 on
+    Sizing (measured on the shared 2-core machine, one thread: ~1200 training tokens per
+    CPU-second in a pilot, ~950 in the run with gradient accumulation, for a 12 x 192 target with
+    a 4096-token vocabulary at 512 tokens of context): the target keeps v3's deep, narrow shape
+    (12 layers of 192, 6.3M parameters with the larger vocabulary) because decoding at batch 1 on
     a CPU costs about the same per layer whatever the width, so the one-layer draft keeps a
-    realistic cost ratio; for a budget of ~8 core-hours a wider target would see fewer tokens
-    than it needs (compute-optimal size for ~30M tokens is below 6M parameters). 3600 steps of
-    16 x 512 tokens (~29.5M tokens, about one pass over the corpus) take ~7 core-hours, the
-    draft's 800 distillation steps ~1 more. A 4096-token vocabulary puts ~10% more characters in
-    each token than v3's 2048 for ~8% more compute per token.
+    realistic cost ratio; for a budget of ~10 core-hours a wider target would see fewer tokens
+    than it needs (the compute-optimal size for ~30M tokens is below 6M parameters). 3600 steps
+    of 16 x 512 tokens (~29.5M tokens, 0.6 of a pass over the 48.9M-token corpus) take ~9
+    core-hours, the draft's 800 distillation steps ~1 more. A 4096-token vocabulary is for
+    decoding quality per token; bits per character do not depend on it.
     """
 
     name: str = "pycode-v4"
