@@ -73,6 +73,16 @@ def test_run_reports_progress_and_exports_loadable_folders(uninterrupted, tmp_pa
     assert json.loads((run / "export" / "report.json").read_text())["params"] == report["params"]
 
 
+def test_run_folder_is_locked_while_a_run_trains(uninterrupted):
+    import fcntl
+
+    run, _, _ = uninterrupted
+    with open(run / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match="another process"):
+            zoo_v4.train_v4(run, TINY, log=lambda _: None)
+
+
 def test_run_folder_refuses_another_spec(uninterrupted):
     run, _, _ = uninterrupted
     other = zoo.V4Spec(**{**TINY.__dict__, "target_steps": 7})

@@ -95,7 +95,11 @@ def main(argv=None) -> int:
             if args.force:
                 print("error: --force does not apply to v4 (delete its run folder to restart)", file=sys.stderr)
                 return 2
-            result = zoo_v4.train_v4(run_dir, spec, export_to=zoo.zoo_root() / spec.name)
+            try:
+                result = zoo_v4.train_v4(run_dir, spec, export_to=zoo.zoo_root() / spec.name)
+            except RuntimeError as exc:  # the run folder is locked by a running process
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             if "target_heldout" not in result:
                 print(f"interrupted at {result['phase']} step {result['step']}; run the same command to resume")
                 return 0

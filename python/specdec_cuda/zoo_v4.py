@@ -28,6 +28,7 @@ finishes, the pair is exported as Hugging Face folders (``target``, ``draft``, `
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -484,6 +485,17 @@ def train_v4(run_dir: Path | None = None, spec: V4Spec = V4_SPEC, corpus: Corpus
     """
     run_dir = Path(run_dir or default_run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Two processes on one run folder would overwrite each other's checkpoints: one at a time.
+    with open(run_dir / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another process is training in {run_dir} (it holds {run_dir / 'lock'})") from None
+        return _train_locked(run_dir, spec, corpus, log, stop_after, export_to)
+
+
+def _train_locked(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log, stop_after: int | None,
+                  export_to: Path | None) -> dict:
     log_file = run_dir / "train.log"
 
     def out(line: str) -> None:
