@@ -1,6 +1,6 @@
 """Train (once) and cache the zoo pair used by the demo and the end-to-end benchmark.
 
-Usage: python scripts/train_zoo.py [--force]   (same as `python -m specdec_cuda zoo`)
+Usage: python scripts/train_zoo.py [--force] [--zoo v4 [--run-dir DIR] --threads 1]   (same as `python -m specdec_cuda zoo`)
 """
 
 import sys

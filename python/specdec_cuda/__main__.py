@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,8 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="torch CPU threads (default 1: one request's small decode-time ops do not "
                             "parallelise, and every method and baseline runs with the same count; 0: torch's choice)")
         p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-        p.add_argument("--zoo", choices=("default", "small"), default="default",
-                       help="which zoo pair when --target is not given (small: quicker to train)")
+        p.add_argument("--zoo", choices=("default", "small", "v4"), default="default",
+                       help="which zoo pair when --target is not given (small: quicker to train; "
+                            "v4: once its resumable training run has finished)")
 
     demo = sub.add_parser("demo", help="generate with and without speculation, print text and a table")
     models_args(demo)
@@ -51,8 +54,11 @@ def _parser() -> argparse.ArgumentParser:
 
     zoo = sub.add_parser("zoo", help="train and cache the zoo target/draft pair")
     zoo.add_argument("--force", action="store_true", help="retrain even if cached")
-    zoo.add_argument("--zoo", choices=("default", "small"), default="default")
+    zoo.add_argument("--zoo", choices=("default", "small", "v4"), default="default",
+                     help="v4: start or resume the long, checkpointed training run (hours)")
     zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    zoo.add_argument("--run-dir", default=None,
+                     help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
 
     sub.add_parser("methods", help="list the registered decoding methods and their options")
     return parser
@@ -74,13 +80,30 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+        if args.threads == 1:  # the tokenizer's Rust thread pool too (read when it first starts)
+            os.environ.setdefault("RAYON_NUM_THREADS", "1")
     try:
         if args.command == "demo":
             return e2e.demo(args)
         if args.command == "bench":
             return e2e.bench(args)
         spec = zoo.SPECS[args.zoo]
-        if args.force:
+        if args.zoo == "v4":
+            from . import zoo_v4
+
+            run_dir = Path(args.run_dir) if args.run_dir else zoo_v4.default_run_dir()
+            if args.force:
+                print("error: --force does not apply to v4 (delete its run folder to restart)", file=sys.stderr)
+                return 2
+            try:
+                result = zoo_v4.train_v4(run_dir, spec, export_to=zoo.zoo_root() / spec.name)
+            except RuntimeError as exc:  # the run folder is locked by a running process
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            if "target_heldout" not in result:
+                print(f"interrupted at {result['phase']} step {result['step']}; run the same command to resume")
+                return 0
+        elif args.force:
             shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
         target, draft = zoo.get_pair(spec)
         report = zoo.report(spec)

@@ -177,7 +177,10 @@ def diffusion_demo(args, prompts: list[str]) -> None:
     from . import zoo, zoo_diffusion
     from .diffusion_generate import DiffusionGenerator
 
-    spec = zoo_diffusion.SPECS[args.zoo]
+    spec = zoo_diffusion.SPECS.get(args.zoo)
+    if spec is None:  # zoo v4 has no diffusion LM (yet)
+        print(f"\n(diffusion generation, lossy: no zoo diffusion LM for --zoo {args.zoo})")
+        return
     cached = (zoo.zoo_root() / spec.name / "report.json").exists()
     if args.target or not (cached or getattr(args, "diffusion", False)):
         print("\n(diffusion generation, lossy: pass --diffusion to train the zoo diffusion LM and show it)")

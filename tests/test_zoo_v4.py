@@ -1,0 +1,208 @@
+"""Zoo v4 (issue 18): resumable training, bits per character, the held-out split (tiny, seconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_cuda import models, zoo, zoo_v4
+from specdec_cuda.__main__ import main
+
+TINY = zoo.V4Spec(
+    name="tiny-v4", vocab_size=300, max_position=64, seq_len=16, batch_size=4, micro_batch=2,
+    target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 32, 64, 2, 1),
+    target_steps=6, draft_steps=4, warmup_steps=2, eval_every=3, quick_eval_chars=400,
+    checkpoint_seconds=0.0, log_every=1, prompts=2, prompt_new_tokens=8)
+
+
+def _corpus() -> zoo_v4.Corpus:
+    train = [(f"t/{i}", Path(m.__file__).read_text()) for i, m in enumerate((models, zoo_v4))]
+    return zoo_v4.Corpus(train=train, heldout=[("h/zoo.py", Path(zoo.__file__).read_text()[:3000])])
+
+
+def _weights(run_dir: Path) -> dict:
+    state = torch.load(run_dir / zoo_v4.CHECKPOINT, weights_only=False)
+    return {f"{m}.{k}": v for m in ("target", "draft") for k, v in state[m].items()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run = tmp_path_factory.mktemp("v4") / "run"
+    lines = []
+    report = zoo_v4.train_v4(run, TINY, corpus=_corpus(), log=lines.append)
+    return run, report, lines
+
+
+def test_resumed_run_matches_uninterrupted_run(uninterrupted, tmp_path):
+    run, report, _ = uninterrupted
+    # Stop in the middle of the target's training, then in the middle of the draft's.
+    first = zoo_v4.train_v4(tmp_path, TINY, corpus=_corpus(), log=lambda _: None, stop_after=4)
+    assert first == {"phase": "target", "step": 4, "pos": 16, "tokens": 4 * 4 * 16}
+    second = zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None, stop_after=TINY.target_steps + 2)
+    assert second["phase"] == "draft" and second["step"] == 2
+    final = zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None)
+    ours, theirs = _weights(tmp_path), _weights(run)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+    assert final["target_heldout"] == report["target_heldout"]
+    assert final["agreement"] == report["agreement"]
+    # A finished run is not retrained.
+    assert zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None)["agreement"] == report["agreement"]
+
+
+def test_run_reports_progress_and_exports_loadable_folders(uninterrupted, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run, report, lines = uninterrupted
+    assert any("tok/s" in line and "ETA" in line and "loss" in line for line in lines)
+    assert (run / "train.log").read_text().count("ETA") >= TINY.target_steps + TINY.draft_steps
+    assert [e["step"] for e in report["evals"]] == [3, 6]
+    assert report["train_tokens_seen"] == (TINY.target_steps + TINY.draft_steps) * 4 * 16
+    for key in ("bits_per_char", "nats_per_token", "chars_per_token"):
+        assert report["target_heldout"][key] > 0
+    assert 0 <= report["agreement"]["greedy"] <= 1
+    quality = report["greedy_quality"]
+    assert quality["prompts"] == 2 and 0 < quality["distinct_4_corpus"] <= 1
+    hf = AutoModelForCausalLM.from_pretrained(run / "export" / "target")
+    assert hf.config.num_hidden_layers == 2
+    assert json.loads((run / "export" / "report.json").read_text())["params"] == report["params"]
+
+
+def test_run_folder_is_locked_while_a_run_trains(uninterrupted):
+    import fcntl
+
+    run, _, _ = uninterrupted
+    with open(run / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match="another process"):
+            zoo_v4.train_v4(run, TINY, log=lambda _: None)
+
+
+def test_run_folder_refuses_another_spec(uninterrupted):
+    run, _, _ = uninterrupted
+    other = zoo.V4Spec(**{**TINY.__dict__, "target_steps": 7})
+    with pytest.raises(ValueError, match="target_steps"):
+        zoo_v4.train_v4(run, other, log=lambda _: None)
+
+
+class _Bigram(torch.nn.Module):
+    """logits[t] depend on input token t only: the loss of a token does not depend on its window."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, input_ids):
+        return type("Out", (), {"logits": self.table[input_ids]})()
+
+
+class _CharTokenizer:
+    """One token per character (ids = code points mod 50 + 1; 0 is EOS)."""
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 50 + 1 for c in text]}
+
+
+def test_bits_per_char_on_toy_models():
+    texts = ["def f(x):\n    return x + 1\n", "import os\n" * 7, "z"]
+    tok = _CharTokenizer()
+    chars = sum(map(len, texts))
+    # Uniform over V: every token costs log2(V) bits; one token per character here.
+    uniform = _Bigram(51)
+    uniform.table.zero_()
+    got = zoo_v4.bits_per_char(uniform, tok, texts, seq_len=5, eos_id=0)
+    assert got["tokens"] == chars and got["chars"] == chars
+    assert got["bits_per_char"] == pytest.approx(math.log2(51), rel=1e-6)
+    # A bigram model: the exact sum of -log2 p(next | current), token by token, whatever the windows.
+    model = _Bigram(51)
+    expected = 0.0
+    for text in texts:
+        ids = [0] + tok(text)["input_ids"]
+        for a, b in zip(ids, ids[1:]):
+            expected -= torch.log_softmax(model.table[a], -1)[b].item() / math.log(2)
+    for seq_len in (1, 4, 7, 1000):
+        got = zoo_v4.bits_per_char(model, tok, texts, seq_len=seq_len, eos_id=0, batch=2)
+        assert got["bits_per_char"] == pytest.approx(expected / chars, rel=1e-5), seq_len
+    with pytest.raises(ValueError, match="non-empty"):
+        zoo_v4.bits_per_char(model, tok, [""], seq_len=4, eos_id=0)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _module_text(tag: str) -> str:
+    return "".join(f"def {tag}_function_number_{i}(argument_one, argument_two):\n    return {i}\n\n"
+                   for i in range(12))
+
+
+def test_heldout_split_is_disjoint_from_training(tmp_path):
+    lib, site = tmp_path / "lib", tmp_path / "site"
+    names = [f"mod{i}.py" for i in range(60)]
+    held = [n for n in names if zoo_v4.is_heldout_module(n, TINY.heldout_modulo)]
+    assert 0 < len(held) < len(names)
+    for n in names:
+        _write(lib / n, _module_text(n[:-3]))
+    _write(lib / "pkg" / held[0], "# a subpackage file of the same name is not the held-out module\nx = 1\n")
+    _write(lib / "site-packages" / "ignored.py", "y = 2\n")
+    # A vendored exact copy and a lightly edited copy of a held-out module, and a plain duplicate.
+    _write(site / "vendor" / "copy.py", _module_text(held[0][:-3]))
+    _write(site / "vendor" / "edited.py", "# edited\n" + _module_text(held[-1][:-3]).replace("return 3", "return 4"))
+    _write(site / "other" / "dup.py", _module_text("mod0" if "mod0.py" not in held else "mod1"))
+    _write(site / "other" / "own.py", "def own():\n    return 'own'\n")
+    corpus = zoo_v4.code_corpus(TINY, log=lambda _: None, stdlib=lib, site_dirs=[site])
+    assert sorted(n for n, _ in corpus.heldout) == sorted(f"stdlib/{n}" for n in held)
+    train_texts = {t for _, t in corpus.train}
+    train_lines = {line for t in train_texts for line in t.splitlines() if len(line.strip()) >= 40}
+    for _, text in corpus.heldout:
+        assert text not in train_texts
+        assert not (zoo_v4._long_lines(text) & train_lines)
+    names_in = {n for n, _ in corpus.train}
+    assert "other/own.py" in names_in and "stdlib/ignored.py" not in names_in
+    assert f"stdlib/{held[0]}" in names_in  # the subpackage file, not the module
+    assert corpus.stats["dropped_heldout_overlap"] >= 2 and corpus.stats["dropped_duplicates"] >= 1
+    assert len(train_texts) == len(corpus.train)
+
+
+def test_heldout_prompts_come_from_the_heldout_split():
+    held = zoo_v4.stdlib_heldout()
+    assert all(zoo_v4.is_heldout_module(n.split("/")[-1]) for n, _ in held)
+    prompts = zoo_v4.heldout_prompts(6)
+    assert len(prompts) == 6 and len(set(prompts)) == 6
+    for p in prompts:
+        last = p.splitlines()[-1].lstrip()
+        assert last.startswith(("def ", "class ")) and last.endswith(":")
+        assert any(p in text for _, text in held)
+
+
+def test_lr_schedule_and_repetition_metrics():
+    lrs = [zoo_v4.lr_at(s, 100, 1.0, 10, 0.1) for s in range(101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[100] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert zoo_v4.distinct_ngram_ratio([1, 2, 3, 4, 5, 6], 4) == 1.0
+    assert zoo_v4.distinct_ngram_ratio([7] * 10, 4) == pytest.approx(1 / 7)
+    assert zoo_v4.collapsed([1, 2, 3] + [5, 6] * 20) and zoo_v4.collapsed([9] * 30)
+    assert not zoo_v4.collapsed(list(range(64)))
+    with pytest.raises(ValueError, match="n=4"):
+        zoo_v4.distinct_ngram_ratio([1, 2], 4)
+
+
+def test_window_sampler_covers_each_epoch_once():
+    data = torch.arange(1 + 16 * 10 + 16, dtype=torch.int16)
+    sampler = zoo_v4.WindowSampler(data, 16, seed=3)
+    starts = [int(row[0]) for row in sampler.batch(0, sampler.per_epoch)]
+    assert len(set(starts)) == sampler.per_epoch and len({s % 16 for s in starts}) == 1
+    assert torch.equal(sampler.batch(5, 3), torch.cat([sampler.batch(5, 1), sampler.batch(6, 2)]))
+
+
+def test_v4_cli_and_get_pair_before_the_run_finishes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="--zoo v4"):
+        zoo.get_pair(zoo.SPECS["v4"])
+    assert main(["zoo", "--zoo", "v4", "--force"]) == 2
