@@ -181,6 +181,18 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int):
         tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None)
 
 
+def tokenize_split(tokenizer, texts: Sequence[str], eos_id: int, eval_tokens: int):
+    """The corpus as one token stream (each text followed by EOS), and its split: the last
+    ``min(eval_tokens, 10%)`` tokens held out. Returns (all, train, held-out) int64 tensors."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text)["input_ids"])
+        ids.append(eos_id)
+    data = torch.tensor(ids, dtype=torch.int64)
+    n_eval = min(eval_tokens, data.numel() // 10)
+    return data, data[:-n_eval], data[-n_eval:]
+
+
 def _llama(cfg: LMConfig, spec: ZooSpec, eos_id: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -302,13 +314,7 @@ def train_pair(out_dir: Path, spec: ZooSpec = DEFAULT_SPEC, texts: Sequence[str]
     log(f"[zoo] corpus: {len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of text")
     tokenizer = train_tokenizer(texts, spec.vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(tokenizer(text)["input_ids"])
-        ids.append(eos_id)
-    data = torch.tensor(ids, dtype=torch.int64)
-    n_eval = min(spec.eval_tokens, data.numel() // 10)
-    train_data, eval_data = data[:-n_eval], data[-n_eval:]
+    data, train_data, eval_data = tokenize_split(tokenizer, texts, eos_id, spec.eval_tokens)
     log(f"[zoo] tokenizer: vocab {len(tokenizer)}, {data.numel()} tokens "
         f"({sum(map(len, texts)) / data.numel():.2f} chars/token)")
 

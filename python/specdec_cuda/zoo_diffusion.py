@@ -143,13 +143,7 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     if mask_id != base_vocab:
         raise RuntimeError(f"the mask token got id {mask_id}, expected {base_vocab} (one past the vocabulary)")
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(tokenizer(text)["input_ids"])
-        ids.append(eos_id)
-    data = torch.tensor(ids, dtype=torch.int64)
-    n_eval = min(spec.eval_tokens, data.numel() // 10)
-    train_data, eval_data = data[:-n_eval], data[-n_eval:]
+    data, train_data, eval_data = zoo.tokenize_split(tokenizer, texts, eos_id, spec.eval_tokens)
     if train_data.numel() <= spec.seq_len + 1:
         raise ValueError(f"corpus too small: {train_data.numel()} training tokens for windows of {spec.seq_len}")
     log(f"[zoo-diffusion] {len(texts)} texts, {data.numel()} tokens, vocab {base_vocab} + mask")
