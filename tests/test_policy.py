@@ -8,8 +8,12 @@ from specdec_cuda.policy import CostAwarePolicy, FixedPolicy, make_policy
 
 
 def _drive(policy, steps, rows, limit, seconds_of, accept_prob_of, greedy=None):
-    """Run ``steps`` plan/observe rounds. ``seconds_of(rows, K)`` is the step's cost; a row
-    drafting d accepts ``floor(d * accept)`` (deterministic). Returns the K granted per step."""
+    """Run ``steps`` plan/observe rounds. ``seconds_of(rows, K)`` is the step's cost; each draft
+    token of row b is accepted with probability ``accept_prob_of(b)`` until the first rejection
+    (seeded). Returns the grants per step."""
+    import random
+
+    rng = random.Random(0)
     greedy = greedy or [True] * rows
     granted = []
     for _ in range(steps):
@@ -17,7 +21,12 @@ def _drive(policy, steps, rows, limit, seconds_of, accept_prob_of, greedy=None):
         grant = policy.plan(active, [limit] * rows, greedy)
         k = max(grant)
         granted.append(grant)
-        accepted = [int(g * accept_prob_of(b)) for b, g in enumerate(grant)]
+        accepted = []
+        for b, g in enumerate(grant):
+            n = 0
+            while n < g and rng.random() < accept_prob_of(b):
+                n += 1
+            accepted.append(n)
         policy.observe(active, grant, accepted, 1 + k, seconds_of(rows, k))
     return granted
 
@@ -77,7 +86,8 @@ def test_acceptance_estimate_follows_the_row():
     assert policy.alpha(0) > 0.8 > 0.3 > policy.alpha(1)
 
 
-@pytest.mark.parametrize("bad", [dict(decay=0.0), dict(window=2), dict(prior=1.0), dict(probe_every=0)])
+@pytest.mark.parametrize("bad", [dict(decay=0.0), dict(probe_margin=1.0), dict(prior=1.0), dict(probe_every=0),
+                                 dict(smoothing=0.0)])
 def test_bad_settings_raise(bad):
     with pytest.raises(ValueError):
         CostAwarePolicy(**bad)

@@ -242,7 +242,7 @@ class _Loop:
             limits = [min(b, self.proposer.max_draft) for b in budget]
         else:
             limits = self.policy.plan(self.active_host, [min(b, self.proposer.max_draft) for b in budget],
-                                      self.greedy_host)
+                                      self.greedy_host, self.rows.budget())
         self.limits_host = limits
         max_draft = torch.tensor(limits, dtype=torch.int64, device=self.device)
         return StepState(self.last, self.lengths, active, max_draft, self.params)

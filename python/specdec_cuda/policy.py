@@ -12,14 +12,18 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   it, as adaptive k does), starting from the batch's pooled estimate.
 * **Cost of a step**, as a function of the draft length ``K`` granted this step (chains are padded
   to the longest, so the step's cost depends on ``K``, not on each row's length) and of the number
-  of active rows ``B``: a least-squares fit of the measured step times on ``[1, B, B*K, K]``
-  (fixed cost, per-row cost, per-fed-token cost, per-draft-step cost of the drafter), over a
-  window of recent steps.
-* **Choice.** Expected tokens of row ``b`` for ``K`` drafts: ``(1 - alpha_b^(K+1)) / (1 - alpha_b)``;
-  the policy picks the ``K`` in ``0 .. max`` with the most expected tokens per second, ``0``
-  (plain decoding) included. Until every candidate has been tried, it probes the untried ones
-  once; afterwards every ``probe_every`` steps it tries a neighbour of the best ``K`` so the fit
-  keeps seeing more than one length.
+  of active rows ``B``: a table of measured step times per ``(B, K)`` (exponential moving
+  averages), read directly where measured and extended linearly in ``K`` through the measured
+  lengths of the same ``B`` elsewhere.
+* **Choice.** Expected tokens of row ``b`` per step with ``K`` drafts:
+  ``E_b(K) = (1 - alpha_b^(K+1)) / (1 - alpha_b)``. A batch of requests is done when its last row
+  is, so the policy picks the ``K`` in ``0 .. max``, ``0`` (plain decoding) included, with the
+  least expected time to finish: ``cost(B, K) * max_b(remaining_b / E_b(K))``. (Summing tokens
+  instead would reward rows that finish early while the slowest one sets the batch's time.) A batch
+  size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, which fixes the line; larger lengths are predicted from it and measured when
+  chosen. Every ``probe_every`` steps it measures the next length above (or below) the best one
+  again, but only when that length is predicted to come within ``probe_margin`` of the best: a
+  clearly losing length is not paid for again.
 
 Nothing here is lossy: a policy only decides how many tokens are drafted, and every draft is
 verified losslessly.
@@ -35,14 +39,15 @@ with adaptive k); ``adapt_sampled=True`` adapts them too, trading that reproduci
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Protocol
 
 
 class SpeculationPolicy(Protocol):
-    def plan(self, active: list[bool], limits: list[int], greedy: list[bool]) -> list[int]:
+    def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
+             remaining: list[int] | None = None) -> list[int]:
         """Per row, the draft tokens granted this step (0 .. ``limits[b]``; 0 for finished rows);
-        ``greedy[b]``: row ``b`` decodes at temperature 0."""
+        ``greedy[b]``: row ``b`` decodes at temperature 0; ``remaining[b]``: tokens it may still
+        emit (None: unknown)."""
 
     def observe(self, active: list[bool], drafted: list[int], accepted: list[int], fed_width: int,
                 seconds: float) -> None:
@@ -53,7 +58,8 @@ class SpeculationPolicy(Protocol):
 class FixedPolicy:
     """Always grant the most the method drafts (within each row's budget)."""
 
-    def plan(self, active: list[bool], limits: list[int], greedy: list[bool]) -> list[int]:
+    def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
+             remaining: list[int] | None = None) -> list[int]:
         return [lim if a else 0 for a, lim in zip(active, limits)]
 
     def observe(self, active, drafted, accepted, fed_width, seconds) -> None:
@@ -67,26 +73,30 @@ class CostAwarePolicy:
     ----------
     decay : weight of past acceptance counts per step (1: never forget; smaller follows the text
         more closely).
-    window : recent steps the cost fit uses.
-    probe_every : steps between probes of a neighbouring draft length once every length was tried.
+    probe_every : steps between probes of a neighbouring draft length.
+    probe_margin : probe a neighbour only when its predicted rate is within this share of the best.
+    smoothing : weight of a new measurement in a (rows, K) cost average.
     prior : acceptance assumed before a row or the batch has shown any (pooled with weight 2).
     adapt_sampled : also adapt rows that sample (see the module docstring on reproducibility).
     """
 
-    def __init__(self, decay: float = 0.7, window: int = 64, probe_every: int = 8, prior: float = 0.5,
-                 adapt_sampled: bool = False) -> None:
+    def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
+                 prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must lie in (0, 1], got {decay}")
-        if window < 4 or probe_every < 1:
-            raise ValueError(f"window must be >= 4 and probe_every >= 1, got {window}, {probe_every}")
+        if probe_every < 1 or not 0.0 <= probe_margin < 1.0:
+            raise ValueError(f"probe_every must be >= 1 and probe_margin in [0, 1), got {probe_every}, "
+                             f"{probe_margin}")
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must lie in (0, 1), got {prior}")
-        self.decay, self.window, self.probe_every, self.prior = decay, window, probe_every, prior
-        self.adapt_sampled = adapt_sampled
-        self.samples: deque[tuple[int, int, float]] = deque(maxlen=window)  # (active rows, K, seconds)
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must lie in (0, 1], got {smoothing}")
+        self.decay, self.probe_every, self.probe_margin, self.prior = decay, probe_every, probe_margin, prior
+        self.adapt_sampled, self.smoothing = adapt_sampled, smoothing
+        self.cost: dict[tuple[int, int], float] = {}  # (active rows, K) -> EMA of the step's seconds
+        self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
         self.success: list[float] = []
         self.failure: list[float] = []
-        self.tried: set[int] = set()
         self.steps = 0
         self.last_k = 0
         self.history: list[int] = []  # K chosen per step (for reports)
@@ -106,25 +116,25 @@ class CostAwarePolicy:
     # -- cost ---------------------------------------------------------------------------------
 
     def step_seconds(self, rows: int, k: int) -> float | None:
-        """Predicted step time for ``rows`` active rows drafting ``k``; None before any data."""
-        if not self.samples:
+        """Predicted step time for ``rows`` active rows drafting ``k``: the measured average, else
+        the least-squares line in K through this batch size's measured lengths (None with fewer
+        than two)."""
+        if (rows, k) in self.cost:
+            return self.cost[(rows, k)]
+        known = [(kk, t) for (b, kk), t in self.cost.items() if b == rows]
+        if len(known) < 2:
             return None
-        import numpy as np
-
-        data = np.array(self.samples, dtype=np.float64)
-        b, kk, t = data[:, 0], data[:, 1], data[:, 2]
-        features = np.stack([np.ones_like(b), b, b * kk, kk], axis=1)
-        # A light ridge keeps the fit defined while few distinct (B, K) have been seen; costs are
-        # not negative, so the coefficients are clipped at zero after the solve.
-        scale = max(float(t.mean()), 1e-9)
-        ridge = 1e-3 * np.eye(4)
-        coef = np.linalg.solve(features.T @ features + ridge * len(t), features.T @ (t / scale)) * scale
-        coef = np.maximum(coef, 0.0)
-        return float(coef @ np.array([1.0, rows, rows * k, k]))
+        n = len(known)
+        mean_k = sum(kk for kk, _ in known) / n
+        mean_t = sum(t for _, t in known) / n
+        var = sum((kk - mean_k) ** 2 for kk, _ in known)
+        slope = max(0.0, sum((kk - mean_k) * (t - mean_t) for kk, t in known) / var)
+        return max(1e-9, mean_t + slope * (k - mean_k))
 
     # -- the policy ---------------------------------------------------------------------------
 
-    def plan(self, active: list[bool], limits: list[int], greedy: list[bool]) -> list[int]:
+    def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
+             remaining: list[int] | None = None) -> list[int]:
         if len(self.success) != len(active):
             self.success, self.failure = [0.0] * len(active), [0.0] * len(active)
         adapt = [a and (g or self.adapt_sampled) for a, g in zip(active, greedy)]
@@ -132,40 +142,54 @@ class CostAwarePolicy:
         k_max = max((limits[b] for b in rows), default=0)
         if k_max == 0 or not any(adapt):
             return [lim if a else 0 for a, lim in zip(active, limits)]
-        untried = [k for k in (k_max, 0) if k not in self.tried]
-        if untried:
+        fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
+        # Lengths measured for this batch size, or tried often enough (a proposer may feed less than
+        # it was granted, so a grant need not produce its own measurement).
+        untried = [k for k in (0, 1) if (len(rows), max(k, fixed)) not in self.cost
+                   and self.explored.get((len(rows), max(k, fixed)), 0) < 3]
+        if untried:  # a new batch size: two cheap lengths fix its cost line
             k = untried[0]
         else:
-            k = self._best(rows, limits, adapt, k_max)
+            rates = self._rates(rows, limits, adapt, k_max, fixed,
+                                remaining if remaining is not None else [1] * len(active))
+            k = max(rates, key=rates.get)
             if self.steps % self.probe_every == self.probe_every - 1:
-                k = min(k_max, k + 1) if k < k_max else max(0, k - 1)
+                probe = k + 1 if k < k_max else k - 1
+                if rates.get(probe, 0.0) >= (1.0 - self.probe_margin) * rates[k]:
+                    k = probe
         self.last_k = k
+        key = (len(rows), max(k, fixed))
+        self.explored[key] = self.explored.get(key, 0) + 1
         return [(min(k, lim) if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
 
-    def _best(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int) -> int:
+    def _rates(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
+               remaining: list[int]) -> dict:
+        """1 / expected seconds until every active row is done, for every length ``K`` in
+        ``0 .. k_max`` whose step cost can be predicted."""
         alphas = [self.alpha(b) for b in rows]
-        best_k, best_rate = 0, -1.0
-        fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
+        rates = {}
         for k in range(k_max + 1):
-            grant = {b: min(k, limits[b]) if adapt[b] else limits[b] for b in rows}
             seconds = self.step_seconds(len(rows), max(k, fixed))
-            if seconds is None or seconds <= 0:
+            if seconds is None:
                 continue
-            tokens = sum((1 - a ** (grant[b] + 1)) / (1 - a) for a, b in zip(alphas, rows))
-            rate = tokens / seconds
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+            grant = [min(k, limits[b]) if adapt[b] else limits[b] for b in rows]
+            # A batch is done when its last row is: the steps it still needs are those of the row
+            # with the most tokens left per expected token per step.
+            steps = max(remaining[b] * (1 - a) / (1 - a ** (g + 1)) for a, g, b in zip(alphas, grant, rows))
+            rates[k] = 1.0 / (steps * seconds)
+        return rates
 
     def observe(self, active: list[bool], drafted: list[int], accepted: list[int], fed_width: int,
                 seconds: float) -> None:
         self.steps += 1
         rows = sum(active)
-        k = fed_width - 1
-        self.tried.add(self.last_k)
         self.history.append(self.last_k)
-        if rows:
-            self.samples.append((rows, k, seconds))
+        # The first step of a run pays one-time costs (first forwards at this batch shape): it
+        # would make plain decoding look dearer than it is, so it is not measured.
+        if rows and self.steps > 1:
+            key = (rows, fed_width - 1)  # the length actually fed (a proposer may draft less)
+            old = self.cost.get(key)
+            self.cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
         for b, (a, d, n) in enumerate(zip(active, drafted, accepted)):
             self.success[b] *= self.decay
             self.failure[b] *= self.decay
