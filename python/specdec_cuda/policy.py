@@ -20,8 +20,8 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   is, so the policy picks the ``K`` in ``0 .. max``, ``0`` (plain decoding) included, with the
   least expected time to finish: ``cost(B, K) * max_b(remaining_b / E_b(K))``. (Summing tokens
   instead would reward rows that finish early while the slowest one sets the batch's time.) A batch
-  size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, which fixes the line; larger lengths are predicted from it and measured when
-  chosen. Every ``probe_every`` steps it measures the next length above (or below) the best one
+  size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, which fixes the
+  line; larger lengths are predicted from it and measured when chosen. Every ``probe_every`` steps it measures the next length above (or below) the best one
   again, but only when that length is predicted to come within ``probe_margin`` of the best: a
   clearly losing length is not paid for again.
 
