@@ -87,7 +87,7 @@ def test_acceptance_estimate_follows_the_row():
 
 
 @pytest.mark.parametrize("bad", [dict(decay=0.0), dict(probe_margin=1.0), dict(prior=1.0), dict(probe_every=0),
-                                 dict(smoothing=0.0)])
+                                 dict(smoothing=0.0), dict(min_gain=-0.1)])
 def test_bad_settings_raise(bad):
     with pytest.raises(ValueError):
         CostAwarePolicy(**bad)

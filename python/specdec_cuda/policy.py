@@ -76,12 +76,15 @@ class CostAwarePolicy:
     probe_every : steps between probes of a neighbouring draft length.
     probe_margin : probe a neighbour only when its predicted rate is within this share of the best.
     smoothing : weight of a new measurement in a (rows, K) cost average.
+    min_gain : speculate only when the best length is predicted to finish the batch at least this
+        share sooner than plain decoding (the estimates are noisy; plain decoding is the safe side).
     prior : acceptance assumed before a row or the batch has shown any (pooled with weight 2).
     adapt_sampled : also adapt rows that sample (see the module docstring on reproducibility).
     """
 
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
-                 prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3) -> None:
+                 prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3,
+                 min_gain: float = 0.1) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must lie in (0, 1], got {decay}")
         if probe_every < 1 or not 0.0 <= probe_margin < 1.0:
@@ -91,8 +94,10 @@ class CostAwarePolicy:
             raise ValueError(f"prior must lie in (0, 1), got {prior}")
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must lie in (0, 1], got {smoothing}")
+        if min_gain < 0.0:
+            raise ValueError(f"min_gain must be >= 0, got {min_gain}")
         self.decay, self.probe_every, self.probe_margin, self.prior = decay, probe_every, probe_margin, prior
-        self.adapt_sampled, self.smoothing = adapt_sampled, smoothing
+        self.adapt_sampled, self.smoothing, self.min_gain = adapt_sampled, smoothing, min_gain
         self.cost: dict[tuple[int, int], float] = {}  # (active rows, K) -> EMA of the step's seconds
         self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
         self.success: list[float] = []
@@ -153,6 +158,8 @@ class CostAwarePolicy:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
                                 remaining if remaining is not None else [1] * len(active))
             k = max(rates, key=rates.get)
+            if k and rates[k] < (1.0 + self.min_gain) * rates.get(0, 0.0):
+                k = 0  # a predicted gain within the estimates' noise does not pay for the risk
             if self.steps % self.probe_every == self.probe_every - 1:
                 probe = k + 1 if k < k_max else k - 1
                 if rates.get(probe, 0.0) >= (1.0 - self.probe_margin) * rates[k]:
