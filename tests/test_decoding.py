@@ -42,7 +42,8 @@ def test_greedy_speculative_equals_autoregressive(pair, batch, k):
         pytest.skip("subset of the grid on the HF backend")
     prompts = PROMPTS[:batch]
     ar = _ar(target, prompts)
-    sd = specdec_cuda.generate(target, prompts, method="draft", draft=draft, k=k, max_new_tokens=24)
+    sd = specdec_cuda.generate(target, prompts, method="draft", draft=draft, k=k, max_new_tokens=24,
+                               policy="fixed")  # every step drafts k (the policy may choose fewer)
     assert sd.tokens == ar.tokens
     assert all(len(t) == 24 for t in sd.tokens)
     assert 1.0 <= sd.metrics.tau <= k + 1

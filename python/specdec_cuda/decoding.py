@@ -234,15 +234,15 @@ class _Loop:
     def state(self) -> StepState:
         """Who runs, and how many draft tokens each row may use (policy, capped by its budget)."""
         self.active_host = [not d for d in self.rows.done]
-        active = torch.tensor(self.active_host, device=self.device)
-        budget = [max(0, b - 1) for b in self.rows.budget()]  # the bonus token is always emitted
+        self.active = active = torch.tensor(self.active_host, device=self.device)
+        remaining = self.rows.budget()
         if self.proposer is None:
             limits = [0] * self.batch
-        elif self.policy is None:
-            limits = [min(b, self.proposer.max_draft) for b in budget]
         else:
-            limits = self.policy.plan(self.active_host, [min(b, self.proposer.max_draft) for b in budget],
-                                      self.greedy_host, self.rows.budget())
+            # The bonus token is always emitted: a row may draft one token fewer than it has left.
+            limits = [min(max(0, r - 1), self.proposer.max_draft) for r in remaining]
+            if self.policy is not None:
+                limits = self.policy.plan(self.active_host, limits, self.greedy_host, remaining)
         self.limits_host = limits
         max_draft = torch.tensor(limits, dtype=torch.int64, device=self.device)
         return StepState(self.last, self.lengths, active, max_draft, self.params)
@@ -379,7 +379,7 @@ class _Loop:
     def commit(self, draft, fed, out, verified) -> None:
         """Keep the accepted path in the cache, emit its tokens, tell the proposer and the policy."""
         new_tokens, accepted_nodes, num_accepted, status = verified
-        active = torch.tensor(self.active_host, device=self.device)
+        active = self.active
         num_kept = torch.where(active, num_accepted + 1, 0)
         self.cache.commit(num_kept, accepted_nodes)
         # One host copy of everything the bookkeeping reads: tokens, counts, status per row.
