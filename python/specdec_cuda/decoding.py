@@ -251,7 +251,8 @@ class _Loop:
         if self.proposer is None:
             return None, None
         start = time.perf_counter()
-        draft = self.proposer.propose(state)
+        # No row may draft (the policy chose plain decoding): no proposal to ask for.
+        draft = self.proposer.propose(state) if max(self.limits_host) > 0 else None
         extra = self.proposer.extra_rows(state, draft)
         self.metrics.propose_seconds += time.perf_counter() - start
         return draft, extra
@@ -397,13 +398,13 @@ class _Loop:
         self.metrics.row_steps += sum(self.active_host)
         lengths = self.lengths
         next_tokens = torch.where(active, new_tokens[self.row_index, num_accepted], self.last)
-        if self.policy is not None:
-            self.policy.observe(self.active_host, drafted, num_accepted_host, fed.tokens.shape[1],
-                                self._last_step_seconds())
         if self.proposer is not None:
             self.proposer.accept(draft, self._outcome(fed, out, new_tokens, accepted_nodes, num_accepted,
                                                       next_tokens, active, lengths))
         self.last, self.lengths = next_tokens, lengths + num_kept
+        if self.policy is not None:  # last: the step's time includes the proposer's accept()
+            self.policy.observe(self.active_host, drafted, num_accepted_host, fed.tokens.shape[1],
+                                self._last_step_seconds())
 
     def _last_step_seconds(self) -> float:
         now = time.perf_counter()

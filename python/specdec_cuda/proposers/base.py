@@ -179,7 +179,9 @@ class Proposer:
         """Start on a new batch of requests."""
 
     def propose(self, state: StepState) -> Draft | None:
-        """A draft following each row's root; None (or no nodes) decodes one token per row."""
+        """A draft following each row's root; None (or no nodes) decodes one token per row.
+        Not called on a step where no row may draft (``state.max_draft`` all 0); ``accept`` is
+        then called with ``draft=None``."""
         raise NotImplementedError
 
     def extra_rows(self, state: StepState, draft: Draft | None) -> ExtraRows | None:

@@ -137,7 +137,8 @@ class DraftModelProposer(Proposer):
         self.seq.scatter_(1, pos[:, None], next_tokens[:, None])
         # The drafter's cache is valid through the last accepted draft (index lengths + num_accepted);
         # it never runs ahead of a finished row (num_accepted 0 there).
-        self.cache.truncate(torch.minimum(self.cache.lengths, lengths + 1 + num_accepted))
+        if draft is not None:  # without a proposal the drafter's cache did not move past the text
+            self.cache.truncate(torch.minimum(self.cache.lengths, lengths + 1 + num_accepted))
         if self.adaptive and draft is not None:
             num_draft = draft.context  # [B] drafts per row of this proposal
             full = (num_accepted == num_draft) & (num_draft > 0)
