@@ -48,8 +48,7 @@ def test_steep_cost_and_low_acceptance_stop_drafting():
     policy = CostAwarePolicy()
     granted = _drive(policy, 40, 16, 8, lambda b, k: 1.0 + 0.5 * k, lambda b: 0.1)
     late = [g[0] for g in granted[10:]]
-    assert sum(k == 0 for k in late) >= 0.8 * len(late)
-    assert any(k > 0 for k in late)  # it keeps probing a neighbour now and then
+    assert sum(k == 0 for k in late) >= 0.9 * len(late)  # a clearly losing length is not re-probed
 
 
 def test_middle_ground_picks_a_middle_length():
@@ -83,7 +82,7 @@ def test_acceptance_estimate_follows_the_row():
     policy.plan([True, True], [4, 4], [True, True])
     for _ in range(10):
         policy.observe([True, True], [4, 4], [4, 0], 5, 1.0)
-    assert policy.alpha(0) > 0.8 > 0.3 > policy.alpha(1)
+    assert policy.alpha(0) > 0.8 > 0.4 > policy.alpha(1)
 
 
 @pytest.mark.parametrize("bad", [dict(decay=0.0), dict(probe_margin=1.0), dict(prior=1.0), dict(probe_every=0),

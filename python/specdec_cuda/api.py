@@ -85,7 +85,8 @@ class SpeculativeDecoder:
         built = self.spec.make(self.target, **options)
         self.proposer = built if self.spec.kind == "speculative" else None  # None: autoregressive
         self.generator = built if self.spec.kind == "generation" else None
-        self.policy_name = policy if policy is not None else (self.spec.default_policy if self.proposer else None)
+        # One policy for the decoder's life: the step costs it measures carry over between calls.
+        self.policy = make_policy(policy if policy is not None else self.spec.default_policy) if self.proposer else None
 
     def generate(self, prompts, max_new_tokens: int = 64, temperature=0.0, top_k=0, top_p=1.0, seed=0,
                  eos_token_id: int | Sequence[int] | None = None,
@@ -104,10 +105,8 @@ class SpeculativeDecoder:
         eos = () if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         if self.generator is not None:
             return self.generator.generate(prompts, params, max_new_tokens, list(eos), stream)
-        # A fresh policy per call: costs and acceptance are measured on this batch.
-        policy = make_policy(self.policy_name) if self.proposer is not None else None
         return decode(self.target, prompts, params, max_new_tokens, proposer=self.proposer,
-                      eos_token_id=list(eos), stream=stream, policy=policy)
+                      eos_token_id=list(eos), stream=stream, policy=self.policy)
 
 
 def generate(target, prompts, method: str = "autoregressive", max_new_tokens: int = 64, temperature=0.0,

@@ -445,6 +445,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
     """
     loop = _Loop(target, prompts, params, max_new_tokens, proposer, policy, eos_token_id, stream)
     loop.start = time.perf_counter()
+    if policy is not None:
+        policy.start(len(prompts))
     loop.prefill()
     loop.metrics.prefill_seconds = loop._step_start = time.perf_counter()
     loop.metrics.prefill_seconds -= loop.start

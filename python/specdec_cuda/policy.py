@@ -8,8 +8,9 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
 * **Acceptance per row.** Each draft token of row ``b`` is taken to be accepted with probability
   ``alpha_b`` given the ones before it were (the i.i.d. model of Leviathan et al.); a step that
   drafted ``d`` and accepted ``a`` adds ``a`` successes and, when ``a < d``, one failure. Counts
-  decay by ``decay`` per step, so ``alpha_b`` follows the text (a run of predictable tokens raises
-  it, as adaptive k does), starting from the batch's pooled estimate.
+  decay by ``decay`` per step the row drafts, so ``alpha_b`` follows the text (a run of
+  predictable tokens raises it, as adaptive k does), starting from the pooled estimate of this
+  run's and earlier runs' rows.
 * **Cost of a step**, as a function of the draft length ``K`` granted this step (chains are padded
   to the longest, so the step's cost depends on ``K``, not on each row's length) and of the number
   of active rows ``B``: a table of measured step times per ``(B, K)`` (exponential moving
@@ -21,9 +22,10 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   least expected time to finish: ``cost(B, K) * max_b(remaining_b / E_b(K))``. (Summing tokens
   instead would reward rows that finish early while the slowest one sets the batch's time.) A batch
   size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, which fixes the
-  line; larger lengths are predicted from it and measured when chosen. Every ``probe_every`` steps it measures the next length above (or below) the best one
-  again, but only when that length is predicted to come within ``probe_margin`` of the best: a
-  clearly losing length is not paid for again.
+  line; larger lengths are predicted from it and measured when chosen. Every run drafts one token
+  on its second step, so that its rows show their acceptance. Every ``probe_every`` steps it measures the next length above (or below) the best one
+  again, but only when that length is predicted to come within ``probe_margin`` of the best (a
+  clearly losing length is not paid for again), and half as often after each probe that lost.
 
 Nothing here is lossy: a policy only decides how many tokens are drafted, and every draft is
 verified losslessly.
@@ -39,10 +41,15 @@ with adaptive k); ``adapt_sampled=True`` adapts them too, trading that reproduci
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 
 class SpeculationPolicy(Protocol):
+    def start(self, batch: int) -> None:
+        """A new ``decode`` call over ``batch`` rows begins (what was learned per row is dropped;
+        what was learned about costs may be kept)."""
+
     def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
              remaining: list[int] | None = None) -> list[int]:
         """Per row, the draft tokens granted this step (0 .. ``limits[b]``; 0 for finished rows);
@@ -57,6 +64,9 @@ class SpeculationPolicy(Protocol):
 
 class FixedPolicy:
     """Always grant the most the method drafts (within each row's budget)."""
+
+    def start(self, batch: int) -> None:
+        pass
 
     def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
              remaining: list[int] | None = None) -> list[int]:
@@ -73,7 +83,8 @@ class CostAwarePolicy:
     ----------
     decay : weight of past acceptance counts per step (1: never forget; smaller follows the text
         more closely).
-    probe_every : steps between probes of a neighbouring draft length.
+    probe_every : steps between probes of a neighbouring draft length (doubled after each probe
+        that did not become the best, up to 16x).
     probe_margin : probe a neighbour only when its predicted rate is within this share of the best.
     smoothing : weight of a new measurement in a (rows, K) cost average.
     min_gain : speculate only when the best length is predicted to finish the batch at least this
@@ -99,24 +110,42 @@ class CostAwarePolicy:
         self.decay, self.probe_every, self.probe_margin, self.prior = decay, probe_every, probe_margin, prior
         self.adapt_sampled, self.smoothing, self.min_gain = adapt_sampled, smoothing, min_gain
         self.cost: dict[tuple[int, int], float] = {}  # (active rows, K) -> EMA of the step's seconds
+        self.seen_success = self.seen_failure = 0.0  # acceptance counts over earlier runs (decayed)
         self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
-        self.success: list[float] = []
-        self.failure: list[float] = []
+        self.start(0)
+
+    def start(self, batch: int) -> None:
+        """A new run: per-row acceptance and the step schedule start afresh; the measured step
+        costs and the pooled acceptance of earlier runs are kept (they belong to the machine and
+        the models, not to the requests): a decoder that serves many calls explores once, and a
+        new row starts from what its predecessors showed."""
+        self.success, self.failure = [0.0] * batch, [0.0] * batch
         self.steps = 0
+        self.probe_interval, self.next_probe, self.probed = self.probe_every, self.probe_every, None
         self.last_k = 0
-        self.history: list[int] = []  # K chosen per step (for reports)
+        self.history: list[int] = []  # K chosen per step of this run (for reports)
 
     # -- acceptance ---------------------------------------------------------------------------
 
     def _pooled(self) -> float:
-        s, f = sum(self.success), sum(self.failure)
+        # This run's rows together with every earlier run's (slowly forgotten), over the prior.
+        s = sum(self.success) + self.seen_success
+        f = sum(self.failure) + self.seen_failure
         return (s + 2 * self.prior) / (s + f + 2)
 
-    def alpha(self, row: int) -> float:
-        """Estimated per-token acceptance of ``row`` (its decayed counts over the pooled prior)."""
-        pooled = self._pooled()
+    def alpha(self, row: int, batch: int = 1) -> float:
+        """Estimated per-token acceptance of ``row`` (its decayed counts over a prior).
+
+        The prior is the pooled estimate; for a row that has not drafted yet, in a batch of
+        ``batch`` rows, it is lowered to ``pooled ** (1 + log2(batch))`` for the purpose the policy
+        uses it for, the slowest row: of many rows not yet seen, the worst tends to accept less
+        than their average.
+        """
         s, f = self.success[row], self.failure[row]
-        return min(0.98, (s + 2 * pooled) / (s + f + 2))
+        prior = self._pooled()
+        if s + f == 0:
+            prior **= 1.0 + math.log2(max(1, batch))
+        return min(0.98, (s + 2 * prior) / (s + f + 2))
 
     # -- cost ---------------------------------------------------------------------------------
 
@@ -154,16 +183,26 @@ class CostAwarePolicy:
                    and self.explored.get((len(rows), max(k, fixed)), 0) < 3]
         if untried:  # a new batch size: two cheap lengths fix its cost line
             k = untried[0]
+        elif self.steps == 1:  # every run drafts once early, so its rows show their acceptance
+            k = 1
         else:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
                                 remaining if remaining is not None else [1] * len(active))
             k = max(rates, key=rates.get)
             if k and rates[k] < (1.0 + self.min_gain) * rates.get(0, 0.0):
                 k = 0  # a predicted gain within the estimates' noise does not pay for the risk
-            if self.steps % self.probe_every == self.probe_every - 1:
+            if self.probed is not None:
+                # The last probe: adopted if its length is now the best, else probe half as often.
+                won = k == self.probed
+                self.probe_interval = self.probe_every if won else min(16 * self.probe_every, 2 * self.probe_interval)
+                self.next_probe = self.steps + self.probe_interval
+                self.probed = None
+            if self.steps >= self.next_probe:
                 probe = k + 1 if k < k_max else k - 1
                 if rates.get(probe, 0.0) >= (1.0 - self.probe_margin) * rates[k]:
-                    k = probe
+                    k = self.probed = probe
+                else:
+                    self.next_probe = self.steps + self.probe_interval
         self.last_k = k
         key = (len(rows), max(k, fixed))
         self.explored[key] = self.explored.get(key, 0) + 1
@@ -173,7 +212,7 @@ class CostAwarePolicy:
                remaining: list[int]) -> dict:
         """1 / expected seconds until every active row is done, for every length ``K`` in
         ``0 .. k_max`` whose step cost can be predicted."""
-        alphas = [self.alpha(b) for b in rows]
+        alphas = [self.alpha(b, len(rows)) for b in rows]
         rates = {}
         for k in range(k_max + 1):
             seconds = self.step_seconds(len(rows), max(k, fixed))
@@ -198,11 +237,15 @@ class CostAwarePolicy:
             old = self.cost.get(key)
             self.cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
         for b, (a, d, n) in enumerate(zip(active, drafted, accepted)):
-            self.success[b] *= self.decay
-            self.failure[b] *= self.decay
             if a and d > 0:
+                # Decay per draft of the row, not per step: a row that showed it is hard to draft
+                # for stays known as such through the steps it does not draft.
+                self.success[b] *= self.decay
+                self.failure[b] *= self.decay
                 self.success[b] += n
                 self.failure[b] += 1.0 if n < d else 0.0
+                self.seen_success = 0.99 * self.seen_success + n
+                self.seen_failure = 0.99 * self.seen_failure + (1.0 if n < d else 0.0)
 
 
 def make_policy(policy) -> SpeculationPolicy | None:
