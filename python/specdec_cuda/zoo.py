@@ -255,6 +255,18 @@ class _Progress:
                  f"{tokens / elapsed:7.0f} tok/s  elapsed {elapsed:5.0f}s  ETA {eta:5.0f}s")
 
 
+def lm_loss(model, inputs: torch.Tensor, labels: torch.Tensor, teacher=None) -> torch.Tensor:
+    """Next-token cross-entropy on ``labels``, or with a ``teacher`` the KL divergence to its
+    next-token distribution (distillation). Shape: inputs / labels [B, T]; returns a scalar."""
+    logits = model(input_ids=inputs).logits.float()
+    if teacher is None:
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    with torch.no_grad():
+        teacher_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
+    return F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), teacher_logp.flatten(0, 1),
+                    log_target=True, reduction="batchmean")
+
+
 def _train(model, data, spec, steps, lr, seed, progress, teacher=None):
     """AdamW on next-token cross entropy, or on KL to ``teacher``'s distribution (distillation)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -263,14 +275,7 @@ def _train(model, data, spec, steps, lr, seed, progress, teacher=None):
     for step, (inputs, labels) in enumerate(_batches(data, spec, steps, seed), start=1):
         for group in opt.param_groups:
             group["lr"] = _lr(step - 1, steps, lr)
-        logits = model(input_ids=inputs).logits.float()
-        if teacher is None:
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        else:
-            with torch.no_grad():
-                teacher_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
-            loss = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1),
-                            teacher_logp.flatten(0, 1), log_target=True, reduction="batchmean")
+        loss = lm_loss(model, inputs, labels, teacher)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -45,7 +45,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .zoo import EOS, V4_SPEC, V4Spec, _llama, agreement, init_draft_from_target, train_tokenizer
+from .zoo import (EOS, V4_SPEC, V4Spec, _llama, agreement, init_draft_from_target, lm_loss,
+                  train_tokenizer)
 
 RUN_DIR_ENV = "SPECDEC_ZOO_V4_DIR"
 DEFAULT_RUN_DIR = Path("/work/zoo-v4-train")
@@ -453,14 +454,7 @@ def _step(model, opt, batch: torch.Tensor, spec: V4Spec, lr: float, teacher=None
     chunks = batch.split(spec.micro_batch)
     for chunk in chunks:
         inputs, labels = chunk[:, :-1], chunk[:, 1:]
-        logits = model(input_ids=inputs).logits.float()
-        if teacher is None:
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        else:
-            with torch.no_grad():
-                teacher_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
-            loss = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), teacher_logp.flatten(0, 1),
-                            log_target=True, reduction="batchmean")
+        loss = lm_loss(model, inputs, labels, teacher)
         (loss / len(chunks)).backward()
         total += float(loss.detach()) / len(chunks)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
