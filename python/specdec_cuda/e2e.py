@@ -119,12 +119,13 @@ def run_engine(decoder: SpeculativeDecoder, prompts: list[list[int]], batch: int
 
 def print_table(rows: list[dict], baseline: str) -> None:
     base = next(r for r in rows if r["method"] == baseline)["tokens_per_s"]
-    print(f"\n{'method':44s} {'tokens/s':>9s} {'tau':>6s} {'accept':>7s} {'speedup':>8s} {'greedy identical':>17s}")
+    width = max(44, *(len(r["method"]) for r in rows))
+    print(f"\n{'method':{width}s} {'tokens/s':>9s} {'tau':>6s} {'accept':>7s} {'speedup':>8s} {'greedy identical':>17s}")
     for r in rows:
         tau = f"{r['tau']:.2f}" if r.get("tau") else "-"
         acc = f"{100 * r['acceptance']:.0f}%" if r.get("acceptance") is not None else "-"
         same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
-        print(f"{r['method']:44s} {r['tokens_per_s']:9.1f} {tau:>6s} {acc:>7s} "
+        print(f"{r['method']:{width}s} {r['tokens_per_s']:9.1f} {tau:>6s} {acc:>7s} "
               f"{r['tokens_per_s'] / base:7.2f}x {same:>17s}")
 
 
