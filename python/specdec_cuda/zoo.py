@@ -353,6 +353,14 @@ def train_pair(out_dir: Path, spec: ZooSpec = DEFAULT_SPEC, texts: Sequence[str]
         f"{100 * agree['greedy']:.1f}% of tokens (greedy), expected acceptance at T=1 "
         f"{100 * agree['sampled']:.1f}%; trained in {report['train_seconds']:.0f}s")
 
+    save_pair(out_dir, target, draft, tokenizer, eos_id, report)
+    return report
+
+
+def save_pair(out_dir: Path, target, draft, tokenizer, eos_id: int, report: dict) -> None:
+    """``out_dir/{target,draft}`` as HF folders (each with the tokenizer) and ``report.json``,
+    written beside it first and renamed into place, so a reader never sees half a pair."""
+    out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, model in (("target", target), ("draft", draft)):
@@ -362,7 +370,6 @@ def train_pair(out_dir: Path, spec: ZooSpec = DEFAULT_SPEC, texts: Sequence[str]
     (tmp / "report.json").write_text(json.dumps(report, indent=2))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    return report
 
 
 def get_pair(spec: ZooSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = None,

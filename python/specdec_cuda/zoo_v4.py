@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .zoo import (EOS, V4_SPEC, V4Spec, _llama, agreement, init_draft_from_target, lm_loss,
+from .zoo import (EOS, V4_SPEC, V4Spec, _llama, agreement, init_draft_from_target, lm_loss, save_pair,
                   train_tokenizer)
 
 RUN_DIR_ENV = "SPECDEC_ZOO_V4_DIR"
@@ -645,14 +645,6 @@ def _finish(run_dir, spec, target, draft, tokenizer, heldout, stats, state, para
         f"{draft_bpc['bits_per_char']:.3f}; draft agrees with target on {100 * agree['greedy']:.1f}% (greedy); "
         f"greedy distinct-4 {quality['distinct_4_greedy']:.2f} vs corpus {quality['distinct_4_corpus']:.2f}, "
         f"{quality['collapsed']}/{quality['prompts']} collapsed")
-    tmp = run_dir / "export.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for name, model in (("target", target), ("draft", draft)):
-        model.generation_config.pad_token_id = eos_id
-        model.save_pretrained(tmp / name)
-        tokenizer.save_pretrained(tmp / name)
-    (tmp / "report.json").write_text(json.dumps(report, indent=2))
-    shutil.rmtree(run_dir / "export", ignore_errors=True)
-    tmp.rename(run_dir / "export")
+    save_pair(run_dir / "export", target, draft, tokenizer, eos_id, report)
     _atomic_write(report_path, json.dumps(report, indent=2))
     return report
