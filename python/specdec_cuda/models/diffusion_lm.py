@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import UnsupportedModelError
+from .loader import read_checkpoint_config
 from .layers import rms_norm
 from .rope import apply_rope
 
@@ -252,16 +253,7 @@ def load_diffusion(folder: str | Path, dtype: torch.dtype = torch.float32,
     """
     from safetensors.torch import load_file
 
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist or is not a folder")
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{str(folder)!r} has no config.json; expected a diffusion LM checkpoint folder")
-    try:
-        raw = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+    folder, config_path, raw = read_checkpoint_config(folder, "a diffusion LM checkpoint folder")
     config = DiffusionConfig.from_dict(raw, source=str(config_path))
     weights = folder / "model.safetensors"
     if not weights.is_file():

@@ -22,6 +22,27 @@ from .llama import LlamaModel
 _INDEX = "model.safetensors.index.json"
 
 
+def read_checkpoint_config(path, expected: str) -> tuple[Path, Path, dict]:
+    """A checkpoint folder's ``config.json`` as a dict: (folder, config path, config).
+
+    FileNotFoundError for a missing folder or config.json (the message says ``expected``, e.g.
+    "a Hugging Face checkpoint folder"), ValueError for a file that is not a JSON object.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist or is not a folder")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{str(folder)!r} has no config.json; expected {expected}")
+    try:
+        raw = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_path}: expected a JSON object, got {type(raw).__name__}")
+    return folder, config_path, raw
+
+
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LlamaModel:
     """Load a Llama / Qwen2 / Qwen3 checkpoint folder into the built-in model.
 
@@ -43,18 +64,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     -------
     >>> model = specdec_cuda.models.load("zoo/target", dtype=torch.bfloat16)  # doctest: +SKIP
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist or is not a folder")
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{str(folder)!r} has no config.json; expected a Hugging Face checkpoint folder")
-    try:
-        raw = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"{config_path}: expected a JSON object, got {type(raw).__name__}")
+    folder, config_path, raw = read_checkpoint_config(path, "a Hugging Face checkpoint folder")
     config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
     # Chat checkpoints often list their end-of-turn tokens only in generation_config.json.
     generation_path = folder / "generation_config.json"
