@@ -31,6 +31,7 @@ from decoding_models import load_backend, make_checkpoint
 from lossless_stats import chi2_pvalue, exact_joint
 from specdec_cuda import methods
 from specdec_cuda.decoding import SamplingParams, decode
+from specdec_cuda.models.heads import random_heads
 from specdec_cuda.proposers.draft_model import DraftModelProposer
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [11, 12], [30, 31, 32, 33], [7]]
@@ -77,6 +78,12 @@ CASES = [
     Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3)),
     Case("prompt-lookup-tree", True, method="prompt_lookup",
          options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3)),
+    Case("medusa-chain", True, method="medusa",
+         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), policy="fixed")),
+    Case("medusa-tree", True, method="medusa",
+         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), budget=12, policy="fixed")),
+    Case("mtp", True, method="mtp",
+         options=lambda env: dict(heads=random_heads(env.target, "mtp", 2, seed=6), k=3, policy="fixed")),
     Case("chain-as-tree", True, proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3))),
     Case("guess-tree", True, proposer=lambda env: GuessTree(env.draft, depth=3)),
     Case("sampled-tree", True, proposer=lambda env: SampledTree(env.target.vocab_size, branching=(2, 2))),

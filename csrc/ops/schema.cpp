@@ -89,4 +89,17 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor num_transfer, Tensor threshold, Tensor(a!) sampled, Tensor(b!) confidence, "
       "Tensor(c!) keep, Tensor(d!) status) -> ()");
   // ---- end family: diffusion ----
+
+  // ---- family: mtp (csrc/kernels/mtp, ops/mtp_{cpu,cuda}.cpp) ----
+  // mtp_head_topk: per row of x, final RMSNorm + LM-head matmul + top-k (ties to the lower id)
+  // without writing the [M, V] logits unless `logits` is given (reference/mtp.py).
+  m.def(
+      "mtp_head_topk(Tensor x, Tensor norm_weight, Tensor lm_head, float eps, Tensor(a!) values, "
+      "Tensor(b!) indices, Tensor(c!)? logits, Tensor(d!) status) -> ()");
+  // mtp_input: eh_proj[:, :H] . enorm(embed[tokens]) + eh_proj[:, H:] . hnorm(h), the DeepSeek-V3
+  // MTP module's input, without building the [M, 2H] concatenation.
+  m.def(
+      "mtp_input(Tensor h, Tensor tokens, Tensor embed, Tensor enorm_weight, Tensor hnorm_weight, "
+      "Tensor eh_proj, float eps, Tensor(a!) out, Tensor(b!) status) -> ()");
+  // ---- end family: mtp ----
 }

@@ -14,7 +14,7 @@ enum RowStatus : int32_t {
   // temperature), or every logit was -inf: no distribution.
   kStatusNonFiniteLogits = 1,
   // verify_chain / verify_tree: a draft token id outside [0, vocab), or (verify_chain) the row's
-  // cu_num_draft entries are unusable.
+  // cu_num_draft entries are unusable. mtp_input (CUDA): a token id outside [0, vocab).
   kStatusDraftTokenOutOfRange = 2,
   // sample / verify_chain / verify_tree: temperature < 0 or NaN, or top_p outside (0, 1].
   kStatusBadSamplingParams = 3,

@@ -9,6 +9,7 @@ from . import quant  # noqa: E402,F401  (quantize_w4, w4a16_matmul, w4_dequantiz
 from .quant import PackedW4, quantize_w4, repack_w4, w4_dequantize, w4a16_matmul  # noqa: E402,F401
 from . import kv_quant  # noqa: E402,F401  (hierarchical 4-bit KV cache ops)
 from .diffusion import diffusion_unmask  # noqa: E402,F401  (masked-diffusion generation step)
+from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
 
 __all__ = [
     *_sampling_all,
@@ -16,4 +17,5 @@ __all__ = [
     "quant", "PackedW4", "quantize_w4", "w4a16_matmul", "w4_dequantize",
     "kv_quant",
     "diffusion_unmask",
+    "mtp",
 ]

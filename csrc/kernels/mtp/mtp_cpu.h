@@ -1,0 +1,55 @@
+// The fused MTP-head ops on the CPU, torch-free (reference: python/specdec_cuda/reference/mtp.py).
+//
+// Output side, per activation row m of x [M, H]:
+//   xn = rms_norm(x[m]) * norm_weight                       (Acc precision, once per row)
+//   logit[v] = <xn, lm_head[v]>  for v in [0, V)            (never stored unless asked)
+//   top-k of the logits, ties to the lower index             (values descending)
+// The vocabulary is cut into ranges that threads scan independently (each lm_head row is read
+// once for all M activation rows), each range keeps its own top-k per row, and the ranges' lists
+// are merged at the end: the [M, V] logits never exist in memory.
+//
+// Input side (DeepSeek-V3 MTP module input), per row m:
+//   out[m] = eh_proj[:, :H] · rms_norm(embed[tokens[m]]) * enorm
+//          + eh_proj[:, H:] · rms_norm(h[m]) * hnorm
+// with the two halves of eh_proj [H, 2H] read through two pointers: the [2H] concatenation is
+// never built.
+//
+// T: the storage type (float, double, Half16, BFloat16); Acc: float, or double for T = double.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec::mtp {
+
+// xn [M, H] = rms_norm(x [M, H]) * weight [H], in Acc.
+template <typename T, typename Acc>
+void rms_normalize_rows(const T* x, const T* weight, double eps, int64_t M, int64_t H, Acc* xn);
+
+// Scan vocabulary rows [v_begin, v_end): per activation row m keep its top-k in
+// vals/idx [M, k] (n [M] entries held, start at 0), flag non-finite logits in nonfinite [M],
+// and write logits [M, V] (row stride V) when `logits` is not null.
+template <typename T, typename Acc>
+void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int64_t V,
+                     int64_t v_begin, int64_t v_end, int k, Acc* vals, int64_t* idx, int* n,
+                     uint8_t* nonfinite, Acc* logits);
+
+// Merge `parts` partial lists (part p: vals/idx [M, k], n [M], laid out [parts, M, ...]) into
+// out_vals / out_idx [M, k]; rows with fewer than k candidates (V < k cannot happen: checked by
+// the glue) are not left short.
+template <typename Acc>
+void merge_topk(const Acc* vals, const int64_t* idx, const int* n, int64_t parts, int64_t M, int k,
+                Acc* out_vals, int64_t* out_idx);
+
+// Output rows [o_begin, o_end) of the input side: out [M, H] (Acc), from en / hn [M, H] (the
+// normalised embedding and hidden rows) and eh_proj [H, 2H].
+template <typename T, typename Acc>
+void eh_proj_range(const Acc* en, const Acc* hn, int64_t M, int64_t H, const T* eh_proj,
+                   int64_t o_begin, int64_t o_end, Acc* out);
+
+// en [M, H] = rms_norm(embed[tokens[m]]) * weight; returns the first row whose token lies
+// outside [0, V), or -1.
+template <typename T, typename Acc>
+int64_t gather_normalize_rows(const int64_t* tokens, const T* embed, int64_t V, const T* weight,
+                              double eps, int64_t M, int64_t H, Acc* en);
+
+}  // namespace specdec::mtp

@@ -1,0 +1,300 @@
+"""Multi-token-prediction heads on a frozen target: Medusa heads and DeepSeek-V3-style MTP modules.
+
+Both read the target's hidden states and share its frozen output side (final RMSNorm + LM head,
+``TargetHead``); neither has a tokenizer or an LM head of its own.
+
+* ``MedusaHeads``: K independent residual SiLU blocks on the target's final normed hidden state
+  at position t; head i (1..K) predicts the token at t + 1 + i (the LM head itself predicts
+  t + 1):  ``logits_i = lm_head(final_norm(h + silu(W_i h + b_i)))``. Re-applying the final norm
+  keeps every head's input at the scale the LM head was trained on, and makes the output side of
+  every head (Medusa's and MTP's) the one fused op ``ops.mtp_head_topk``.
+* ``MTPModules``: D sequential modules. Module d at position t reads the previous depth's hidden
+  state at t (the target's final normed one for d = 1) and the embedding of token t + d:
+  ``x = eh_proj([enorm(emb(t_{t+d})); hnorm(h^{d-1}_t)])`` (the 2H -> H projection applied as
+  two H -> H halves, so the concatenation is never built), then one Llama decoder block over its
+  own KV cache; ``h^d_t`` predicts token t + d + 1 through the target's final norm and LM head.
+
+Checkpoint folders (``save_heads`` / ``load_heads``): ``model.safetensors`` + ``config.json``
+(``{"kind": "medusa" | "mtp", ...}``), written by the zoo trainer (``specdec_cuda.zoo_heads``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import StaticKVCache
+from .config import LlamaConfig
+from .layers import DecoderLayer, rms_norm
+from .rope import inverse_frequencies, rope_cos_sin
+
+HEADS_FORMAT = 1
+
+
+@dataclass
+class TargetHead:
+    """The frozen pieces of the target that the heads share.
+
+    Shape: embed [V, H] (input embeddings); norm_weight [H] (final RMSNorm); lm_head [V, H].
+    ``config`` is the target's decoder config (the MTP block copies its attention / MLP sizes).
+    """
+
+    embed: torch.Tensor
+    norm_weight: torch.Tensor
+    eps: float
+    lm_head: torch.Tensor
+    config: LlamaConfig
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``lm_head(final_norm(h))``. Shape: h [..., H] -> [..., V]."""
+        return F.linear(rms_norm(h, self.norm_weight, self.eps), self.lm_head)
+
+
+def target_head(target) -> TargetHead:
+    """The embeddings, final norm and LM head of a built-in ``LlamaModel`` or an ``HFCausalLM``."""
+    from .hf_adapter import HFCausalLM
+    from .llama import LlamaModel
+
+    if isinstance(target, LlamaModel):
+        embed = target.embed_tokens.weight
+        lm_head = embed if target.lm_head is None else target.lm_head.weight
+        return TargetHead(embed, target.norm.weight, target.norm.eps, lm_head, target.config)
+    if isinstance(target, HFCausalLM):
+        model = target.model
+        base = getattr(model, model.base_model_prefix, None) if hasattr(model, "base_model_prefix") else None
+        norm = getattr(base, "norm", None)
+        if norm is None or not hasattr(norm, "weight"):
+            raise ValueError(f"{type(model).__name__}: no final norm found at "
+                             f"model.{getattr(model, 'base_model_prefix', '?')}.norm (needed by MTP heads)")
+        config = LlamaConfig.from_hf_dict(target.config.to_dict(), source=type(model).__name__)
+        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", config.rms_norm_eps)))
+        return TargetHead(model.get_input_embeddings().weight, norm.weight, eps,
+                          model.get_output_embeddings().weight, config)
+    raise TypeError(f"MTP heads need the built-in LlamaModel or an HFCausalLM target, got {type(target).__name__}")
+
+
+class MedusaHeads(nn.Module):
+    """K residual SiLU heads (see the module docstring).
+
+    Shape: weight [K, H, H] (``W_i``, applied as ``h @ W_i.T``); bias [K, H].
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        if num_heads < 1 or hidden_size < 1:
+            raise ValueError(f"need num_heads >= 1 and hidden_size >= 1, got {num_heads}, {hidden_size}")
+        # Zero init: every head starts as the identity, i.e. as the LM head's own next-token guess.
+        self.weight = nn.Parameter(torch.zeros(num_heads, hidden_size, hidden_size, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(num_heads, hidden_size, dtype=dtype, device=device))
+        self.num_heads, self.hidden_size = num_heads, hidden_size
+        # Measured top-k agreement per head (filled by the trainer; picks the static tree).
+        self.topk_accuracy: list[list[float]] | None = None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Every head's output hidden state. Shape: h [..., H] -> [..., K, H]."""
+        z = torch.einsum("...h,kgh->...kg", h, self.weight) + self.bias
+        return h.unsqueeze(-2) + F.silu(z)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"kind": "medusa", "num_heads": self.num_heads, "hidden_size": self.hidden_size,
+                "topk_accuracy": self.topk_accuracy}
+
+
+class MTPModule(nn.Module):
+    """One DeepSeek-V3-style MTP module: two RMSNorms, the split ``eh_proj``, one decoder block.
+
+    Shape: enorm / hnorm weight [H]; eh_proj weight [H, 2H] (columns ``:H`` act on the normed
+    embedding, ``H:`` on the normed previous hidden state).
+    """
+
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        H = config.hidden_size
+        self.enorm_weight = nn.Parameter(torch.ones(H, dtype=dtype, device=device))
+        self.hnorm_weight = nn.Parameter(torch.ones(H, dtype=dtype, device=device))
+        self.eh_proj = nn.Parameter(torch.empty(H, 2 * H, dtype=dtype, device=device))
+        nn.init.normal_(self.eh_proj, std=(1.0 / (2 * H)) ** 0.5)
+        self.block = DecoderLayer(config, dtype).to(device)
+        with torch.no_grad():
+            for name, p in self.block.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif p.dim() > 1:
+                    p.normal_(0.0, 0.02)
+                else:
+                    p.zero_()
+
+
+class MTPModules(nn.Module):
+    """D chained MTP modules sharing the target's embeddings, final norm and LM head."""
+
+    def __init__(self, config: LlamaConfig, num_modules: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        if num_modules < 1:
+            raise ValueError(f"num_modules must be >= 1, got {num_modules}")
+        self.config, self.num_modules = config, num_modules
+        self.modules_ = nn.ModuleList(MTPModule(config, dtype, device) for _ in range(num_modules))
+        self._inv_freq: dict = {}
+        self.topk_accuracy: list[list[float]] | None = None
+
+    def _apply(self, fn, recurse=True):
+        # The decoder blocks bind their tensors on first use: drop the bindings when .to() /
+        # .half() replace the parameters, as LlamaModel does.
+        result = super()._apply(fn, recurse)
+        for m in self.modules_:
+            m.block.unbind()
+        self._inv_freq = {}
+        return result
+
+    def config_dict(self) -> dict[str, Any]:
+        c = self.config
+        block = {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                                            "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+                                            "rope_scaling", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")}
+        return {"kind": "mtp", "num_modules": self.num_modules, "block": block, "topk_accuracy": self.topk_accuracy}
+
+    def new_cache(self, batch_size: int, max_length: int) -> list[StaticKVCache]:
+        """One single-layer KV cache per module (each module has its own committed length per row)."""
+        c, p = self.config, self.modules_[0].eh_proj
+        return [StaticKVCache(1, batch_size, c.num_key_value_heads, max_length, c.head_dim, p.dtype, p.device)
+                for _ in range(self.num_modules)]
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = self.modules_[0].eh_proj.dtype
+        precision = torch.float64 if dtype == torch.float64 else torch.float32
+        key = (positions.device, precision)
+        if key not in self._inv_freq:
+            inv = inverse_frequencies(self.config, precision)
+            self._inv_freq[key] = torch.cat((inv, inv)).to(positions.device)
+        return rope_cos_sin(positions, self._inv_freq[key], dtype)
+
+    def module_input(self, depth: int, h_prev: torch.Tensor, tokens: torch.Tensor, head: TargetHead) -> torch.Tensor:
+        """``eh_proj([enorm(emb(tokens)); hnorm(h_prev)])`` for module ``depth`` (0-based), through
+        the fused ``ops.mtp.mtp_input`` at inference, in plain torch when training (autograd).
+
+        Shape: h_prev [B, n, H]; tokens [B, n] int64 (token t + depth + 1 at position t) -> [B, n, H].
+        """
+        m = self.modules_[depth]
+        if not (torch.is_grad_enabled() and m.eh_proj.requires_grad):
+            from ..ops.mtp import mtp_input
+
+            B, n, H = h_prev.shape
+            x = mtp_input(h_prev.reshape(B * n, H).contiguous(), tokens.reshape(B * n).contiguous(), head.embed,
+                          m.enorm_weight, m.hnorm_weight, m.eh_proj, head.eps)
+            return x.to(h_prev.dtype).view(B, n, H)
+        H = h_prev.shape[-1]
+        e = rms_norm(F.embedding(tokens, head.embed), m.enorm_weight, head.eps)
+        h = rms_norm(h_prev, m.hnorm_weight, head.eps)
+        return F.linear(e, m.eh_proj[:, :H]) + F.linear(h, m.eh_proj[:, H:])
+
+    def forward(self, depth: int, h_prev: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                cache: StaticKVCache, head: TargetHead) -> torch.Tensor:
+        """Module ``depth`` (0-based) over ``n`` new positions per row on top of its own ``cache``.
+
+        Shape: h_prev [B, n, H]; tokens / positions [B, n] int64 (causal among the new positions,
+        the committed prefix visible) -> h [B, n, H] (before the final norm). K/V go to the pending
+        slots; call ``cache.commit``.
+        """
+        B, n, _ = h_prev.shape
+        x = self.module_input(depth, h_prev, tokens, head)
+        span = cache.begin_forward(n)
+        steps = torch.arange(n, device=x.device)
+        slot_index = (cache.lengths[:, None] + steps)[:, None, :, None].expand(
+            B, self.config.num_key_value_heads, n, self.config.head_dim)
+        rel = torch.arange(span, device=x.device) - cache.lengths[:, None]  # [B, span]
+        visible = rel[:, None, :] <= steps[None, :, None]  # [B, n, span]: prefix, then causal
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        attn_mask = torch.where(visible[:, None], zero, torch.full((), float("-inf"), dtype=x.dtype, device=x.device))
+        cos, sin = self._rope(positions)
+        return self.modules_[depth].block.forward(x, cos, sin, cache.keys[0], cache.values[0], slot_index, span,
+                                                  attn_mask)
+
+
+def save_heads(folder: str | os.PathLike, heads: MedusaHeads | MTPModules, extra: dict | None = None) -> Path:
+    """Write ``heads`` as ``folder/{model.safetensors, config.json}`` (renamed into place)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    save_file(state, str(tmp / "model.safetensors"))
+    config = dict(heads.config_dict(), format=HEADS_FORMAT, **(extra or {}))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
+def load_heads(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> MedusaHeads | MTPModules:
+    """Load a heads folder written by ``save_heads``; raises FileNotFoundError / ValueError naming it."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file() or not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{folder}: not a heads checkpoint (needs config.json and model.safetensors)")
+    cfg = json.loads(cfg_path.read_text())
+    if not isinstance(cfg, dict) or cfg.get("kind") not in ("medusa", "mtp"):
+        raise ValueError(f"{cfg_path}: 'kind' must be 'medusa' or 'mtp'")
+    if cfg["kind"] == "medusa":
+        heads: nn.Module = MedusaHeads(int(cfg["hidden_size"]), int(cfg["num_heads"]), dtype, device)
+    else:
+        block = dict(cfg["block"], num_hidden_layers=1)
+        heads = MTPModules(LlamaConfig(**block), int(cfg["num_modules"]), dtype, device)
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = heads.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{folder}: tensors missing {missing[:4]} / unexpected {unexpected[:4]}")
+    heads.topk_accuracy = cfg.get("topk_accuracy")
+    heads.requires_grad_(False)
+    return heads.to(device)
+
+
+def random_heads(target, kind: str, count: int, seed: int = 0, scale: float = 1.0) -> MedusaHeads | MTPModules:
+    """Randomly initialised heads for ``target`` (tests: losslessness does not depend on their
+    quality). ``count``: Medusa heads or MTP modules; weights ~ N(0, scale^2 / fan_in), norms 1."""
+    head = target_head(target)
+    H = head.norm_weight.shape[0]
+    if kind == "medusa":
+        heads: nn.Module = MedusaHeads(H, count, head.lm_head.dtype, head.lm_head.device)
+    elif kind == "mtp":
+        heads = MTPModules(mtp_block_config(head), count, head.lm_head.dtype, head.lm_head.device)
+    else:
+        raise ValueError(f"kind must be 'medusa' or 'mtp', got {kind!r}")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in heads.named_parameters():
+            if name.endswith("norm_weight") or name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * scale / fan_in ** 0.5)
+        if kind == "mtp":
+            # Carry the previous depth's state through (identity on eh_proj's hidden half), like the
+            # Medusa heads' residual: random modules then guess like the target's own next-token
+            # head, so some drafts are accepted and the verification paths all run.
+            for m in heads.modules_:
+                m.eh_proj[:, H:] += torch.eye(H, dtype=m.eh_proj.dtype, device=m.eh_proj.device)
+    return heads.requires_grad_(False)
+
+
+def mtp_block_config(head: TargetHead) -> LlamaConfig:
+    """The MTP block's config: the target's layer sizes, one layer."""
+    import dataclasses
+
+    return dataclasses.replace(head.config, num_hidden_layers=1)

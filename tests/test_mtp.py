@@ -1,0 +1,284 @@
+"""The fused MTP-head ops against their reference, and the Medusa / MTP proposers' own invariants.
+
+(Losslessness of both methods is the conformance suite's job: tests/test_conformance.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_cuda.ops import mtp as mtp_ops
+from specdec_cuda.reference import mtp as ref
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _head_inputs(M, H, V, dtype, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, H, generator=g)
+    w = 1 + 0.1 * torch.randn(H, generator=g)
+    lm = torch.randn(V, H, generator=g) / H ** 0.5
+    return x.to(dtype).to(device), w.to(dtype).to(device), lm.to(dtype).to(device)
+
+
+def _tol(dtype):
+    return dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+
+
+def _assert_same_topk(out, values, indices):
+    """Tokens exactly, except where the reference itself has a near-tie (summation order)."""
+    assert torch.allclose(out.values.double(), values.double(), rtol=1e-4, atol=1e-4)
+    gaps = (values[:, :-1] - values[:, 1:]).abs().double()
+    clear = torch.ones_like(indices, dtype=torch.bool)
+    clear[:, 1:] &= gaps > 1e-4
+    clear[:, :-1] &= gaps > 1e-4
+    assert torch.equal(out.indices[clear], indices[clear])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,H,V,k", [(1, 64, 111, 1), (7, 48, 1000, 5), (16, 32, 257, 64), (3, 96, 600, 10)])
+def test_head_topk_matches_reference(dtype, M, H, V, k):
+    x, w, lm = _head_inputs(M, H, V, dtype, seed=M + V)
+    values, indices, logits, _ = ref.mtp_head_topk(x, w, lm, k, 1e-5)
+    out = mtp_ops.mtp_head_topk(x, w, lm, k, 1e-5, return_logits=True)
+    assert out.values.dtype == values.dtype and out.indices.dtype == torch.int64
+    torch.testing.assert_close(out.logits, logits, **_tol(dtype))
+    _assert_same_topk(out, values, indices)
+    plain = mtp_ops.mtp_head_topk(x, w, lm, k, 1e-5)
+    assert plain.logits is None
+    assert torch.equal(plain.indices, out.indices) and torch.equal(plain.values, out.values)
+
+
+def test_head_topk_rank0_is_argmax_and_ties_go_to_the_lower_id():
+    H, V = 16, 40
+    x = torch.randn(4, H, dtype=torch.float64)
+    lm = torch.randn(V, H, dtype=torch.float64)
+    lm[30] = lm[7]  # an exact tie between ids 7 and 30
+    lm[7] = lm[30] = x[0] * 10  # ... that is row 0's maximum
+    out = mtp_ops.mtp_head_topk(x, torch.ones(H, dtype=torch.float64), lm, 3, 1e-6, return_logits=True)
+    assert out.indices[0, :2].tolist() == [7, 30]
+    assert torch.equal(out.indices[:, 0], out.logits.argmax(-1))
+
+
+def test_head_topk_flags_non_finite_logits_naming_the_row():
+    x, w, lm = _head_inputs(3, 16, 50, torch.float32)
+    x[1, 3] = float("nan")
+    with pytest.raises(RuntimeError, match="row 1"):
+        mtp_ops.mtp_head_topk(x, w, lm, 2, 1e-6)
+
+
+def test_head_topk_rejects_bad_inputs_naming_them():
+    x, w, lm = _head_inputs(2, 16, 50, torch.float32)
+    with pytest.raises(RuntimeError, match="lm_head"):
+        mtp_ops.mtp_head_topk(x, w, lm[:, :8].contiguous(), 2, 1e-6)
+    with pytest.raises(RuntimeError, match="norm_weight"):
+        mtp_ops.mtp_head_topk(x, w.double(), lm, 2, 1e-6)
+    with pytest.raises(ValueError, match="k must"):
+        mtp_ops.mtp_head_topk(x, w, lm, 0, 1e-6)
+    with pytest.raises(ValueError, match="k must"):
+        mtp_ops.mtp_head_topk(x, w, lm[:3].contiguous(), 4, 1e-6)
+
+
+def _input_inputs(M, H, V, dtype, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(M, H, generator=g)
+    tokens = torch.randint(0, V, (M,), generator=g)
+    embed = torch.randn(V, H, generator=g)
+    en, hn = 1 + 0.1 * torch.randn(H, generator=g), 1 + 0.1 * torch.randn(H, generator=g)
+    eh = torch.randn(H, 2 * H, generator=g) / (2 * H) ** 0.5
+    cast = lambda t: t.to(dtype).to(device)  # noqa: E731
+    return cast(h), tokens.to(device), cast(embed), cast(en), cast(hn), cast(eh)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,H,V", [(1, 64, 111), (9, 48, 77), (16, 40, 300)])
+def test_mtp_input_matches_reference(dtype, M, H, V):
+    args = _input_inputs(M, H, V, dtype, seed=M)
+    out = mtp_ops.mtp_input(*args, 1e-5)
+    torch.testing.assert_close(out, ref.mtp_input(*args, 1e-5), **_tol(dtype))
+
+
+def test_mtp_input_rejects_out_of_range_tokens_and_bad_shapes():
+    h, tokens, embed, en, hn, eh = _input_inputs(4, 16, 20, torch.float32)
+    with pytest.raises(RuntimeError, match=r"tokens\[2\] = 20"):
+        mtp_ops.mtp_input(h, torch.tensor([0, 1, 20, 3]), embed, en, hn, eh, 1e-6)
+    with pytest.raises(RuntimeError, match="eh_proj"):
+        mtp_ops.mtp_input(h, tokens, embed, en, hn, eh[:, :16].contiguous(), 1e-6)
+
+
+def test_opcheck():
+    x, w, lm = _head_inputs(3, 16, 50, torch.float32)
+    M, k = 3, 4
+    args = (x, w, lm, 1e-6, torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), torch.empty(M, 50),
+            torch.empty(M, dtype=torch.int32))
+    torch.library.opcheck(torch.ops.specdec.mtp_head_topk.default, args)
+    args = (x, w, lm, 1e-6, torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), None,
+            torch.empty(M, dtype=torch.int32))
+    torch.library.opcheck(torch.ops.specdec.mtp_head_topk.default, args)
+    h, tokens, embed, en, hn, eh = _input_inputs(3, 16, 20, torch.float32)
+    torch.library.opcheck(torch.ops.specdec.mtp_input.default,
+                          (h, tokens, embed, en, hn, eh, 1e-6, torch.empty(3, 16), torch.empty(3, dtype=torch.int32)))
+
+
+def test_torch_compile_fullgraph():
+    x, w, lm = _head_inputs(5, 32, 70, torch.float32)
+    h, tokens, embed, en, hn, eh = _input_inputs(5, 32, 70, torch.float32)
+
+    def f(x, h):
+        top = mtp_ops.mtp_head_topk(x, w, lm, 3, 1e-6)
+        return top.indices, mtp_ops.mtp_input(h, tokens, embed, en, hn, eh, 1e-6)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got, want = compiled(x, h), f(x, h)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,H,V,k", [(1, 4096, 128256, 8), (16, 4096, 32000, 10), (7, 192, 2048, 1), (3, 100, 111, 64)])
+def test_cuda_equals_cpu(dtype, M, H, V, k):
+    x, w, lm = _head_inputs(M, H, V, dtype, seed=V)
+    cpu = mtp_ops.mtp_head_topk(x, w, lm, k, 1e-5, return_logits=True)
+    gpu = mtp_ops.mtp_head_topk(x.cuda(), w.cuda(), lm.cuda(), k, 1e-5, return_logits=True)
+    torch.testing.assert_close(gpu.logits.cpu(), cpu.logits, **_tol(dtype))
+    _assert_same_topk(type(gpu)(gpu.values.cpu(), gpu.indices.cpu(), None), cpu.values, cpu.indices)
+    args = _input_inputs(M, min(H, 512), V, dtype, seed=M)
+    want = mtp_ops.mtp_input(*args, 1e-5)
+    got = mtp_ops.mtp_input(*[a.cuda() for a in args], 1e-5)
+    torch.testing.assert_close(got.cpu(), want, **_tol(dtype))
+
+
+# -- the proposers ----------------------------------------------------------------------------------
+
+def test_static_tree_is_prefix_closed_bfs_and_takes_the_best_paths():
+    from specdec_cuda.proposers.medusa import static_tree
+
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.2]]
+    tree = static_tree(acc, 9)
+    assert len(tree) == 9 and len(set(tree)) == 9
+    assert tree == sorted(tree, key=lambda p: (len(p), p))
+    assert all(p[:-1] in tree for p in tree if len(p) > 1)
+
+    def score(p):
+        s = 1.0
+        for d, r in enumerate(p):
+            s *= acc[d][r]
+        return s
+
+    worst_in = min(score(p) for p in tree)
+    outside = [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)]
+    outside += [(a, b, c) for a in range(3) for b in range(3) for c in range(2)]
+    assert all(score(p) <= worst_in + 1e-12 for p in outside if p not in tree)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from decoding_models import make_checkpoint
+
+    from specdec_cuda import models
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("mtp") / "target", seed=0)
+    return models.load(folder, dtype=torch.float64)
+
+
+def test_medusa_candidates_are_the_reference_top_k_of_each_head(tiny_target):
+    from specdec_cuda.models.heads import random_heads, target_head
+    from specdec_cuda.proposers.medusa import MedusaProposer
+
+    head = target_head(tiny_target)
+    heads = random_heads(tiny_target, "medusa", 3, seed=1)
+    prop = MedusaProposer(head, heads, budget=10)
+    prop.hidden = torch.randn(4, tiny_target.hidden_size, dtype=torch.float64)
+    cand = prop.candidates(3)
+    for i in range(3):
+        out = heads(prop.hidden)[:, i]
+        _, want, _, _ = ref.mtp_head_topk(out, head.norm_weight, head.lm_head, prop.topk, head.eps)
+        assert torch.equal(cand[:, i], want)
+
+
+def test_mtp_drafts_equal_a_from_scratch_recomputation(tiny_target):
+    """After several steps of commits and rollbacks, the proposer's cached state gives the same
+    greedy draft as running every module over the whole committed text from scratch."""
+    from specdec_cuda.decoding import SamplingParams, decode
+    from specdec_cuda.models.heads import random_heads, target_head
+    from specdec_cuda.proposers.mtp import MTPProposer
+
+    head = target_head(tiny_target)
+    modules = random_heads(tiny_target, "mtp", 2, seed=3, scale=3.0)
+
+    drafts = []
+
+    class Recording(MTPProposer):
+        def propose(self, state):
+            draft = super().propose(state)
+            if draft is not None:
+                drafts.append((self.seq.clone(), state.lengths.clone(), draft.tokens.clone()))
+            return draft
+
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    params = SamplingParams.make(3, 0.0)
+    decode(tiny_target, prompts, params, 14, proposer=Recording(head, modules, k=4))
+    assert len(drafts) > 3
+    for seq, lengths, tokens in drafts[1:]:
+        for b in range(3):
+            L = int(lengths[b])
+            text = seq[b, : L + 1][None]  # committed text through the root
+            want = _scratch_greedy_draft(tiny_target, head, modules, text, k=tokens.shape[1])
+            assert tokens[b].tolist() == want
+
+
+def _scratch_greedy_draft(target, head, modules, text, k):
+    """Module chain over the whole text, no cached state; the last module reused past D."""
+    T = text.shape[1]
+    cache = target.new_cache(1, T)
+    hidden = target.forward(text, torch.arange(T)[None], cache, hidden_layers=(-1,)).hidden_states[-1]
+    seq = text[0].tolist()
+    D, L = modules.num_modules, T - 1
+    hs = [hidden[0, :L]]  # hs[d][i]: module d's output at position i (target's for d = 0)
+    out = []
+    for d in range(1, min(D, k) + 1):
+        n = L
+        toks = torch.tensor([seq[i + d] for i in range(n)])[None]
+        c = modules.new_cache(1, n + k)[d - 1]
+        h = modules(d - 1, hs[d - 1][None, :n], toks, torch.arange(n)[None], c, head)[0]
+        hs.append(h)
+        t = int(ref.mtp_head_topk(h[-1:], head.norm_weight, head.lm_head, 1, head.eps)[1][0, 0])
+        out.append(t)
+        seq.append(t)
+    for j in range(D + 1, k + 1):
+        n = L + (j - D)  # positions 0 .. L - 1 + (j - D), the tail fed the module's own outputs
+        prev = torch.cat([hs[D - 1][: L], hs[D][L - 1 : n - 1]])
+        toks = torch.tensor([seq[i + D] for i in range(n)])[None]
+        c = modules.new_cache(1, n + 1)[D - 1]
+        h = modules(D - 1, prev[None], toks, torch.arange(n)[None], c, head)[0]
+        hs[D] = h
+        t = int(ref.mtp_head_topk(h[-1:], head.norm_weight, head.lm_head, 1, head.eps)[1][0, 0])
+        out.append(t)
+        seq.append(t)
+    return out
+
+
+def test_heads_save_and_load_round_trip(tmp_path, tiny_target):
+    from specdec_cuda.models.heads import load_heads, random_heads, save_heads
+
+    for kind in ("medusa", "mtp"):
+        heads = random_heads(tiny_target, kind, 2, seed=4)
+        heads.topk_accuracy = [[0.5, 0.1], [0.3, 0.1]]
+        save_heads(tmp_path / kind, heads)
+        back = load_heads(tmp_path / kind, dtype=torch.float64)
+        assert type(back) is type(heads) and back.topk_accuracy == heads.topk_accuracy
+        for (n1, p1), (n2, p2) in zip(heads.state_dict().items(), back.state_dict().items()):
+            assert n1 == n2 and torch.equal(p1, p2)
+    with pytest.raises(FileNotFoundError, match="not a heads checkpoint"):
+        load_heads(tmp_path / "nothing")
+
+
+def test_methods_without_cached_heads_say_how_to_train_them(tiny_target, monkeypatch, tmp_path):
+    import specdec_cuda
+
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    for method in ("medusa", "mtp"):
+        with pytest.raises(FileNotFoundError, match="zoo --heads"):
+            specdec_cuda.generate(tiny_target, [[1, 2]], method=method, max_new_tokens=2)
