@@ -122,6 +122,12 @@ step bench_quant 150 "$PY" bench/bench_quant.py --device cuda --quick --tune --o
 step bench_kv_quant 30 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
+# ==== family: mtp =================================================================================
+# Fused MTP-head op (norm + LM head + top-k) against the unfused torch sequence, zoo and Llama-3-8B
+# shapes; the issue's H200 target is >= 70% of HBM bandwidth for the LM-head read (lm_head_GBps).
+step bench_mtp 90 "$PY" bench/bench_mtp.py --device cuda --quick --part kernel --out "$OUT/mtp.json"
+# ==== end family: mtp =============================================================================
+
 # ==== hardening: compute-sanitizer (issue 12) ======================================================
 # memcheck (out-of-bounds / misaligned device accesses, leaks of device errors) and racecheck
 # (shared-memory hazards) over the CUDA tests: every test whose name or file says cuda, plus the

@@ -80,6 +80,35 @@ def test_head_topk_rejects_bad_inputs_naming_them():
         mtp_ops.mtp_head_topk(x, w, lm[:3].contiguous(), 4, 1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,H,V,k,group", [(1, 64, 111, 1, 32), (5, 128, 1000, 8, -1), (16, 96, 300, 64, 32)])
+def test_head_topk_w4_matches_reference(dtype, M, H, V, k, group):
+    from specdec_cuda import ops
+
+    x, w, lm = _head_inputs(M, H, V, dtype, seed=V)
+    q = ops.quantize_w4(lm.float(), group_size=group, device="cpu")
+    values, indices, logits, _ = ref.mtp_head_topk_w4(x, w, q.packed, q.scales, q.group_size, V, k, 1e-5)
+    out = mtp_ops.mtp_head_topk_w4(x, w, q, k, 1e-5, return_logits=True)
+    torch.testing.assert_close(out.logits, logits, rtol=1e-4, atol=1e-4)
+    _assert_same_topk(out, values, indices)
+    assert torch.equal(mtp_ops.mtp_head_topk_w4(x, w, q, k, 1e-5).indices, out.indices)
+
+
+def test_head_topk_w4_opcheck_and_shape_errors():
+    from specdec_cuda import ops
+
+    x, w, lm = _head_inputs(3, 64, 70, torch.float32)
+    q = ops.quantize_w4(lm, group_size=32, device="cpu")
+    args = (x, w, q.packed, q.scales, 32, 70, 1e-6, torch.empty(3, 4), torch.empty(3, 4, dtype=torch.int64),
+            torch.empty(3, 70), torch.empty(3, dtype=torch.int32))
+    torch.library.opcheck(torch.ops.specdec.mtp_head_topk_w4.default, args)
+    with pytest.raises(RuntimeError, match="packed must be"):
+        torch.ops.specdec.mtp_head_topk_w4(x, w, q.packed[:2].contiguous(), q.scales, 32, 70, 1e-6,
+                                           *args[7:])
+    with pytest.raises(ValueError, match="takes 64 features"):
+        mtp_ops.mtp_head_topk_w4(x[:, :32].contiguous(), w[:32].contiguous(), q, 2, 1e-6)
+
+
 def _input_inputs(M, H, V, dtype, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(M, H, generator=g)
@@ -282,3 +311,16 @@ def test_methods_without_cached_heads_say_how_to_train_them(tiny_target, monkeyp
     for method in ("medusa", "mtp"):
         with pytest.raises(FileNotFoundError, match="zoo --heads"):
             specdec_cuda.generate(tiny_target, [[1, 2]], method=method, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("method,options", [("medusa", dict(budget=8)), ("mtp", dict(k=3))])
+def test_w4_lm_head_drafting_keeps_greedy_output(tiny_target, method, options):
+    import specdec_cuda
+    from specdec_cuda.models.heads import random_heads
+
+    heads = random_heads(tiny_target, method, 3 if method == "medusa" else 2, seed=2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    ar = specdec_cuda.generate(tiny_target, prompts, max_new_tokens=16).tokens
+    out = specdec_cuda.generate(tiny_target, prompts, method=method, max_new_tokens=16, heads=heads,
+                                w4_lm_head=True, policy="fixed", **options)
+    assert out.tokens == ar and sum(out.metrics.drafted) > 0

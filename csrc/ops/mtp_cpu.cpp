@@ -9,12 +9,14 @@
 #include "kernels/common/status.h"
 #include "kernels/mtp/mtp_cpu.h"
 #include "ops/mtp_common.h"
+#include "ops/quant_common.h"
 #include "ops/quant_parallel.h"
+#include "kernels/quant/w4_cpu.h"
 
 namespace specdec::ops {
 namespace {
 
-// Vocabulary rows per range: 256 rows x H = 4096 x 4 B = 4 MiB of lm_head, tens of microseconds;
+// Vocabulary rows per range (a multiple of the 4-bit weight's 16-row tile): 256 rows x H = 4096 x 4 B = 4 MiB of lm_head, tens of microseconds;
 // small vocabularies run as one range.
 constexpr int64_t kVocabRange = 256;
 
@@ -115,9 +117,85 @@ void mtp_input_cpu(const at::Tensor& h, const at::Tensor& tokens, const at::Tens
   }
 }
 
+template <typename T>
+void normalize_to_float(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& xn) {
+  mtp::rms_normalize_rows<T, float>(reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<const T*>(w.data_ptr()),
+                                    eps, x.size(0), x.size(1), xn.data_ptr<float>());
+}
+
+void mtp_head_topk_w4_cpu(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& packed,
+                          const at::Tensor& scales, int64_t group_size, int64_t vocab_size, double eps,
+                          at::Tensor& values, at::Tensor& indices, std::optional<at::Tensor> logits,
+                          at::Tensor& status) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "x must be float32, float16 or bfloat16 for a 4-bit LM head; got ", dtype);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, H] tensor; got ", x.sizes());
+  const int64_t M = x.size(0), H = x.size(1), V = vocab_size;
+  check_mtp_float(norm_weight, "norm_weight", dtype);
+  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == H, "norm_weight must be [", H, "]; got ",
+              norm_weight.sizes());
+  const int64_t group = check_w4_shape(V, H, group_size);
+  const int64_t tiles = (V + quant::kCpuTileN - 1) / quant::kCpuTileN;
+  // packed: (ceil(V/16), H/2, 16) uint8; scales: (ceil(V/16), H/group, 16) float32 (LAYOUT_CPU)
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(0) == tiles &&
+                  packed.size(1) == H / 2 && packed.size(2) == quant::kCpuTileN && packed.is_contiguous(),
+              "packed must be a contiguous uint8 LAYOUT_CPU tensor [", tiles, ", ", H / 2, ", 16] for an LM head [",
+              V, ", ", H, "]; got ", packed.scalar_type(), " ", packed.sizes());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 3 && scales.size(0) == tiles &&
+                  scales.size(1) == H / group && scales.size(2) == quant::kCpuTileN && scales.is_contiguous(),
+              "scales must be a contiguous float32 tensor [", tiles, ", ", H / group, ", 16]; got ",
+              scales.scalar_type(), " ", scales.sizes());
+  TORCH_CHECK(values.dim() == 2 && values.size(0) == M && values.scalar_type() == at::kFloat && values.is_contiguous(),
+              "values must be a contiguous [", M, ", k] float32 tensor; got ", values.scalar_type(), " ",
+              values.sizes());
+  const int64_t k = values.size(1);
+  TORCH_CHECK(k >= 1 && k <= 64 && k <= V, "k must lie in [1, min(64, V=", V, ")]; got ", k);
+  TORCH_CHECK(indices.sizes() == values.sizes() && indices.scalar_type() == at::kLong && indices.is_contiguous(),
+              "indices must be a contiguous int64 [", M, ", ", k, "] tensor; got ", indices.sizes());
+  if (logits.has_value())
+    TORCH_CHECK(logits->dim() == 2 && logits->size(0) == M && logits->size(1) == V &&
+                    logits->scalar_type() == at::kFloat && logits->is_contiguous(),
+                "logits must be a contiguous [", M, ", ", V, "] float32 tensor; got ", logits->sizes());
+  TORCH_CHECK(status.dim() == 1 && status.size(0) == M && status.scalar_type() == at::kInt,
+              "status must be [", M, "] int32; got ", status.sizes());
+  if (M == 0) return;
+  at::Tensor xn = at::empty({M, H}, values.options());
+  if (dtype == at::kFloat) normalize_to_float<float>(x, norm_weight, eps, xn);
+  else if (dtype == at::kBFloat16) normalize_to_float<BFloat16>(x, norm_weight, eps, xn);
+  else normalize_to_float<Half16>(x, norm_weight, eps, xn);
+  const int64_t parts = (V + kVocabRange - 1) / kVocabRange;
+  at::Tensor part_vals = at::empty({parts, M, k}, values.options());
+  at::Tensor part_idx = at::empty({parts, M, k}, indices.options());
+  at::Tensor part_n = at::zeros({parts, M}, status.options());
+  at::Tensor part_bad = at::zeros({parts, M}, at::TensorOptions().dtype(at::kByte));
+  // One [M, kVocabRange] logit scratch per range (in cache while it is ranked; never [M, V]).
+  at::Tensor scratch = at::empty({parts, M, kVocabRange}, values.options());
+  float* out_logits = logits ? logits->data_ptr<float>() : nullptr;
+  parallel_range(0, parts, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      mtp::head_topk_w4_range(xn.data_ptr<float>(), M, H, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), group,
+                              V, p * kVocabRange, std::min(V, (p + 1) * kVocabRange), static_cast<int>(k),
+                              part_vals.data_ptr<float>() + p * M * k, part_idx.data_ptr<int64_t>() + p * M * k,
+                              part_n.data_ptr<int>() + p * M, part_bad.data_ptr<uint8_t>() + p * M, out_logits,
+                              scratch.data_ptr<float>() + p * M * kVocabRange);
+    }
+  });
+  mtp::merge_topk<float>(part_vals.data_ptr<float>(), part_idx.data_ptr<int64_t>(), part_n.data_ptr<int>(), parts, M,
+                         static_cast<int>(k), values.data_ptr<float>(), indices.data_ptr<int64_t>());
+  const uint8_t* bad = part_bad.data_ptr<uint8_t>();
+  int* st = status.data_ptr<int>();
+  for (int64_t m = 0; m < M; ++m) {
+    st[m] = kStatusOk;
+    for (int64_t p = 0; p < parts; ++p)
+      if (bad[p * M + m]) st[m] = kStatusNonFiniteLogits;
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("mtp_head_topk_w4", &mtp_head_topk_w4_cpu);
   m.impl("mtp_head_topk", &mtp_head_topk_cpu);
   m.impl("mtp_input", &mtp_input_cpu);
 }

@@ -96,6 +96,12 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "mtp_head_topk(Tensor x, Tensor norm_weight, Tensor lm_head, float eps, Tensor(a!) values, "
       "Tensor(b!) indices, Tensor(c!)? logits, Tensor(d!) status) -> ()");
+  // mtp_head_topk_w4: the same over a 4-bit LM head [vocab_size, H] in LAYOUT_CPU (quant family).
+  // CPU only.
+  m.def(
+      "mtp_head_topk_w4(Tensor x, Tensor norm_weight, Tensor packed, Tensor scales, int group_size, "
+      "int vocab_size, float eps, Tensor(a!) values, Tensor(b!) indices, Tensor(c!)? logits, "
+      "Tensor(d!) status) -> ()");
   // mtp_input: eh_proj[:, :H] . enorm(embed[tokens]) + eh_proj[:, H:] . hnorm(h), the DeepSeek-V3
   // MTP module's input, without building the [M, 2H] concatenation.
   m.def(

@@ -4,7 +4,8 @@
   folders; a few prompts decoded autoregressively and speculatively, greedy and sampled; the
   text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
 * ``bench``: the end-to-end benchmark (also ``python bench/bench_e2e.py``).
-* ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains.
+* ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains. ``zoo --heads``: train the
+  Medusa heads and MTP modules on the frozen target and cache them beside it.
 * ``methods``: the registered decoding methods, lossless or lossy, with their options.
 """
 
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     zoo.add_argument("--run-dir", default=None,
                      help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
+    zoo.add_argument("--heads", action="store_true",
+                     help="train Medusa heads and MTP modules on the frozen zoo target (or --target) and cache "
+                          "them beside it (heads-medusa, heads-mtp); --force retrains")
+    zoo.add_argument("--target", default=None, help="--heads: the target HF checkpoint folder (default: the zoo target)")
 
     sub.add_parser("methods", help="list the registered decoding methods and their options")
     return parser
@@ -83,6 +88,8 @@ def main(argv=None) -> int:
         if args.threads == 1:  # the tokenizer's Rust thread pool too (read when it first starts)
             os.environ.setdefault("RAYON_NUM_THREADS", "1")
     try:
+        if args.command == "zoo" and args.heads:
+            return _zoo_heads(args)
         if args.command == "demo":
             return e2e.demo(args)
         if args.command == "bench":
@@ -114,6 +121,19 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # bad folders, unknown families (UnsupportedModelError)
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _zoo_heads(args) -> int:
+    """``zoo --heads``: train (once) and cache both head sets beside the target folder."""
+    from . import zoo, zoo_heads
+
+    target = Path(args.target) if args.target else zoo.get_pair(zoo.SPECS[args.zoo])[0]
+    cached = all((target.parent / f"heads-{kind}" / "config.json").is_file() for kind in ("medusa", "mtp"))
+    if cached and not args.force:
+        print(f"heads cached beside {target} (heads-medusa, heads-mtp); --force retrains")
+        return 0
+    zoo_heads.train_heads(target)
+    return 0
 
 
 if __name__ == "__main__":

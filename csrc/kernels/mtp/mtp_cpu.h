@@ -33,6 +33,14 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
                      int64_t v_begin, int64_t v_end, int k, Acc* vals, int64_t* idx, int* n,
                      uint8_t* nonfinite, Acc* logits);
 
+// The same over a 4-bit LM head in the quant family's LAYOUT_CPU (kernels/quant/w4_cpu.h;
+// packed [ceil(V/16), H/2, 16] uint8, scales [ceil(V/16), H/group, 16] float32): the range's
+// logits go through the W4A16 tile kernel into `scratch` [M, v_end - v_begin] (stays in cache)
+// and are ranked there. v_begin must be a multiple of 16 (a weight tile).
+void head_topk_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* packed, const float* scales,
+                        int64_t group, int64_t V, int64_t v_begin, int64_t v_end, int k, float* vals,
+                        int64_t* idx, int* n, uint8_t* nonfinite, float* logits, float* scratch);
+
 // Merge `parts` partial lists (part p: vals/idx [M, k], n [M], laid out [parts, M, ...]) into
 // out_vals / out_idx [M, k]; rows with fewer than k candidates (V < k cannot happen: checked by
 // the glue) are not left short.

@@ -52,9 +52,33 @@ class TargetHead:
     lm_head: torch.Tensor
     config: LlamaConfig
 
+    lm_head_w4: Any = None  # the LM head as 4-bit weights (ops.quant.PackedW4), when asked for
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``lm_head(final_norm(h))``. Shape: h [..., H] -> [..., V]."""
         return F.linear(rms_norm(h, self.norm_weight, self.eps), self.lm_head)
+
+    def use_w4(self, group_size: int = 128) -> "TargetHead":
+        """Draft through a 4-bit copy of the LM head (CPU; the target's own forward is unchanged)."""
+        from ..ops.quant import quantize_w4
+
+        if self.lm_head.device.type != "cpu":
+            raise ValueError("the 4-bit LM head of the fused MTP-head op is CPU only")
+        H = self.lm_head.shape[1]
+        self.lm_head_w4 = quantize_w4(self.lm_head.float(), group_size=group_size if H % group_size == 0 else -1,
+                                      device="cpu")
+        return self
+
+    def topk(self, h: torch.Tensor, k: int, return_logits: bool = False):
+        """Top-``k`` tokens of ``lm_head(final_norm(h))`` through the fused op (no [M, V] logits
+        unless asked). Shape: h [M, H] -> ``ops.mtp.HeadTopK`` (values, indices [M, k], logits)."""
+        from ..ops import mtp as mtp_ops
+
+        if self.lm_head_w4 is not None:
+            w = self.norm_weight if h.dtype != torch.float64 else self.norm_weight.float()
+            return mtp_ops.mtp_head_topk_w4(h if h.dtype != torch.float64 else h.float(), w, self.lm_head_w4, k,
+                                            self.eps, return_logits)
+        return mtp_ops.mtp_head_topk(h, self.norm_weight, self.lm_head, k, self.eps, return_logits)
 
 
 def target_head(target) -> TargetHead:
@@ -121,8 +145,13 @@ class MTPModule(nn.Module):
         H = config.hidden_size
         self.enorm_weight = nn.Parameter(torch.ones(H, dtype=dtype, device=device))
         self.hnorm_weight = nn.Parameter(torch.ones(H, dtype=dtype, device=device))
+        # Init [N(0, 0.02) | I]: the module starts by passing the previous depth's (normed) state
+        # through to the shared LM head, i.e. as the target's own next-token guess, and learns the
+        # shift from there (without this residual-like start, a few hundred steps generalise poorly).
         self.eh_proj = nn.Parameter(torch.empty(H, 2 * H, dtype=dtype, device=device))
-        nn.init.normal_(self.eh_proj, std=(1.0 / (2 * H)) ** 0.5)
+        with torch.no_grad():
+            self.eh_proj.normal_(0.0, 0.02)
+            self.eh_proj[:, H:] = torch.eye(H, dtype=dtype, device=device)
         self.block = DecoderLayer(config, dtype).to(device)
         with torch.no_grad():
             for name, p in self.block.named_parameters():

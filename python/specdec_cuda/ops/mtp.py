@@ -4,6 +4,9 @@
   matmul and the top-k candidates (ties to the lower token id, so rank 0 is the argmax) in one
   pass over ``lm_head``, without writing the ``[M, V]`` logits; ``return_logits=True`` also
   returns them (rejection sampling needs q).
+* ``mtp_head_topk_w4(x, norm_weight, lm_head_w4, k, eps)``: the same over a 4-bit LM head
+  (``ops.quant.quantize_w4(lm_head, device="cpu")``, LAYOUT_CPU; CPU only), for heads whose LM
+  head read dominates: a quarter of the bytes of bfloat16.
 * ``mtp_input(h, tokens, embed, enorm_weight, hnorm_weight, eh_proj, eps)``: the DeepSeek-V3 MTP
   module input ``eh_proj[:, :H] · enorm(embed[tokens]) + eh_proj[:, H:] · hnorm(h)``, the
   concatenation never built.
@@ -21,7 +24,7 @@ import torch
 from .. import _native  # noqa: F401  (loads the library that defines torch.ops.specdec.*)
 from .status import raise_for
 
-__all__ = ["HeadTopK", "mtp_head_topk", "mtp_input", "MAX_K"]
+__all__ = ["HeadTopK", "mtp_head_topk", "mtp_head_topk_w4", "mtp_input", "MAX_K"]
 
 MAX_K = 64
 
@@ -74,6 +77,41 @@ def mtp_head_topk(x: torch.Tensor, norm_weight: torch.Tensor, lm_head: torch.Ten
     return HeadTopK(values, indices, logits)
 
 
+def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int, eps: float,
+                     return_logits: bool = False) -> HeadTopK:
+    """``mtp_head_topk`` with the LM head as 4-bit weights (a ``PackedW4`` in LAYOUT_CPU).
+
+    Shape:
+        x: [M, H] float32 / float16 / bfloat16; norm_weight: [H] of x's dtype.
+        lm_head: ``PackedW4`` of a [V, H] weight, packed for the CPU (``quantize_w4(w, device="cpu")``).
+        Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None.
+
+    Example:
+        >>> import torch, specdec_cuda.ops as ops
+        >>> q = ops.quantize_w4(torch.randn(100, 64), group_size=32, device="cpu")
+        >>> ops.mtp.mtp_head_topk_w4(torch.randn(2, 64), torch.ones(64), q, k=4, eps=1e-6).indices.shape
+        torch.Size([2, 4])
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, H], got shape {tuple(x.shape)}")
+    V = lm_head.out_features
+    if lm_head.in_features != x.shape[1]:
+        raise ValueError(f"the LM head takes {lm_head.in_features} features but x has {x.shape[1]}")
+    if not 1 <= k <= min(MAX_K, V):
+        raise ValueError(f"k must lie in [1, min({MAX_K}, V={V})], got {k}")
+    x = x.contiguous()
+    M = x.shape[0]
+    values = torch.empty(M, k, dtype=torch.float32, device=x.device)
+    indices = torch.empty(M, k, dtype=torch.int64, device=x.device)
+    logits = torch.empty(M, V, dtype=torch.float32, device=x.device) if return_logits else None
+    status = torch.empty(M, dtype=torch.int32, device=x.device)
+    torch.ops.specdec.mtp_head_topk_w4(x, norm_weight, lm_head.packed, lm_head.scales, lm_head.group_size, V,
+                                       float(eps), values, indices, logits, status)
+    if not torch.compiler.is_compiling():
+        raise_for(status.tolist(), "mtp_head_topk_w4", exc=RuntimeError)
+    return HeadTopK(values, indices, logits)
+
+
 def mtp_input(h: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor, enorm_weight: torch.Tensor,
               hnorm_weight: torch.Tensor, eh_proj: torch.Tensor, eps: float) -> torch.Tensor:
     """The MTP module input ``eh_proj · [enorm(embed[tokens]); hnorm(h)]`` without the concatenation.
@@ -108,6 +146,12 @@ def mtp_input(h: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor, enorm_
 
 @torch.library.register_fake("specdec::mtp_head_topk")
 def _mtp_head_topk_fake(x, norm_weight, lm_head, eps, values, indices, logits, status):
+    return None
+
+
+@torch.library.register_fake("specdec::mtp_head_topk_w4")
+def _mtp_head_topk_w4_fake(x, norm_weight, packed, scales, group_size, vocab_size, eps, values, indices, logits,
+                           status):
     return None
 
 

@@ -124,13 +124,9 @@ class MedusaProposer(Proposer):
 
     def candidates(self, depth: int) -> torch.Tensor:
         """Top-``self.topk`` tokens of heads 1..depth. Shape: [B, depth, topk] int64."""
-        from ..ops.mtp import mtp_head_topk
-
         B, H = self.hidden.shape
         out = self.heads(self.hidden)[:, :depth]  # [B, depth, H]
-        head = self.head
-        top = mtp_head_topk(out.reshape(B * depth, H), head.norm_weight, head.lm_head, self.topk, head.eps)
-        return top.indices.view(B, depth, self.topk)
+        return self.head.topk(out.reshape(B * depth, H), self.topk).indices.view(B, depth, self.topk)
 
     def propose(self, state: StepState) -> Draft | None:
         limit = torch.where(state.active, state.max_draft, 0)  # [B]
@@ -184,9 +180,11 @@ def resolve_heads(target, heads, kind: str):
 
 
 def make_medusa_proposer(target, heads=None, tree=None, budget: int | None = None,
-                         verification: str = "match") -> MedusaProposer:
+                         verification: str = "match", w4_lm_head: bool = False) -> MedusaProposer:
     """The ``method="medusa"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
     head = target_head(target)
+    if w4_lm_head:
+        head.use_w4()
     heads = resolve_heads(target, heads, "medusa")
     return MedusaProposer(head, heads, tree=tree, budget=budget, verification=verification)
 
@@ -201,5 +199,6 @@ register(MethodSpec(
         "tree": "static tree as rank paths, e.g. [(0,), (1,), (0, 0)] (default: a chain of top-1 candidates)",
         "budget": "tree nodes chosen from the heads' measured top-k accuracy (16 / 32 / 64; default: chain)",
         "verification": '"match" (greedy / sample-and-match, lossless; default) or "typical" (LOSSY, chains)',
+        "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
     },
 ))

@@ -77,10 +77,9 @@ class MTPProposer(Proposer):
     def _draw(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One draft token per row from q = softmax(lm_head(norm(h))). Shape: h [B, H] -> tokens [B],
         logits [B, V] (None when every row is greedy: the fused op's argmax, no logits written)."""
-        head = self.head
         if self.all_greedy:
-            return ops.mtp.mtp_head_topk(h, head.norm_weight, head.lm_head, 1, head.eps).indices[:, 0], None
-        logits = ops.mtp.mtp_head_topk(h, head.norm_weight, head.lm_head, 1, head.eps, return_logits=True).logits
+            return self.head.topk(h, 1).indices[:, 0], None
+        logits = self.head.topk(h, 1, return_logits=True).logits
         sampled = ops.sample(logits, **self.params.kwargs(), position=position, purpose=Purpose.DRAFT)
         # A row the sampler flagged (-1) proposes token 0, judged like any draft.
         return sampled.tokens.clamp(min=0), logits
@@ -154,9 +153,11 @@ class MTPProposer(Proposer):
             cache.truncate(keep)
 
 
-def make_mtp_proposer(target, heads=None, k: int | None = None) -> MTPProposer:
+def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool = False) -> MTPProposer:
     """The ``method="mtp"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
     head = target_head(target)
+    if w4_lm_head:
+        head.use_w4()
     modules = resolve_heads(target, heads, "mtp")
     return MTPProposer(head, modules, k=k)
 
@@ -169,5 +170,6 @@ register(MethodSpec(
     options={
         "heads": "MTPModules or a heads folder (default: the zoo cache of `python -m specdec_cuda zoo --heads`)",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
+        "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
     },
 ))

@@ -42,6 +42,16 @@ def mtp_head_topk(x, norm_weight, lm_head, k: int, eps: float):
     return values, indices, logits, status
 
 
+def mtp_head_topk_w4(x, norm_weight, packed, scales, group_size: int, vocab_size: int, k: int, eps: float):
+    """``mtp_head_topk`` over a 4-bit LM head in LAYOUT_CPU (``reference.quant``): the dense float32
+    weight it encodes, then the same ranking (float32 throughout)."""
+    from .quant import dequantize_w4, unpack_cpu
+
+    codes, s = unpack_cpu(packed, scales, vocab_size)
+    lm_head = dequantize_w4(codes, s, group_size)
+    return mtp_head_topk(x.float(), norm_weight.float(), lm_head, k, eps)
+
+
 def mtp_input(h, tokens, embed, enorm_weight, hnorm_weight, eh_proj, eps: float) -> torch.Tensor:
     """``eh_proj · [enorm(embed[tokens]); hnorm(h)]``. Shape: h [M, H], tokens [M], embed [V, H],
     eh_proj [H, 2H] -> [M, H] (accumulation precision)."""
