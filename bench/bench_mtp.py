@@ -131,6 +131,7 @@ def bench_e2e(args) -> list[dict]:
                ("draft k=4", "draft", dict(draft=draft, k=4, policy="fixed")),
                ("medusa chain", "medusa", dict(heads=medusa, policy="fixed"))]
     methods += [(f"medusa tree {b}", "medusa", dict(heads=medusa, budget=b, policy="fixed")) for b in budgets]
+    methods += [("medusa typical (LOSSY)", "medusa", dict(heads=medusa, verification="typical", policy="fixed"))]
     methods += [("mtp chain k=D", "mtp", dict(heads=mtp, policy="fixed")),
                 ("mtp chain k=4", "mtp", dict(heads=mtp, k=4, policy="fixed"))]
     decoders = {name: SpeculativeDecoder(pair.target, method=m, **opts) for name, m, opts in methods}
@@ -154,7 +155,7 @@ def bench_e2e(args) -> list[dict]:
                                  greedy_identical=same))
                 r = rows[-1]
                 tau = f"{r['tau']:.2f}" if r["tau"] else "-"
-                print(f"batch {batch} T={temperature:.1f}  {name:16s} {tps:8.1f} tok/s  tau {tau:>5s}  "
+                print(f"batch {batch} T={temperature:.1f}  {name:22s} {tps:8.1f} tok/s  tau {tau:>5s}  "
                       f"speedup {r['speedup']:5.2f}x  identical {same}", flush=True)
     return rows
 

@@ -3,8 +3,11 @@
 Self-distillation: the labels are the target's own greedy continuations of corpus text, so the
 heads learn what the target will say, not what the corpus says. Steps:
 
-1. windows of the training split (``prompt_len`` corpus tokens each) are continued greedily by the
-   target for ``gen_len`` tokens (the built-in model, batched); the same for held-out windows;
+1. prompts of ``prompt_len`` tokens from the training split, half mid-text windows and half
+   ending at a function opening (a ``def`` line and the next, the shape of the benchmark prompts,
+   whose continuations differ: heads trained on windows alone generalise poorly there), are
+   continued greedily by the target for ``gen_len`` tokens (the built-in model, batched); the
+   same for held-out windows;
 2. one target forward per sequence gives its final normed hidden states (the heads' input);
 3. Medusa: head i at position t learns token t + 1 + i (cross-entropy through the target's frozen
    final norm and LM head); MTP: module d at position t, from module d - 1's output at t and the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -199,10 +203,31 @@ def train_heads(target_dir: str | Path, out_root: str | Path | None = None, spec
         starts = torch.randint(0, data.numel() - spec.prompt_len, (count,), generator=g)
         return torch.stack([data[s : s + spec.prompt_len] for s in starts.tolist()])
 
+    texts = stdlib_corpus()
+    held_out_chars = 60000  # the tail that e2e.held_out_prompts draws from: never a training prompt
+    train_text = "".join(texts)[:-held_out_chars]
+
+    def openings(count: int, seed: int) -> torch.Tensor:
+        # Prompts ending at a function opening (a `def` line and the line after it), the shape of
+        # the benchmark's prompts: the target's continuations there differ from mid-text ones.
+        g = torch.Generator().manual_seed(seed)
+        ends = [m.end() for m in re.finditer(r"^[ \t]*def [^\n]*:[ \t]*\n[^\n]*\n", train_text, re.M)]
+        picks = torch.randperm(len(ends), generator=g)[:count].tolist()
+        rows = []
+        for i in picks:
+            ids = tokenizer(train_text[max(0, ends[i] - 400) : ends[i]])["input_ids"]
+            if len(ids) >= spec.prompt_len:
+                rows.append(ids[-spec.prompt_len:])
+        return torch.tensor(rows, dtype=torch.int64)
+
+    def prompts(data: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+        # Half mid-text windows, half function openings (training split only).
+        return torch.cat([windows(data, count - count // 2, seed), openings(count // 2, seed)])
+
     log(f"[heads] target greedy continuations: {spec.train_sequences} + {spec.eval_sequences} sequences of "
         f"{spec.prompt_len} + {spec.gen_len} tokens")
     t0 = time.perf_counter()
-    train_seq = greedy_continuations(target, windows(train_data, spec.train_sequences, spec.seed), spec.gen_len)
+    train_seq = greedy_continuations(target, prompts(train_data, spec.train_sequences, spec.seed), spec.gen_len)
     eval_seq = greedy_continuations(target, windows(eval_data, spec.eval_sequences, spec.seed + 1), spec.gen_len)
     train_h, eval_h = final_hidden(target, train_seq), final_hidden(target, eval_seq)
     log(f"[heads] data ready in {time.perf_counter() - t0:.0f}s")
