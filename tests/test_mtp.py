@@ -324,3 +324,27 @@ def test_w4_lm_head_drafting_keeps_greedy_output(tiny_target, method, options):
     out = specdec_cuda.generate(tiny_target, prompts, method=method, max_new_tokens=16, heads=heads,
                                 w4_lm_head=True, policy="fixed", **options)
     assert out.tokens == ar and sum(out.metrics.drafted) > 0
+
+
+def test_training_forward_equals_the_inference_forward(tiny_target):
+    """The trainer's whole-sequence path (autograd, plain torch input side, scratch K/V) computes
+    what drafting computes (fused input op, static cache), and the Medusa loss's logits are the
+    fused op's candidates."""
+    from specdec_cuda.models.heads import random_heads, target_head
+    from specdec_cuda.zoo_heads import final_hidden, medusa_logits, mtp_hiddens
+
+    head = target_head(tiny_target)
+    seq = torch.randint(0, tiny_target.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    hidden = final_hidden(tiny_target, seq).double()
+    modules = random_heads(tiny_target, "mtp", 2, seed=7)
+    with torch.no_grad():
+        infer = mtp_hiddens(modules, head, hidden, seq)
+    modules.requires_grad_(True)
+    train = mtp_hiddens(modules, head, hidden, seq)
+    for a, b in zip(train, infer):
+        torch.testing.assert_close(a.detach(), b)
+    medusa = random_heads(tiny_target, "medusa", 2, seed=8)
+    with torch.no_grad():
+        logits = medusa_logits(medusa, head, hidden)  # [2, 12, K, V]
+        top = head.topk(medusa(hidden).reshape(-1, hidden.shape[-1]), 1).indices.view(2, 12, 2)
+    assert torch.equal(logits.argmax(-1), top)
