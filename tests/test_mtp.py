@@ -348,3 +348,24 @@ def test_training_forward_equals_the_inference_forward(tiny_target):
         logits = medusa_logits(medusa, head, hidden)  # [2, 12, K, V]
         top = head.topk(medusa(hidden).reshape(-1, hidden.shape[-1]), 1).indices.view(2, 12, 2)
     assert torch.equal(logits.argmax(-1), top)
+
+
+@pytest.mark.parametrize("method", ["medusa", "mtp"])
+def test_default_cost_policy_keeps_the_output(tiny_target, method):
+    """Both methods default to the cost policy, which grants 0 drafts on some steps (accept() with
+    no proposal, rows drafting different lengths): the output stays the autoregressive one (at
+    T > 0 token for token only for Medusa's sample-and-match; MTP's rejection sampling is equal in
+    distribution, which the conformance suite's chi-square test checks)."""
+    import specdec_cuda
+    from specdec_cuda.models.heads import random_heads
+
+    heads = random_heads(tiny_target, method, 3 if method == "medusa" else 2, seed=9)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    for temperature in (0.0, 0.9) if method == "medusa" else (0.0,):
+        kw = dict(max_new_tokens=20, temperature=temperature, seed=[3, 4, 5])
+        ar = specdec_cuda.generate(tiny_target, prompts, **kw).tokens
+        extra = dict(budget=8) if method == "medusa" else dict(k=3)
+        dec = specdec_cuda.SpeculativeDecoder(tiny_target, method=method, heads=heads, **extra)
+        assert dec.policy is not None
+        for _ in range(2):  # the policy's measurements carry over between calls
+            assert dec.generate(prompts, **kw).tokens == ar

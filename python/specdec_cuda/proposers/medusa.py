@@ -194,6 +194,7 @@ register(MethodSpec(
     summary="Medusa heads on the target (Cai et al.): per-head top-k candidates as a chain or a static tree",
     lossless=True,
     make=make_medusa_proposer,
+    default_policy="cost",
     options={
         "heads": "MedusaHeads or a heads folder (default: the zoo cache of `python -m specdec_cuda zoo --heads`)",
         "tree": "static tree as rank paths, e.g. [(0,), (1,), (0, 0)] (default: a chain of top-1 candidates)",

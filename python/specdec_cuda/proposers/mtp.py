@@ -167,6 +167,7 @@ register(MethodSpec(
     summary="DeepSeek-V3-style chained MTP modules on the target: a chain sampled from the modules' own q",
     lossless=True,
     make=make_mtp_proposer,
+    default_policy="cost",
     options={
         "heads": "MTPModules or a heads folder (default: the zoo cache of `python -m specdec_cuda zoo --heads`)",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
