@@ -80,8 +80,20 @@ CASES = [
     Case("chain-as-tree", True, proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3))),
     Case("guess-tree", True, proposer=lambda env: GuessTree(env.draft, depth=3)),
     Case("sampled-tree", True, proposer=lambda env: SampledTree(env.target.vocab_size, branching=(2, 2))),
+    Case("dflash", True, method="dflash",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4, policy="fixed")),
+    Case("dflash-greedy-draft", True, method="dflash",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4,
+                                  draft_sampling="greedy", policy="fixed")),
 ]
 IDS = [c.name for c in CASES]
+
+
+def random_dflash_drafter(target):
+    """A randomly initialised DFlash drafter shaped after ``target`` (structure, not quality)."""
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
+
+    return DFlashDrafter.random(DFlashConfig.for_target(target, block_size=4), seed=0)
 
 
 @pytest.fixture(scope="module")
