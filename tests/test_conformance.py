@@ -85,6 +85,9 @@ CASES = [
     Case("dflash-greedy-draft", True, method="dflash",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4,
                                   draft_sampling="greedy", policy="fixed")),
+    Case("ddtree", True, method="ddtree",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
+                                  policy="fixed")),
 ]
 IDS = [c.name for c in CASES]
 

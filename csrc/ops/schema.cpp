@@ -89,4 +89,13 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor num_transfer, Tensor threshold, Tensor(a!) sampled, Tensor(b!) confidence, "
       "Tensor(c!) keep, Tensor(d!) status) -> ()");
   // ---- end family: diffusion ----
+
+  // ---- family: ddtree (csrc/kernels/ddtree, ops/ddtree_{cpu,cuda}.cpp) ----
+  // ddtree_build: the best draft tree of `budget` nodes from per-depth top-K log-probabilities
+  // (best-first heap; reference/ddtree.py): BFS tokens, parents, depths, node counts, visibility.
+  m.def(
+      "ddtree_build(Tensor topk_logprobs, Tensor topk_tokens, Tensor max_depth, int budget, "
+      "Tensor(a!) tokens, Tensor(b!) parents, Tensor(c!) depth, Tensor(d!) num_nodes, "
+      "Tensor(e!) tree_mask, Tensor(f!) status) -> ()");
+  // ---- end family: ddtree ----
 }
