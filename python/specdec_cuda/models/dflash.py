@@ -312,23 +312,20 @@ class DFlashDrafter(nn.Module):
         B, n, _ = feats.shape
         if n == 0:
             return
-        steps = torch.arange(n, device=feats.device)
-        slots = cache.lengths[:, None] + steps  # [B, n]
-        if bool((cache.lengths + num_new > cache.max_length).any()):
-            raise ValueError(f"DFlashCache overflow: lengths {cache.lengths.tolist()} + {num_new.tolist()} "
-                             f"> max_length {cache.max_length}")
+        # Every given token is written at slot lengths[b] + j; those past num_new[b] land in scratch
+        # slots past the row's new length, which nothing reads before a later extend overwrites
+        # them. So all n slots must fit (the proposer sizes the cache with a block of slack).
+        if int((cache.lengths.max())) + n > cache.max_length:
+            raise ValueError(f"DFlashCache overflow: a row holds {int(cache.lengths.max())} tokens and {n} "
+                             f"are written, but the cache has {cache.max_length} slots")
+        slots = cache.lengths[:, None] + torch.arange(n, device=feats.device)  # [B, n]
         cos, sin = self.rope(slots)
-        # Tokens past num_new[b] land in scratch slots past the row's length (clamped into the cache):
-        # nothing reads them before a later extend overwrites them.
-        slot_index = slots.clamp(max=cache.max_length - 1)
         c = self.config
-        index = slot_index[:, None, :, None].expand(B, c.num_kv_heads, n, c.head_dim)
-        keep = (steps[None, :] < num_new[:, None])[:, None, :, None]  # [B, 1, n, 1]
+        index = slots[:, None, :, None].expand(B, c.num_kv_heads, n, c.head_dim)
         for i, layer in enumerate(self.layers):
             k, v = layer.kv(feats, cos, sin)
-            old_k, old_v = cache.keys[i].gather(2, index), cache.values[i].gather(2, index)
-            cache.keys[i].scatter_(2, index, torch.where(keep, k, old_k))
-            cache.values[i].scatter_(2, index, torch.where(keep, v, old_v))
+            cache.keys[i].scatter_(2, index, k)
+            cache.values[i].scatter_(2, index, v)
         cache.lengths = cache.lengths + num_new
 
     @torch.no_grad()
@@ -340,15 +337,17 @@ class DFlashDrafter(nn.Module):
         blk = block_size or self.config.block_size
         B = last_tokens.shape[0]
         lengths = cache.lengths
-        span = int(lengths.max()) if B else 0
+        shortest, span = torch.stack(torch.aminmax(lengths)).tolist() if B else (0, 0)
         positions = lengths[:, None] + torch.arange(blk, device=lengths.device)
         cos, sin = self.rope(positions)
         x = self.block_input(last_tokens, blk).to(self.dtype)  # [B, blk, H]
-        # Row b sees its context slots < lengths[b] and the whole block.
-        seen = torch.arange(span, device=lengths.device)[None, :] < lengths[:, None]  # [B, span]
-        seen = torch.cat([seen, seen.new_ones(B, blk)], dim=1)
-        mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill(~seen, float("-inf"))
-        mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
+        mask = None  # rows of one length see every context slot and the whole block
+        if shortest != span:
+            # Row b sees its context slots < lengths[b] and the whole block.
+            seen = torch.arange(span, device=lengths.device)[None, :] < lengths[:, None]  # [B, span]
+            seen = torch.cat([seen, seen.new_ones(B, blk)], dim=1)
+            mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill(~seen, float("-inf"))
+            mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
         return self.logits(x[:, 1:])

@@ -47,7 +47,8 @@ class DFlashBase(Proposer):
 
     def prefill(self, ctx: PrefillContext) -> None:
         batch = ctx.prompts.shape[0]
-        self.cache = self.drafter.new_cache(batch, ctx.max_length)
+        # A block of slack: extend writes a whole accepted path (<= block_size tokens) at once.
+        self.cache = self.drafter.new_cache(batch, ctx.max_length + self.block_size)
         # The prompt's features: positions 0 .. prompt_len - 1 (the first root comes next).
         self.drafter.extend(self.cache, ctx.hidden_states, ctx.prompt_lens)
         self.all_greedy = bool((ctx.params.temperature == 0).all())
