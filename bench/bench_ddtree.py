@@ -165,7 +165,7 @@ def _plot(rows: list[dict], budgets, blocks, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="M in 4 16 64 256, blocks 3 5 8, 32 new tokens, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="M in 4 16 64 256, 32 new tokens, 1 repeat")
     parser.add_argument("--out", default="bench/results/ddtree.json")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 8])
@@ -176,7 +176,7 @@ def main() -> int:
     parser.add_argument("--op-only", action="store_true", help="only the tree-building op's timing")
     args = parser.parse_args()
     budgets = [4, 16, 64, 256] if args.quick else [4, 8, 16, 32, 64, 128, 256]
-    blocks = [3, 5, 8]
+    blocks = [3, 5, 8, 16]
     repeats = args.repeats or (1 if args.quick else 3)
     max_new = args.max_new_tokens or (32 if args.quick else 64)
     torch.set_num_threads(args.threads)

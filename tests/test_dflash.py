@@ -186,3 +186,21 @@ def test_training_lowers_the_loss(target):
         loss.backward()
         opt.step()
     assert loss.item() < 0.7 * first
+
+
+def test_default_drafter_missing_names_the_training_command(target, tmp_path, monkeypatch):
+    from specdec_cuda.proposers.dflash import load_drafter
+
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="zoo --dflash"):
+        load_drafter(target, None)
+
+
+def test_cli_trains_the_drafter_of_the_given_target(monkeypatch, tmp_path):
+    from specdec_cuda import __main__ as cli
+    from specdec_cuda import zoo_dflash
+
+    calls = []
+    monkeypatch.setattr(zoo_dflash, "train_dflash", lambda target, force=False: calls.append((target, force)))
+    assert cli.main(["zoo", "--dflash", "--target", str(tmp_path), "--force"]) == 0
+    assert calls == [(str(tmp_path), True)]

@@ -11,7 +11,8 @@ namespace specdec {
 enum RowStatus : int32_t {
   kStatusOk = 0,
   // sample / verify_chain / verify_tree: a logit row this request read held NaN or +inf (after the
-  // temperature), or every logit was -inf: no distribution.
+  // temperature), or every logit was -inf: no distribution. ddtree_build: NaN or +inf among the
+  // row's top-K log-probabilities (the row gets no nodes).
   kStatusNonFiniteLogits = 1,
   // verify_chain / verify_tree: a draft token id outside [0, vocab), or (verify_chain) the row's
   // cu_num_draft entries are unusable.

@@ -11,7 +11,8 @@ code  name                             meaning (ops that write it)
 ====  ===============================  ==========================================================
 0     ``STATUS_OK``                    ok
 1     ``STATUS_NONFINITE_LOGITS``      a logit row held NaN or +inf (after the temperature) or
-                                       only -inf (sample, verify_chain, verify_tree)
+                                       only -inf (sample, verify_chain, verify_tree); NaN / +inf
+                                       among a row's top-K log-probs (ddtree_build)
 2     ``STATUS_DRAFT_OUT_OF_RANGE``    a draft token outside [0, vocab), or unusable
                                        ``cu_num_draft`` entries (verify_chain, verify_tree)
 3     ``STATUS_BAD_PARAMS``            temperature < 0 or NaN, or top_p outside (0, 1]
