@@ -145,3 +145,17 @@ def test_cuda_matches_cpu(B, D, K, M):
     cpu = ops.ddtree_build(lp, tok, max_depth, M)
     cuda = ops.ddtree_build(lp.cuda(), tok.cuda(), max_depth.cuda(), M)
     _assert_same(cuda, tuple(t for t in cpu))
+
+
+def test_torch_compile_fullgraph():
+    lp, tok = _inputs(3, 4, 5, seed=6)
+    depth = torch.tensor([4, 2, 3])
+
+    def build(lp, tok, depth):
+        tree = ops.ddtree_build(lp, tok, depth, 12)
+        return tree.tokens, tree.parents, tree.tree_mask
+
+    got = torch.compile(build, fullgraph=True, backend="aot_eager")(lp, tok, depth)
+    want = build(lp, tok, depth)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
