@@ -77,6 +77,7 @@ CASES = [
     Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3)),
     Case("prompt-lookup-tree", True, method="prompt_lookup",
          options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3)),
+    Case("ngram", True, method="ngram", options=lambda env: dict(k=3, num_candidates=2)),
     Case("chain-as-tree", True, proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3))),
     Case("guess-tree", True, proposer=lambda env: GuessTree(env.draft, depth=3)),
     Case("sampled-tree", True, proposer=lambda env: SampledTree(env.target.vocab_size, branching=(2, 2))),
