@@ -131,3 +131,28 @@ def test_cuda_equals_cpu(shape):
     gpu = ops.lookahead_mask(cache_len.cuda(), guess_lens.cuda(), guess_len, window, levels, check=False)
     for a, b in zip(cpu, gpu):
         assert torch.equal(a, b.cpu())
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_shapes_and_bad_rows_equal_the_reference(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    batch, num_guesses, guess_len, window, levels = (int(x) for x in torch.randint(0, 6, (5,), generator=g))
+    batch += 1
+    cache_len = torch.randint(-2, 50, (batch,), generator=g)
+    guess_lens = torch.randint(-1, guess_len + 2, (batch, num_guesses), generator=g)
+    got = ops.lookahead_mask(cache_len, guess_lens, guess_len, window, levels, check=False)
+    want = ref.lookahead_mask(cache_len, guess_lens, guess_len, window, levels)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_docstring_example():
+    import doctest
+
+    from specdec_cuda.ops import tree
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(tree.lookahead_mask, "lookahead_mask", globs={}):
+        runner.run(test)
+    assert runner.failures == 0 and runner.tries > 0
