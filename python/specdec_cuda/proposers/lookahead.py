@@ -305,8 +305,8 @@ class LookaheadProposer(Proposer):
         chain = draft.context if draft is not None else None
         num_accepted = outcome.num_accepted
         if chain is not None:
-            k = chain.width
-            agree = (chain.tokens == outcome.tokens[:, :k].clamp(min=0)).to(torch.int64)
+            k = min(chain.width, outcome.tokens.shape[1])
+            agree = (chain.tokens[:, :k] == outcome.tokens[:, :k].clamp(min=0)).to(torch.int64)
             agree = torch.where(torch.arange(k, device=agree.device)[None, :] < num_accepted[:, None], agree, 0)
             num_agree = agree.cumprod(dim=1).sum(dim=1)  # [B] leading drafts on the committed path
         else:
