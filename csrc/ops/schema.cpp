@@ -41,6 +41,11 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "compact_kv(Tensor(a!)[] caches, Tensor accepted_nodes, Tensor num_accepted, "
       "Tensor src_start, Tensor dst_start, Tensor(b!) status) -> ()");
+  // lookahead_mask: positions and attention mask of a lookahead-decoding step (root, G guess
+  // chains, a W x L Jacobi window; layout in kernels/tree/lookahead_mask.h).
+  m.def(
+      "lookahead_mask(Tensor cache_len, Tensor guess_lens, int guess_len, int window, int levels, "
+      "Tensor(a!) positions, Tensor(b!) tree_mask, Tensor(c!) status) -> ()");
   // ---- end family: tree ----
 
   // ---- family: quant (csrc/kernels/quant, ops/quant_{cpu,cuda}.cpp) ----

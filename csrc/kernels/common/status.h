@@ -21,7 +21,8 @@ enum RowStatus : int32_t {
   kStatusBadSamplingParams = 3,
   // build_tree / verify_tree: a tree row failed validation (a parent not below its node, a root
   // parent other than -1, an empty row or one longer than max_nodes; build_tree with an hf_mask:
-  // cache_len outside [0, max_prefix]).
+  // cache_len outside [0, max_prefix]); lookahead_mask: a guess length outside [0, guess_len] or
+  // cache_len < 0.
   kStatusMalformedTree = 4,
   // compact_kv: the row's request is not a valid compaction (path not increasing, num_accepted
   // outside the path's width, dst_start > src_start or a slot outside the cache); nothing moved.
