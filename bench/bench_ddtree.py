@@ -60,7 +60,7 @@ def bench_decoding(pair, drafter_dir, args, budgets, blocks, max_new, repeats) -
     eos = pair.tokenizer.eos_token_id
     prompts = _prompts(pair, max(8, max(args.batches)))
     rows = []
-    for temperature in (0.0, 0.8):
+    for temperature in args.temperatures:
         configs = _configs(pair, drafter_dir, budgets, blocks, temperature)
         common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=temperature, seed=1)
         for decoder in configs.values():  # warm-up
@@ -169,6 +169,7 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/ddtree.json")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 0.8])
     parser.add_argument("--drafter", default=None, help="DFlash drafter folder (default: the zoo's, beside the target)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)

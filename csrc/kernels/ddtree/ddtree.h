@@ -66,16 +66,21 @@ struct RowWork {
   int32_t* order;      // output index -> pop index
 };
 
+// One row's workspace laid out on `scores` (2 * n doubles) and `ints` (kHeapInts * n), n = M + 1.
+SPECDEC_HD RowWork row_work_at(double* scores, int32_t* ints, int64_t n) {
+  RowWork w;
+  w.score = scores;
+  w.pscore = scores + n;
+  int32_t** lanes[kHeapInts] = {&w.seq, &w.hdepth, &w.hrank, &w.hparent, &w.parent, &w.ndepth,
+                                &w.nrank, &w.first, &w.last, &w.next, &w.bfs_index, &w.order};
+  for (int i = 0; i < kHeapInts; ++i) *lanes[i] = ints + i * n;
+  return w;
+}
+
+// Row b's slice of the global workspace.
 SPECDEC_HD RowWork row_work(const BuildArgs& a, int64_t b) {
   const int64_t n = a.budget + 1;
-  RowWork w;
-  w.score = a.heap_scores + b * 2 * n;
-  w.pscore = w.score + n;
-  int32_t* p = a.heap_ints + b * kHeapInts * n;
-  int32_t** lanes[12] = {&w.seq, &w.hdepth, &w.hrank, &w.hparent, &w.parent, &w.ndepth,
-                         &w.nrank, &w.first, &w.last, &w.next, &w.bfs_index, &w.order};
-  for (int i = 0; i < 12; ++i) *lanes[i] = p + i * n;
-  return w;
+  return row_work_at(a.heap_scores + b * 2 * n, a.heap_ints + b * kHeapInts * n, n);
 }
 
 // Heap slot x pops before slot y: higher score, then earlier push.
@@ -119,8 +124,9 @@ SPECDEC_HD void heap_pop(const RowWork& w, int64_t& size) {
   }
 }
 
-// The search and the BFS numbering of row b (one thread). Returns the node count (-1: bad row).
-SPECDEC_HD int64_t build_row(const BuildArgs& a, int64_t b) {
+// The search and the BFS numbering of row b (one thread) on workspace `w`. Returns the node count
+// (-1: bad row).
+SPECDEC_HD int64_t build_row(const BuildArgs& a, int64_t b, const RowWork& w) {
   const int64_t D = a.depths, K = a.width, M = a.budget;
   const float* lp = a.topk_logprobs + b * D * K;
   const int64_t* tok = a.topk_tokens + b * D * K;
@@ -129,7 +135,6 @@ SPECDEC_HD int64_t build_row(const BuildArgs& a, int64_t b) {
   for (int64_t i = 0; i < limit * K; ++i) {
     if (std::isnan(lp[i]) || (std::isinf(lp[i]) && lp[i] > 0)) return -1;
   }
-  const RowWork w = row_work(a, b);
   w.first[M] = w.last[M] = -1;
   int64_t size = 0, count = 0;
   int32_t counter = 0;
@@ -179,12 +184,12 @@ SPECDEC_HD void finish_row(const BuildArgs& a, int64_t b, int64_t count) {
   }
 }
 
-// Mask row i (0 = root, i = draft node i - 1) of row b: itself and its ancestors. Needs row b's
-// parents and num_nodes written; rows are independent (the CUDA kernel spreads them over threads).
-SPECDEC_HD void mask_row(const BuildArgs& a, int64_t b, int64_t i) {
+// Mask row i (0 = root, i = draft node i - 1) of row b, already zeroed: itself and its ancestors.
+// Needs row b's parents and num_nodes written; rows are independent (the CUDA kernel zeroes the
+// whole mask with coalesced stores, then spreads rows over threads).
+SPECDEC_HD void mark_ancestors(const BuildArgs& a, int64_t b, int64_t i) {
   const int64_t M = a.budget, n = M + 1;
   uint8_t* row = a.tree_mask + (b * n + i) * n;
-  for (int64_t j = 0; j < n; ++j) row[j] = 0;
   row[i] = 1;
   if (i == 0 || i > a.num_nodes[b]) return;  // root, padding: only themselves
   row[0] = 1;
