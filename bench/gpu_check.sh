@@ -109,6 +109,27 @@ fi
 step bench_tree 75 "$PY" bench/bench_tree.py --device cuda --quick --out "$OUT/tree.json" "${HBM_ARG[@]}"
 # ==== end family: tree ============================================================================
 
+# ==== family: ngram / lookahead ===================================================================
+# Index lookup at up to 32k tokens vs the Python reference; with the zoo pair (carried in .cache/zoo)
+# also batch-1 greedy end to end: AR, transformers prompt lookup, draft, prompt_lookup, lookahead,
+# lookahead+draft on the repetitive and general workloads, the targets flagged met / NOT met.
+if [ -d .cache/zoo/pystdlib-v3 ]; then
+  step bench_ngram 150 "$PY" bench/bench_ngram.py --device cuda --quick --no-sweeps --out "$OUT/ngram.json"
+else
+  step bench_ngram 60 "$PY" bench/bench_ngram.py --part index --quick --out "$OUT/ngram.json"
+fi
+# ==== end family: ngram / lookahead ===============================================================
+
+# ==== family: ddtree ==============================================================================
+# The tree-building op at B = 8, M = 256 (target < 50 us on an H200) always; with the zoo pair and
+# its DFlash drafter (carry .cache/zoo), tau / speedup against M and block size too.
+if [ -d .cache/zoo/pystdlib-v3/dflash ]; then
+  step bench_ddtree 150 "$PY" bench/bench_ddtree.py --device cuda --quick --out "$OUT/ddtree.json"
+else
+  step bench_ddtree 30 "$PY" bench/bench_ddtree.py --device cuda --op-only --out "$OUT/ddtree.json"
+fi
+# ==== end family: ddtree ==========================================================================
+
 # ==== family: quant ===============================================================================
 # The quant CUDA tests (tests/test_quant*.py: tensor-core W4A16 vs the reference, M 1..128, real
 # layer shapes) run in the `tests` step above. The bench flags the issue's H200 targets at M = 1,

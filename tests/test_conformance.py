@@ -78,6 +78,12 @@ CASES = [
     Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3)),
     Case("prompt-lookup-tree", True, method="prompt_lookup",
          options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3)),
+    Case("ngram", True, method="ngram", options=lambda env: dict(k=3, num_candidates=2)),
+    Case("lookahead", True, method="lookahead", options=lambda env: dict(window=3, ngram=3, num_guesses=3)),
+    Case("lookahead-no-window", True, method="lookahead",
+         options=lambda env: dict(window=0, ngram=4, num_guesses=2, own_candidates=2)),
+    Case("lookahead+draft", True, method="lookahead+draft",
+         options=lambda env: dict(draft=env.draft, k=3, window=3, ngram=3, num_guesses=2)),
     Case("medusa-chain", True, method="medusa",
          options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), policy="fixed")),
     Case("medusa-tree", True, method="medusa",
@@ -87,8 +93,23 @@ CASES = [
     Case("chain-as-tree", True, proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3))),
     Case("guess-tree", True, proposer=lambda env: GuessTree(env.draft, depth=3)),
     Case("sampled-tree", True, proposer=lambda env: SampledTree(env.target.vocab_size, branching=(2, 2))),
+    Case("dflash", True, method="dflash",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4, policy="fixed")),
+    Case("dflash-greedy-draft", True, method="dflash",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4,
+                                  draft_sampling="greedy", policy="fixed")),
+    Case("ddtree", True, method="ddtree",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
+                                  policy="fixed")),
 ]
 IDS = [c.name for c in CASES]
+
+
+def random_dflash_drafter(target):
+    """A randomly initialised DFlash drafter shaped after ``target`` (structure, not quality)."""
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
+
+    return DFlashDrafter.random(DFlashConfig.for_target(target, block_size=4), seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,22 @@ def test_steep_cost_and_low_acceptance_stop_drafting():
     assert sum(k == 0 for k in late) >= 0.9 * len(late)  # a clearly losing length is not re-probed
 
 
+def test_early_draft_only_where_drafting_could_win():
+    # The first run at a batch size explores K = 0 and K = 1; later runs draft once on their second
+    # step to measure their rows, but only where some length could win at the acceptance seen.
+    def runs(cost):
+        policy = CostAwarePolicy()
+        for _ in range(3):
+            policy.start(8)
+            granted = _drive(policy, 12, 8, 8, cost, lambda b: 0.6)
+        return [max(g) for g in granted]
+
+    hopeless = runs(lambda b, k: 1.0 + 1.5 * k)  # a drafted step costs 2.5 plain ones: never pays
+    assert hopeless == [0] * 12
+    cheap = runs(lambda b, k: 1.0 + 0.05 * k)
+    assert cheap[1] >= 1
+
+
 def test_middle_ground_picks_a_middle_length():
     policy = CostAwarePolicy(probe_every=1000)
     granted = _drive(policy, 40, 4, 8, lambda b, k: 1.0 + 0.12 * k, lambda b: 0.7)

@@ -41,6 +41,11 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "compact_kv(Tensor(a!)[] caches, Tensor accepted_nodes, Tensor num_accepted, "
       "Tensor src_start, Tensor dst_start, Tensor(b!) status) -> ()");
+  // lookahead_mask: positions and attention mask of a lookahead-decoding step (root, G guess
+  // chains, a W x L Jacobi window; layout in kernels/tree/lookahead_mask.h).
+  m.def(
+      "lookahead_mask(Tensor cache_len, Tensor guess_lens, int guess_len, int window, int levels, "
+      "Tensor(a!) positions, Tensor(b!) tree_mask, Tensor(c!) status) -> ()");
   // ---- end family: tree ----
 
   // ---- family: quant (csrc/kernels/quant, ops/quant_{cpu,cuda}.cpp) ----
@@ -89,6 +94,15 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor num_transfer, Tensor threshold, Tensor(a!) sampled, Tensor(b!) confidence, "
       "Tensor(c!) keep, Tensor(d!) status) -> ()");
   // ---- end family: diffusion ----
+
+  // ---- family: ddtree (csrc/kernels/ddtree, ops/ddtree_{cpu,cuda}.cpp) ----
+  // ddtree_build: the best draft tree of `budget` nodes from per-depth top-K log-probabilities
+  // (best-first heap; reference/ddtree.py): BFS tokens, parents, depths, node counts, visibility.
+  m.def(
+      "ddtree_build(Tensor topk_logprobs, Tensor topk_tokens, Tensor max_depth, int budget, "
+      "Tensor(a!) tokens, Tensor(b!) parents, Tensor(c!) depth, Tensor(d!) num_nodes, "
+      "Tensor(e!) tree_mask, Tensor(f!) status) -> ()");
+  // ---- end family: ddtree ----
 
   // ---- family: mtp (csrc/kernels/mtp, ops/mtp_{cpu,cuda}.cpp) ----
   // mtp_head_topk: per row of x, final RMSNorm + LM-head matmul + top-k (ties to the lower id)

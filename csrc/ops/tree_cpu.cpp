@@ -5,7 +5,9 @@
 
 #include "kernels/common/status.h"
 #include "kernels/tree/compact.h"
+#include "kernels/tree/lookahead_mask.h"
 #include "kernels/tree/tree.h"
+#include "ops/lookahead_mask_common.h"
 #include "ops/tree_common.h"
 
 namespace specdec {
@@ -65,6 +67,16 @@ void compact_kv_cpu(at::TensorList caches, const at::Tensor& accepted_nodes,
   });
 }
 
+void lookahead_mask_cpu(const at::Tensor& cache_len, const at::Tensor& guess_lens,
+                        int64_t guess_len, int64_t window, int64_t levels, at::Tensor& positions,
+                        at::Tensor& tree_mask, at::Tensor& status) {
+  const tree::LookaheadMaskArgs a = tree_ops::lookahead_mask_args(
+      cache_len, guess_lens, guess_len, window, levels, positions, tree_mask, status);
+  at::parallel_for(0, a.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) tree::lookahead_mask_row_cpu(a, b);
+  });
+}
+
 }  // namespace
 }  // namespace specdec
 
@@ -72,4 +84,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("build_tree", &specdec::build_tree_cpu);
   m.impl("verify_tree", &specdec::verify_tree_cpu);
   m.impl("compact_kv", &specdec::compact_kv_cpu);
+  m.impl("lookahead_mask", &specdec::lookahead_mask_cpu);
 }

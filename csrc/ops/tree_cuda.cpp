@@ -11,7 +11,9 @@
 
 #include <vector>
 
+#include "kernels/tree/lookahead_mask.h"
 #include "kernels/tree/tree.h"
+#include "ops/lookahead_mask_common.h"
 #include "ops/tree_common.h"
 
 namespace specdec {
@@ -68,6 +70,16 @@ void compact_kv_cuda(at::TensorList caches, const at::Tensor& accepted_nodes,
                "compact_kv");
 }
 
+void lookahead_mask_cuda(const at::Tensor& cache_len, const at::Tensor& guess_lens,
+                         int64_t guess_len, int64_t window, int64_t levels, at::Tensor& positions,
+                         at::Tensor& tree_mask, at::Tensor& status) {
+  const c10::cuda::CUDAGuard guard(cache_len.device());
+  const tree::LookaheadMaskArgs a = tree_ops::lookahead_mask_args(
+      cache_len, guess_lens, guess_len, window, levels, positions, tree_mask, status);
+  check_launch(tree::lookahead_mask_cuda(a, c10::cuda::getCurrentCUDAStream().stream()),
+               "lookahead_mask");
+}
+
 }  // namespace
 }  // namespace specdec
 
@@ -75,4 +87,5 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("build_tree", &specdec::build_tree_cuda);
   m.impl("verify_tree", &specdec::verify_tree_cuda);
   m.impl("compact_kv", &specdec::compact_kv_cuda);
+  m.impl("lookahead_mask", &specdec::lookahead_mask_cuda);
 }

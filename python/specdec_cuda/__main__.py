@@ -60,10 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     zoo.add_argument("--run-dir", default=None,
                      help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
+    zoo.add_argument("--dflash", action="store_true",
+                     help="train (once) the DFlash drafter of --target (default: the zoo target), cached beside it")
+    zoo.add_argument("--target", default=None, help="--dflash / --heads: the target checkpoint folder (default: the zoo target)")
     zoo.add_argument("--heads", action="store_true",
                      help="train Medusa heads and MTP modules on the frozen zoo target (or --target) and cache "
                           "them beside it (heads-medusa, heads-mtp); --force retrains")
-    zoo.add_argument("--target", default=None, help="--heads: the target HF checkpoint folder (default: the zoo target)")
 
     sub.add_parser("methods", help="list the registered decoding methods and their options")
     return parser
@@ -94,6 +96,11 @@ def main(argv=None) -> int:
             return e2e.demo(args)
         if args.command == "bench":
             return e2e.bench(args)
+        if args.dflash:
+            from . import zoo_dflash
+
+            zoo_dflash.train_dflash(args.target, force=args.force)
+            return 0
         spec = zoo.SPECS[args.zoo]
         if args.zoo == "v4":
             from . import zoo_v4

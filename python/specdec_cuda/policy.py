@@ -23,7 +23,8 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   instead would reward rows that finish early while the slowest one sets the batch's time.) A batch
   size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, which fixes the
   line; larger lengths are predicted from it and measured when chosen. Every run drafts one token
-  on its second step, so that its rows show their acceptance. Every ``probe_every`` steps it measures the next length above (or below) the best one
+  on its second step, so that its rows show their acceptance, unless no length could win at this
+  batch size even at the average acceptance seen so far. Every ``probe_every`` steps it measures the next length above (or below) the best one
   again, but only when that length is predicted to come within ``probe_margin`` of the best (a
   clearly losing length is not paid for again), and half as often after each probe that lost.
 
@@ -183,8 +184,8 @@ class CostAwarePolicy:
                    and self.explored.get((len(rows), max(k, fixed)), 0) < 3]
         if untried:  # a new batch size: two cheap lengths fix its cost line
             k = untried[0]
-        elif self.steps == 1:  # every run drafts once early, so its rows show their acceptance
-            k = 1
+        elif self.steps == 1 and self._may_pay(rows, limits, adapt, k_max, fixed, remaining):
+            k = 1  # every run drafts once early, so its rows show their acceptance
         else:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
                                 remaining if remaining is not None else [1] * len(active))
@@ -208,11 +209,25 @@ class CostAwarePolicy:
         self.explored[key] = self.explored.get(key, 0) + 1
         return [(min(k, lim) if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
 
+    def _may_pay(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
+                 remaining: list[int] | None) -> bool:
+        """Whether drafting could win at this batch size if every row accepted as well as the rows
+        seen so far do on average (the optimistic side: no lowering for the slowest row). Where even
+        that loses (at batch 8 or 16 a drafted step can cost more than two plain ones), the early
+        draft that measures this run's rows is not worth its step."""
+        pooled = min(0.98, self._pooled())
+        rates = self._rates(rows, limits, adapt, k_max, fixed, remaining if remaining is not None else [1] * len(limits),
+                            alphas=[pooled] * len(rows))
+        base = rates.get(0)
+        return base is None or any(r >= (1.0 + self.min_gain) * base for k, r in rates.items() if k)
+
     def _rates(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
-               remaining: list[int]) -> dict:
+               remaining: list[int], alphas: list[float] | None = None) -> dict:
         """1 / expected seconds until every active row is done, for every length ``K`` in
-        ``0 .. k_max`` whose step cost can be predicted."""
-        alphas = [self.alpha(b, len(rows)) for b in rows]
+        ``0 .. k_max`` whose step cost can be predicted (``alphas``: per active row, default each
+        row's estimate)."""
+        if alphas is None:
+            alphas = [self.alpha(b, len(rows)) for b in rows]
         rates = {}
         for k in range(k_max + 1):
             seconds = self.step_seconds(len(rows), max(k, fixed))

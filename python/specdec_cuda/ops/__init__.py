@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from .sampling import *  # noqa: E402,F401,F403  (sample, verify_chain, Purpose, raise_on_status, ...)
 from .sampling import __all__ as _sampling_all  # noqa: E402
-from .tree import build_tree, compact_kv, verify_tree  # noqa: E402,F401
+from .tree import build_tree, compact_kv, lookahead_mask, verify_tree  # noqa: E402,F401
 from . import quant  # noqa: E402,F401  (quantize_w4, w4a16_matmul, w4_dequantize, PackedW4)
 from .quant import PackedW4, quantize_w4, repack_w4, w4_dequantize, w4a16_matmul  # noqa: E402,F401
 from . import kv_quant  # noqa: E402,F401  (hierarchical 4-bit KV cache ops)
 from .diffusion import diffusion_unmask  # noqa: E402,F401  (masked-diffusion generation step)
+from . import ddtree  # noqa: E402,F401  (DDTree: best draft tree under a node budget)
+from .ddtree import ddtree_build  # noqa: E402,F401
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
 
 __all__ = [
     *_sampling_all,
-    "build_tree", "verify_tree", "compact_kv",
+    "build_tree", "verify_tree", "compact_kv", "lookahead_mask",
     "quant", "PackedW4", "quantize_w4", "w4a16_matmul", "w4_dequantize",
     "kv_quant",
     "diffusion_unmask",
+    "ddtree", "ddtree_build",
     "mtp",
 ]

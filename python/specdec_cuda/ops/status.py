@@ -11,12 +11,14 @@ code  name                             meaning (ops that write it)
 ====  ===============================  ==========================================================
 0     ``STATUS_OK``                    ok
 1     ``STATUS_NONFINITE_LOGITS``      a logit row held NaN or +inf (after the temperature) or
-                                       only -inf (sample, verify_chain, verify_tree)
+                                       only -inf (sample, verify_chain, verify_tree); NaN / +inf
+                                       among a row's top-K log-probs (ddtree_build)
 2     ``STATUS_DRAFT_OUT_OF_RANGE``    a draft token outside [0, vocab), or unusable
                                        ``cu_num_draft`` entries (verify_chain, verify_tree)
 3     ``STATUS_BAD_PARAMS``            temperature < 0 or NaN, or top_p outside (0, 1]
                                        (sample, verify_chain, verify_tree)
-4     ``STATUS_MALFORMED_TREE``        a tree row is not a valid tree (build_tree, verify_tree)
+4     ``STATUS_MALFORMED_TREE``        a tree row is not a valid tree (build_tree, verify_tree),
+                                       a bad guess length or cache_len (lookahead_mask)
 5     ``STATUS_BAD_COMPACTION``        not a valid compaction request (compact_kv)
 ====  ===============================  ==========================================================
 """
@@ -64,7 +66,7 @@ STATUS_MESSAGES = {
     STATUS_BAD_PARAMS: "bad sampling parameters: temperature < 0 or NaN, or top_p outside (0, 1]",
     STATUS_MALFORMED_TREE: "the draft tree is malformed (a parent not below its node, a root parent "
     "other than -1, an empty row or more than max_nodes nodes; build_tree with an hf_mask: cache_len "
-    "outside [0, max_prefix])",
+    "outside [0, max_prefix]; lookahead_mask: a guess length outside [0, guess_len] or cache_len < 0)",
     STATUS_BAD_COMPACTION: "not a valid KV compaction (accepted nodes must increase, num_accepted "
     "must fit the path, dst_start <= src_start, every slot inside the cache)",
 }

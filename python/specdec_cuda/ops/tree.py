@@ -1,4 +1,4 @@
-"""Tree machinery: ``build_tree``, ``verify_tree``, ``compact_kv``.
+"""Tree machinery: ``build_tree``, ``verify_tree``, ``compact_kv``, ``lookahead_mask``.
 
 Tree layout (every op)
 ----------------------
@@ -35,7 +35,8 @@ from .. import _native  # noqa: F401  (registers torch.ops.specdec)
 from ..reference.tree import tree_problem
 from .status import STATUS_BAD_COMPACTION, STATUS_MALFORMED_TREE, describe, flagged_rows
 
-__all__ = ["TreeLayout", "VerifyTreeResult", "build_tree", "verify_tree", "compact_kv"]
+__all__ = ["TreeLayout", "VerifyTreeResult", "build_tree", "verify_tree", "compact_kv",
+           "LookaheadLayout", "lookahead_mask"]
 
 
 class TreeLayout(NamedTuple):
@@ -371,6 +372,92 @@ def compact_kv(caches: Sequence[torch.Tensor], accepted_nodes, num_accepted, src
     return status
 
 
+class LookaheadLayout(NamedTuple):
+    positions: torch.Tensor
+    tree_mask: torch.Tensor
+    status: torch.Tensor
+
+
+def lookahead_mask(cache_len, guess_lens, guess_len: int, window: int, levels: int, *,
+                   check: bool = True) -> LookaheadLayout:
+    """Positions and attention mask of one lookahead-decoding step (Fu et al. 2024), per row.
+
+    A row feeds ``T = 1 + G * guess_len + window * levels`` tokens in one forward: the root (the
+    newest committed token, at ``cache_len``), then G guessed n-grams (guess g's token i at slot
+    ``1 + g * guess_len + i``, position ``cache_len + 1 + i``, seeing the root and its own earlier
+    tokens; slots past ``guess_lens[g]`` are padding that sees only itself, at ``cache_len``), then
+    the Jacobi window (level l, column j at slot ``1 + G * guess_len + l * window + j``, position
+    ``cache_len + 1 + l + j``, seeing the root, level 0's columns ``0 .. j`` and its own column's
+    levels ``1 .. l``: the trajectory that produced it). No guess sees the window and the window
+    sees no guess. The cached prefix is visible to every slot and not part of the mask. The rules
+    are written out in ``specdec_cuda.reference.lookahead``; ``csrc/kernels/tree/lookahead_mask.h``
+    draws the window's block.
+
+    Parameters
+    ----------
+    cache_len : tokens already cached per row (the root's position), int64 / int32.
+    guess_lens : tokens of each guess per row, each in ``[0, guess_len]`` (0 = an unused slot).
+    guess_len : K, the most tokens per guess (``N - 1`` in the paper).
+    window, levels : W columns and L levels of the Jacobi window (``N - 1`` levels in the paper);
+        either 0 means no window.
+    check : raise ``ValueError`` naming the row whose inputs were flagged (reads ``status``).
+
+    Shape:
+        cache_len: (B,); guess_lens: (B, G), G <= 256.
+        positions: (B, T) int64, absolute positions (for the rotary embedding).
+        tree_mask: (B, T, T) bool, ``[b, v, u]``: slot v sees slot u; every slot sees itself.
+        status: (B,) int32, 0 ok, 4 (``STATUS_MALFORMED_TREE``) a guess length outside
+            ``[0, guess_len]`` or ``cache_len < 0``; such a row is laid out with no guess tokens
+            and ``cache_len`` 0.
+
+    Example
+    -------
+    >>> import torch, specdec_cuda.ops as ops
+    >>> lay = ops.lookahead_mask(torch.tensor([10]), torch.tensor([[2]]), 2, window=2, levels=2)
+    >>> lay.positions.tolist()
+    [[10, 11, 12, 11, 12, 12, 13]]
+    >>> lay.tree_mask[0, 6].int().tolist()   # level 1, column 1: root, level 0 cols 0..1, itself
+    [1, 0, 0, 1, 1, 0, 1]
+    """
+    if isinstance(cache_len, torch.Tensor):
+        device = cache_len.device
+    elif isinstance(guess_lens, torch.Tensor):
+        device = guess_lens.device
+    else:
+        device = None
+    cache_len = _as_index(cache_len, "cache_len", device)
+    if cache_len.dim() != 1:
+        raise ValueError(f"cache_len: expected shape (B,), got {tuple(cache_len.shape)}")
+    batch = cache_len.numel()
+    guess_lens = _as_index(guess_lens, "guess_lens", cache_len.device)
+    if guess_lens.dim() != 2 or guess_lens.shape[0] != batch:
+        raise ValueError(f"guess_lens: expected shape ({batch}, G), got {tuple(guess_lens.shape)}")
+    sizes = {}
+    for name, value in (("guess_len", guess_len), ("window", window), ("levels", levels)):
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            sizes[name] = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}: expected an int, got {value!r}") from None
+        if sizes[name] < 0:
+            raise ValueError(f"{name}: must be >= 0, got {sizes[name]}")
+    t = 1 + guess_lens.shape[1] * sizes["guess_len"] + sizes["window"] * sizes["levels"]
+    positions = torch.empty(batch, t, dtype=torch.int64, device=cache_len.device)
+    tree_mask = torch.empty(batch, t, t, dtype=torch.bool, device=cache_len.device)
+    status = torch.empty(batch, dtype=torch.int32, device=cache_len.device)
+    torch.ops.specdec.lookahead_mask(cache_len, guess_lens, sizes["guess_len"], sizes["window"],
+                                     sizes["levels"], positions, tree_mask, status)
+    if check and not torch.compiler.is_compiling():
+        bad = torch.nonzero(status == STATUS_MALFORMED_TREE).flatten().tolist()
+        if bad:
+            b = bad[0]
+            raise ValueError(f"lookahead_mask: row {b}: guess_lens {guess_lens[b].tolist()} must lie in "
+                             f"[0, guess_len={sizes['guess_len']}] and cache_len {int(cache_len[b])} "
+                             f"must be >= 0")
+    return LookaheadLayout(positions, tree_mask, status)
+
+
 @torch.library.register_fake("specdec::build_tree")
 def _build_tree_fake(parents, cu_num_nodes, cache_len, max_prefix, depth, positions, tree_mask,
                      packed_mask, first_child, next_sibling, hf_mask, status):
@@ -386,4 +473,9 @@ def _verify_tree_fake(draft_tokens, parents, cu_num_nodes, target_logits, draft_
 
 @torch.library.register_fake("specdec::compact_kv")
 def _compact_kv_fake(caches, accepted_nodes, num_accepted, src_start, dst_start, status):
+    return None
+
+
+@torch.library.register_fake("specdec::lookahead_mask")
+def _lookahead_mask_fake(cache_len, guess_lens, guess_len, window, levels, positions, tree_mask, status):
     return None

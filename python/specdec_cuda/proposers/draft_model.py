@@ -59,9 +59,10 @@ class DraftModelProposer(Proposer):
         # Sample-and-match drafts the drafter's argmax: one-hot proposals match most often.
         self.draft_params = SamplingParams(torch.zeros_like(params.temperature), params.top_k, params.top_p,
                                            params.seed) if self.verification == "match" else params
+        # The drafter's cache starts empty: the first proposal's catch-up feeds the prompt too. A
+        # run whose policy never drafts (large batches, where a drafted step costs more than it
+        # gains) then never pays for the drafter at all.
         self.cache = self.draft.new_cache(batch, max_length)
-        self.draft.forward(prompts, torch.arange(width, device=device).expand(batch, width), self.cache)
-        self.cache.commit(prompt_lens)
         # seq: the committed sequence per row (prompt, then generated); the drafter's cache holds
         # a prefix of it and catches up at the next proposal.
         self.seq = torch.zeros(batch, max_length, dtype=torch.int64, device=device)

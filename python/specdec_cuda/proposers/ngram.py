@@ -92,17 +92,28 @@ def make_prompt_lookup_proposer(target, k: int = 4, num_candidates: int = 1, n_m
                                 max_occurrences=max_occurrences, corpus=corpus)
 
 
+PROMPT_LOOKUP_OPTIONS = {
+    "k": "draft tokens per candidate: the chain's length, the tree's depth (default 4)",
+    "num_candidates": "continuations merged into one tree per row; 1 = a chain (default 1)",
+    "n_min": "shortest n-gram matched (default 1)",
+    "n_max": "longest n-gram matched, tried first (default 4)",
+    "max_occurrences": "newest occurrences of the matched n-gram that are ranked (default 64)",
+    "corpus": "a static NgramIndex (or the path of a saved one) shared read-only by all requests",
+}
+
 register(MethodSpec(
     name="prompt_lookup",
     summary="prompt lookup / n-gram drafting: continuations of the longest repeated suffix (chain or tree)",
     lossless=True,
     make=make_prompt_lookup_proposer,
-    options={
-        "k": "draft tokens per candidate: the chain's length, the tree's depth (default 4)",
-        "num_candidates": "continuations merged into one tree per row; 1 = a chain (default 1)",
-        "n_min": "shortest n-gram matched (default 1)",
-        "n_max": "longest n-gram matched, tried first (default 4)",
-        "max_occurrences": "newest occurrences of the matched n-gram that are ranked (default 64)",
-        "corpus": "a static NgramIndex (or the path of a saved one) shared read-only by all requests",
-    },
+    options=PROMPT_LOOKUP_OPTIONS,
+))
+
+# "ngram": the issue's second name for the same method (same proposer, same options, same defaults).
+register(MethodSpec(
+    name="ngram",
+    summary='n-gram drafting from the request\'s own text: another name for "prompt_lookup"',
+    lossless=True,
+    make=make_prompt_lookup_proposer,
+    options=PROMPT_LOOKUP_OPTIONS,
 ))

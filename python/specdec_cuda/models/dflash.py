@@ -1,0 +1,403 @@
+"""The DFlash block-diffusion drafter (Chen et al. 2026): one parallel forward drafts a whole block.
+
+The drafter is a few Llama/Qwen3-style decoder layers with no embedding and no LM head of its own:
+it reads the target's (frozen) token embedding and LM head. It is conditioned on the target
+through *context features*: the target's hidden states at ``target_layers`` (evenly spaced
+layers), concatenated, projected ``k*H -> H`` (``fc``) and RMS-normalised (``context_norm``).
+
+KV injection, in every drafter layer::
+
+    queries = q_proj(block states)                       # [B, blk, heads, D]
+    keys    = k_proj([context features ; block states])  # context first, then the block
+    values  = v_proj([context features ; block states])
+
+The block sees every context feature of its row (the committed tokens strictly before the block's
+anchor) and itself bidirectionally; RoPE at true absolute positions. The block input is
+``[last committed token, MASK x (blk - 1)]``, where MASK is the drafter's own learned embedding
+(``mask_embedding``; the target's vocabulary is not extended). One forward gives the
+distributions of positions ``1 .. blk - 1``: position ``i`` predicts the token at ``anchor + i``
+(no label shift).
+
+``DFlashCache`` keeps each layer's context K/V (RoPE applied) of the committed tokens: it grows
+when the target commits tokens (their hidden states arrive with the step's outcome), never holds
+block entries after a forward, and follows rollbacks with ``truncate``.
+
+A checkpoint folder holds ``config.json`` (``"model_type": "dflash_drafter"``) and
+``model.safetensors`` with the drafter's own weights only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rope import apply_rope
+
+MODEL_TYPE = "dflash_drafter"
+
+
+def default_target_layers(num_layers: int, count: int = 4) -> tuple[int, ...]:
+    """``count`` evenly spaced target layers from the second to the second-to-last (all layers of
+    a model too shallow for that)."""
+    if num_layers <= 2:
+        return tuple(range(num_layers))
+    lo, hi = 1, num_layers - 2
+    count = max(1, min(count, hi - lo + 1))
+    if count == 1:
+        return (hi,)
+    return tuple(sorted({round(lo + i * (hi - lo) / (count - 1)) for i in range(count)}))
+
+
+@dataclass
+class DFlashConfig:
+    """The drafter's shape. ``hidden_size`` and ``vocab_size`` are the target's."""
+
+    hidden_size: int
+    vocab_size: int
+    target_layers: tuple[int, ...]
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 256
+    block_size: int = 8
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    extra: dict = field(default_factory=dict)  # free-form notes (training report), saved as is
+
+    def __post_init__(self) -> None:
+        self.target_layers = tuple(int(i) for i in self.target_layers)
+        if not self.target_layers:
+            raise ValueError("DFlashConfig: target_layers must name at least one target layer")
+        for name in ("hidden_size", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"DFlashConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"DFlashConfig: num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"DFlashConfig: head_dim must be even (RoPE), got {self.head_dim}")
+        if self.block_size < 2:
+            raise ValueError(f"DFlashConfig: block_size must be >= 2 (the anchor and one mask), got {self.block_size}")
+
+    @classmethod
+    def for_target(cls, target, num_layers: int = 2, block_size: int = 8, num_target_layers: int = 4,
+                   **overrides) -> "DFlashConfig":
+        """A drafter shaped after ``target`` (a model-protocol LM): its hidden size and vocabulary,
+        heads of its head size where the hidden size allows."""
+        H = int(target.hidden_size)
+        head_dim = next(d for d in (64, 32, 16, 8, 4, 2) if H % d == 0 and H // d >= 2) if H >= 4 else 2
+        heads = max(1, H // head_dim)
+        kv = heads if heads < 2 else next(k for k in (heads // 2, 1) if heads % k == 0)
+        kw = dict(hidden_size=H, vocab_size=int(target.vocab_size),
+                  target_layers=default_target_layers(int(target.num_layers), num_target_layers),
+                  num_layers=num_layers, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+                  intermediate_size=2 * H, block_size=block_size)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+class DFlashLayer(nn.Module):
+    """Pre-norm decoder layer whose attention takes the context K/V from outside (KV injection)."""
+
+    def __init__(self, c: DFlashConfig) -> None:
+        super().__init__()
+        self.c = c
+        H, D = c.hidden_size, c.head_dim
+        self.input_norm = nn.Parameter(torch.ones(H))
+        self.q_proj = nn.Linear(H, c.num_heads * D, bias=False)
+        self.k_proj = nn.Linear(H, c.num_kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(H, c.num_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * D, H, bias=False)
+        self.q_norm = nn.Parameter(torch.ones(D))  # Qwen3-style per-head norms before RoPE
+        self.k_norm = nn.Parameter(torch.ones(D))
+        self.post_norm = nn.Parameter(torch.ones(H))
+        self.gate_up = nn.Linear(H, 2 * c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, H, bias=False)
+
+    def kv(self, feats: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (RoPE applied) and values of ``feats`` [B, n, H] at cos/sin [B, n, 1, D]:
+        each [B, kv_heads, n, D]. For context features, ``feats`` is already normalised."""
+        B, n, _ = feats.shape
+        k = self.k_proj(feats).view(B, n, self.c.num_kv_heads, self.c.head_dim)
+        k = apply_rope(F.rms_norm(k, k.shape[-1:], self.k_norm, self.c.rms_norm_eps), cos, sin)
+        v = self.v_proj(feats).view(B, n, self.c.num_kv_heads, self.c.head_dim)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, n, H] block states at cos/sin [B, n, 1, D]; ctx_k / ctx_v [B, kv_heads, T, D];
+        mask [B, 1, n, T + n] additive (0 / -inf) or None (every context and block entry seen)."""
+        c = self.c
+        B, n, _ = x.shape
+        h = F.rms_norm(x, x.shape[-1:], self.input_norm, c.rms_norm_eps)
+        q = self.q_proj(h).view(B, n, c.num_heads, c.head_dim)
+        q = apply_rope(F.rms_norm(q, q.shape[-1:], self.q_norm, c.rms_norm_eps), cos, sin).transpose(1, 2)
+        k, v = self.kv(h, cos, sin)
+        keys, values = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                             enable_gqa=c.num_heads != c.num_kv_heads)
+        x = x + self.o_proj(out.transpose(1, 2).reshape(B, n, -1))
+        gate, up = self.gate_up(F.rms_norm(x, x.shape[-1:], self.post_norm, c.rms_norm_eps)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class DFlashCache:
+    """Per layer, the context K/V [B, kv_heads, max_length, D] of each row's committed tokens
+    (slots ``0 .. lengths[b] - 1`` = absolute positions), and ``lengths`` [B] int64."""
+
+    def __init__(self, c: DFlashConfig, batch: int, max_length: int, dtype: torch.dtype, device) -> None:
+        shape = (batch, c.num_kv_heads, max_length, c.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
+        self.lengths = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.max_length = max_length
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Roll rows back to ``lengths`` [B] (each <= its current length): a rollback."""
+        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
+            raise ValueError(f"DFlashCache.truncate: lengths {lengths.tolist()} must lie in [0, current "
+                             f"lengths {self.lengths.tolist()}]")
+        self.lengths = lengths.clone()
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter's own weights; the target's embedding and LM head are bound with ``attach``.
+
+    Example::
+
+        drafter = DFlashDrafter.load(folder).attach(target)
+        cache = drafter.new_cache(batch, max_length)
+        drafter.extend(cache, {l: h[l] for l in drafter.config.target_layers}, positions, num_new)
+        logits = drafter.draft(cache, last_tokens, lengths)          # [B, blk - 1, V]
+    """
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        H = c.hidden_size
+        self.fc = nn.Linear(len(c.target_layers) * H, H, bias=False)
+        self.context_norm = nn.Parameter(torch.ones(H))
+        self.mask_embedding = nn.Parameter(torch.zeros(H))
+        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_layers))
+        self.norm = nn.Parameter(torch.ones(H))
+        self._embed: torch.Tensor | None = None  # the target's [V, H] embedding (frozen, not ours)
+        self._head: torch.Tensor | None = None   # the target's [V, H] LM head
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        self.register_buffer("inv_freq", torch.cat([inv, inv]), persistent=False)
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def random(cls, config: DFlashConfig, seed: int = 0, std: float = 0.02) -> "DFlashDrafter":
+        """Randomly initialised weights (normal(0, std) projections, unit norms, a random MASK)."""
+        model = cls(config)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+            model.mask_embedding.copy_(torch.randn(config.hidden_size, generator=g) * std)
+        return model
+
+    def attach(self, target) -> "DFlashDrafter":
+        """Bind ``target``'s embedding and LM head (read, never trained); move to its device/dtype."""
+        embed, head = target_embedding_and_head(target)
+        c = self.config
+        if embed.shape != (c.vocab_size, c.hidden_size) or head.shape != (c.vocab_size, c.hidden_size):
+            raise ValueError(f"the target's embedding {tuple(embed.shape)} / LM head {tuple(head.shape)} do "
+                             f"not fit a drafter for vocab {c.vocab_size}, hidden {c.hidden_size}")
+        bad = [i for i in c.target_layers if not 0 <= i < int(target.num_layers)]
+        if bad:
+            raise ValueError(f"the drafter reads target layers {bad} but the target has {target.num_layers}")
+        self.to(device=embed.device, dtype=embed.dtype)
+        self._embed, self._head = embed.detach(), head.detach()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def save(self, folder) -> Path:
+        """``config.json`` + ``model.safetensors`` (the drafter's own weights only) in ``folder``."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = asdict(self.config)
+        config["target_layers"] = list(self.config.target_layers)
+        config["model_type"] = MODEL_TYPE
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()},
+                  str(folder / "model.safetensors"))
+        return folder
+
+    @classmethod
+    def load(cls, folder) -> "DFlashDrafter":
+        """A drafter saved by ``save`` (fp32 on the CPU until ``attach``)."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        path = folder / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder}: no config.json (not a DFlash drafter folder)")
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict) or raw.pop("model_type", None) != MODEL_TYPE:
+            raise ValueError(f"{path}: not a DFlash drafter config (model_type must be {MODEL_TYPE!r})")
+        model = cls(DFlashConfig(**raw))
+        tensors = load_file(str(folder / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{folder}: drafter weights do not match its config (missing {missing}, "
+                             f"unexpected {unexpected})")
+        return model
+
+    # -- the pieces of a forward --------------------------------------------------------------
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [B, n, 1, D] at absolute ``positions`` [B, n]."""
+        angles = positions[..., None].to(torch.float64) * self.inv_freq.to(torch.float64)
+        half = self.config.head_dim // 2
+        sin = angles.sin()
+        sin[..., :half].neg_()
+        return angles.cos().to(self.dtype).unsqueeze(2), sin.to(self.dtype).unsqueeze(2)
+
+    def context_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)).
+
+        Shape: hidden_states layer -> [B, n, H]; returns [B, n, H]."""
+        missing = [i for i in self.config.target_layers if i not in hidden_states]
+        if missing:
+            raise ValueError(f"context_features: the target's hidden states of layers {missing} are missing")
+        cat = torch.cat([hidden_states[i].to(self.dtype) for i in self.config.target_layers], dim=-1)
+        return F.rms_norm(self.fc(cat), (self.config.hidden_size,), self.context_norm, self.config.rms_norm_eps)
+
+    def block_input(self, anchor_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+        """Embeddings of ``[anchor, MASK x (blk - 1)]`` per anchor. Shape: anchor_tokens [...];
+        returns [..., blk, H]."""
+        if self._embed is None:
+            raise RuntimeError("the drafter has no target embedding: call attach(target) first")
+        blk = block_size or self.config.block_size
+        first = F.embedding(anchor_tokens, self._embed)[..., None, :]
+        mask = self.mask_embedding.expand(*anchor_tokens.shape, blk - 1, self.config.hidden_size)
+        return torch.cat([first, mask], dim=-2)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on the drafter's normed output. x [..., H] -> [..., V]."""
+        return F.linear(F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps), self._head)
+
+    # -- inference ----------------------------------------------------------------------------
+
+    def new_cache(self, batch: int, max_length: int) -> DFlashCache:
+        return DFlashCache(self.config, batch, max_length, self.dtype, self.device)
+
+    @torch.no_grad()
+    def extend(self, cache: DFlashCache, hidden_states: dict[int, torch.Tensor], num_new: torch.Tensor) -> None:
+        """Append committed tokens' context K/V: row ``b`` gains the first ``num_new[b]`` of the
+        given tokens, at absolute positions ``cache.lengths[b] + j``.
+
+        Shape: hidden_states layer -> [B, n, H]; num_new [B] int64 (0 .. n)."""
+        feats = self.context_features(hidden_states)  # [B, n, H]
+        B, n, _ = feats.shape
+        if n == 0:
+            return
+        # Every given token is written at slot lengths[b] + j; those past num_new[b] land in scratch
+        # slots past the row's new length, which nothing reads before a later extend overwrites
+        # them. So all n slots must fit (the proposer sizes the cache with a block of slack).
+        if int((cache.lengths.max())) + n > cache.max_length:
+            raise ValueError(f"DFlashCache overflow: a row holds {int(cache.lengths.max())} tokens and {n} "
+                             f"are written, but the cache has {cache.max_length} slots")
+        slots = cache.lengths[:, None] + torch.arange(n, device=feats.device)  # [B, n]
+        cos, sin = self.rope(slots)
+        c = self.config
+        index = slots[:, None, :, None].expand(B, c.num_kv_heads, n, c.head_dim)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.kv(feats, cos, sin)
+            cache.keys[i].scatter_(2, index, k)
+            cache.values[i].scatter_(2, index, v)
+        cache.lengths = cache.lengths + num_new
+
+    @torch.no_grad()
+    def draft(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+        """One parallel forward of the block ``[last, MASK...]`` at positions ``lengths + i``.
+
+        Shape: last_tokens [B]; returns logits [B, blk - 1, V] for positions 1 .. blk - 1 (the
+        tokens at ``lengths + 1 ..``)."""
+        blk = block_size or self.config.block_size
+        B = last_tokens.shape[0]
+        lengths = cache.lengths
+        shortest, span = torch.stack(torch.aminmax(lengths)).tolist() if B else (0, 0)
+        positions = lengths[:, None] + torch.arange(blk, device=lengths.device)
+        cos, sin = self.rope(positions)
+        x = self.block_input(last_tokens, blk).to(self.dtype)  # [B, blk, H]
+        mask = None  # rows of one length see every context slot and the whole block
+        if shortest != span:
+            # Row b sees its context slots < lengths[b] and the whole block.
+            seen = torch.arange(span, device=lengths.device)[None, :] < lengths[:, None]  # [B, span]
+            seen = torch.cat([seen, seen.new_ones(B, blk)], dim=1)
+            mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill(~seen, float("-inf"))
+            mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
+        return self.logits(x[:, 1:])
+
+    # -- training -----------------------------------------------------------------------------
+
+    def train_forward(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """All blocks of each sequence in one forward (training).
+
+        Block ``a`` of row ``b`` is ``[tokens[b, anchors[b, a]], MASK...]`` at positions
+        ``anchors[b, a] + i``; it sees the context features at positions ``< anchors[b, a]``, itself
+        bidirectionally, and no other block.
+
+        Shape: tokens [B, N] int64; feats [B, N, H] (``context_features`` of the target's hidden
+        states over ``tokens``); anchors [B, A] int64 (each <= N - 1). Returns logits
+        [B, A, blk, V] (position 0 of each block included; the caller excludes it).
+        """
+        c = self.config
+        B, N = tokens.shape
+        A, blk = anchors.shape[1], c.block_size
+        x = self.block_input(tokens.gather(1, anchors)).reshape(B, A * blk, -1).to(self.dtype)
+        positions = (anchors[:, :, None] + torch.arange(blk, device=tokens.device)).reshape(B, A * blk)
+        cos, sin = self.rope(positions)
+        ctx_cos, ctx_sin = self.rope(torch.arange(N, device=tokens.device).expand(B, N))
+        block_of = torch.arange(A * blk, device=tokens.device) // blk  # [A*blk]
+        sees_ctx = torch.arange(N, device=tokens.device)[None, None, :] < anchors.repeat_interleave(blk, 1)[:, :, None]
+        sees_block = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)
+        seen = torch.cat([sees_ctx, sees_block], dim=2)  # [B, A*blk, N + A*blk]
+        mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill(~seen, float("-inf"))
+        mask = mask[:, None]
+        for layer in self.layers:
+            k, v = layer.kv(feats, ctx_cos, ctx_sin)
+            x = layer(x, cos, sin, k, v, mask)
+        return self.logits(x).reshape(B, A, blk, -1)
+
+
+def target_embedding_and_head(target) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token embedding [V, H] and LM head [V, H] weights of a built-in or HF-adapted target."""
+    if hasattr(target, "embed_tokens"):  # built-in LlamaModel
+        embed = target.embed_tokens.weight
+        head = embed if target.lm_head is None else target.lm_head.weight
+        return embed, head
+    model = getattr(target, "model", None)
+    if model is not None and hasattr(model, "get_input_embeddings"):  # HFCausalLM
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None)")
+        return model.get_input_embeddings().weight, head.weight
+    raise TypeError(f"cannot find the token embedding and LM head of a {type(target).__name__}")
+
+
+__all__: Sequence[str] = ("DFlashCache", "DFlashConfig", "DFlashDrafter", "default_target_layers",
+                          "target_embedding_and_head")

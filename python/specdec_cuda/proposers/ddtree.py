@@ -1,0 +1,66 @@
+"""DDTree (Ringel & Romano 2026): the DFlash drafter's block distributions turned into the best
+draft tree under a node budget.
+
+One drafter forward per step (as DFlash) gives q_1 .. q_D, the distributions of the next D tokens
+(D = the row's granted depth, at most ``block_size - 1``). Per depth the top-K log-probabilities
+(K = min(budget, V); at T > 0 of the temperature-scaled q) go to ``ops.ddtree_build``, which picks
+the ``budget`` most probable prefixes of the factorised draft distribution with a best-first heap,
+in one batched call: the tree of the largest expected accepted length under that distribution.
+
+The tree's tokens are deterministic guesses (``DraftKind.GUESS``): greedy tree verification at
+T = 0, sample-and-match over the tree at T > 0; lossless either way. The drafter's context cache
+follows the accepted path exactly as for DFlash (``DFlashBase``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..methods import MethodSpec, register
+from .base import Draft, DraftKind, StepState
+from .dflash import DFlashBase, load_drafter
+
+
+class DDTreeProposer(DFlashBase):
+    """Trees of at most ``budget`` nodes, at most ``block_size - 1`` deep (module docstring)."""
+
+    def __init__(self, drafter, budget: int = 16, block_size: int | None = None) -> None:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"budget must be an int >= 1 (draft nodes per row), got {budget!r}")
+        super().__init__(drafter, block_size)
+        self.budget = budget
+
+    def max_pending_tokens(self) -> int:
+        return self.budget
+
+    def propose(self, state: StepState) -> Draft | None:
+        limit = torch.where(state.active, state.max_draft.clamp(max=self.max_draft), 0)  # [B] tree depth
+        depth = int(limit.max())
+        if depth == 0:
+            return None
+        logits = self.block_logits(state, depth).float()  # [B, D, V]
+        temperature = state.params.temperature.to(logits.device)
+        scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+        logprobs = torch.log_softmax(logits / scale[:, None, None], dim=-1)
+        values, tokens = logprobs.topk(min(self.budget, logprobs.shape[-1]), dim=-1)  # [B, D, K]
+        tree = ops.ddtree_build(values, tokens, limit, self.budget)
+        return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents)
+
+
+def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None) -> DDTreeProposer:
+    """The ``method="ddtree"`` proposer for ``target``."""
+    return DDTreeProposer(load_drafter(target, drafter), budget=budget, block_size=block_size)
+
+
+register(MethodSpec(
+    name="ddtree",
+    summary="DDTree (Ringel & Romano 2026): the DFlash drafter's best draft tree under a node budget",
+    lossless=True,
+    make=make_ddtree_proposer,
+    options={
+        "drafter": "a DFlashDrafter or its checkpoint folder (default: the zoo's trained drafter)",
+        "budget": "draft nodes per row and step, M (default 16: the fastest on the zoo target, batch 1, CPU)",
+        "block_size": "drafter block length; the tree is at most block_size - 1 deep (default: the drafter's)",
+    },
+))

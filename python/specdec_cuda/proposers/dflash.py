@@ -1,0 +1,134 @@
+"""DFlash (Chen et al. 2026): a block-diffusion drafter drafts a whole chain in one forward.
+
+The drafter (``models.dflash.DFlashDrafter``) is conditioned on the target's hidden states at a
+few evenly spaced layers (``hidden_layers``), which the loop hands over in prefill (the prompt)
+and with every step's outcome (the accepted path, root first). Its cache of context K/V thus
+always covers exactly the committed tokens before the root: after a step, row ``b`` gains the
+``num_accepted + 1`` tokens at positions ``lengths .. lengths + num_accepted``; the new root's
+own features arrive one step later, when the target has run it. Block entries never enter the
+cache, so a rejected draft needs no rollback.
+
+A step: one drafter forward of ``[root, MASK x (blk - 1)]`` at positions ``lengths + i`` gives
+``q_1 .. q_{blk-1}``, the drafter's distributions of the next ``blk - 1`` tokens.
+
+* ``draft_sampling="sampled"`` (default): at T > 0 each position's token is drawn from its own
+  q_i (the target's temperature / top-k / top-p applied) and sent as a ``SAMPLED`` chain with the
+  q_i logits: rejection sampling against those q_i is lossless because each draft is drawn from
+  the q that appears in the ratio. Greedy rows draft the argmax and verify greedily.
+* ``draft_sampling="greedy"``: every row drafts the argmaxes, a ``GUESS`` chain: greedy
+  verification at T = 0, sample-and-match at T > 0 (lossless too; the reference implementation's
+  choice), for comparing the two at T > 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .. import ops
+from ..methods import MethodSpec, register
+from ..reference.philox import Purpose
+from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
+
+DRAFT_SAMPLING = ("sampled", "greedy")
+
+
+class DFlashBase(Proposer):
+    """The drafter's cache, kept in step with the committed text (shared by DFlash and DDTree)."""
+
+    def __init__(self, drafter, block_size: int | None = None) -> None:
+        block_size = int(block_size or drafter.config.block_size)
+        if block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (the anchor and at least one mask), got {block_size}")
+        self.drafter, self.block_size = drafter, block_size
+        self.hidden_layers = tuple(drafter.config.target_layers)
+        self.max_draft = block_size - 1
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        batch = ctx.prompts.shape[0]
+        # A block of slack: extend writes a whole accepted path (<= block_size tokens) at once.
+        self.cache = self.drafter.new_cache(batch, ctx.max_length + self.block_size)
+        # The prompt's features: positions 0 .. prompt_len - 1 (the first root comes next).
+        self.drafter.extend(self.cache, ctx.hidden_states, ctx.prompt_lens)
+        self.all_greedy = bool((ctx.params.temperature == 0).all())
+
+    def block_logits(self, state: StepState, depth: int) -> torch.Tensor:
+        """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V]."""
+        return self.drafter.draft(self.cache, state.last_tokens, self.block_size)[:, :depth]
+
+    def accept(self, draft: Draft | None, outcome: Outcome) -> None:
+        """Add the committed path's context features: the root and the accepted drafts."""
+        num_new = torch.where(outcome.active, outcome.num_accepted + 1, 0)  # [B]
+        self.drafter.extend(self.cache, outcome.hidden_states, num_new)
+
+
+class DFlashProposer(DFlashBase):
+    """Chains of up to ``block_size - 1`` tokens from one drafter forward (module docstring)."""
+
+    def __init__(self, drafter, block_size: int | None = None, draft_sampling: str = "sampled") -> None:
+        if draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
+        super().__init__(drafter, block_size)
+        self.draft_sampling = draft_sampling
+
+    def propose(self, state: StepState) -> Draft | None:
+        limit = torch.where(state.active, state.max_draft.clamp(max=self.max_draft), 0)  # [B]
+        k = int(limit.max())
+        if k == 0:
+            return None
+        logits = self.block_logits(state, k)  # [B, k, V]
+        B, V = logits.shape[0], logits.shape[-1]
+        if self.draft_sampling == "greedy" or self.all_greedy:
+            return Draft(logits.argmax(-1), limit, DraftKind.GUESS)
+        # Every position drawn from its own q_i in one call: keyed by its absolute position.
+        p = state.params
+        positions = state.lengths[:, None] + 1 + torch.arange(k, device=logits.device)  # [B, k]
+        drawn = ops.sample(logits.reshape(B * k, V), temperature=p.temperature.repeat_interleave(k),
+                           top_k=p.top_k.repeat_interleave(k), top_p=p.top_p.repeat_interleave(k),
+                           seed=p.seed.repeat_interleave(k), position=positions.reshape(-1),
+                           purpose=Purpose.DRAFT)
+        # A flagged row (-1: bad drafter logits) proposes token 0, judged like any draft.
+        tokens = drawn.tokens.clamp(min=0).view(B, k)
+        return Draft(tokens, limit, DraftKind.SAMPLED, logits=logits)
+
+
+def load_drafter(target, drafter=None):
+    """A ``DFlashDrafter`` bound to ``target``: a drafter, a checkpoint folder, or None for the zoo's
+    trained drafter (``python -m specdec_cuda zoo --dflash`` makes it)."""
+    from ..models.dflash import DFlashDrafter
+
+    if drafter is None:
+        from ..zoo_dflash import default_drafter_dir
+
+        folder = default_drafter_dir()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"no DFlash drafter given and none cached at {folder}; train one with "
+                                    f"`python -m specdec_cuda zoo --dflash` or pass drafter=...")
+        drafter = folder
+    if isinstance(drafter, (str, Path)):
+        drafter = DFlashDrafter.load(drafter)
+    if not isinstance(drafter, DFlashDrafter):
+        raise TypeError(f"drafter: expected a DFlashDrafter, a checkpoint folder or None, got "
+                        f"{type(drafter).__name__}")
+    return drafter.attach(target)
+
+
+def make_dflash_proposer(target, drafter=None, block_size: int | None = None,
+                         draft_sampling: str = "sampled") -> DFlashProposer:
+    """The ``method="dflash"`` proposer for ``target``."""
+    return DFlashProposer(load_drafter(target, drafter), block_size=block_size, draft_sampling=draft_sampling)
+
+
+register(MethodSpec(
+    name="dflash",
+    summary="DFlash (Chen et al. 2026): a block-diffusion drafter on the target's hidden states drafts a chain",
+    lossless=True,
+    make=make_dflash_proposer,
+    options={
+        "drafter": "a DFlashDrafter or its checkpoint folder (default: the zoo's trained drafter)",
+        "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",
+        "draft_sampling": '"sampled" (default: T > 0 drafts drawn from q_i, rejection sampling) or '
+                          '"greedy" (argmax drafts, sample-and-match)',
+    },
+))

@@ -1,0 +1,206 @@
+"""The DFlash drafter: its cache follows the committed text (a cached block forward equals a
+from-scratch one), the training forward's block mask, save / load, the proposer's draft kinds,
+and one short training run that lowers the loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding_models import load_backend, make_checkpoint
+from specdec_cuda.decoding import SamplingParams, decode
+from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter, default_target_layers
+from specdec_cuda.proposers.base import DraftKind
+from specdec_cuda.proposers.dflash import DFlashProposer
+from specdec_cuda.zoo_dflash import block_loss, target_hidden
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4]]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("dflash") / "target", layers=3, seed=0)
+    return load_backend(folder, "builtin")
+
+
+def _drafter(target, block_size=4, seed=0):
+    # std 0.2: a random drafter whose outputs depend visibly on the context and the block.
+    return DFlashDrafter.random(DFlashConfig.for_target(target, block_size=block_size), seed=seed,
+                                std=0.2).attach(target)
+
+
+def _scratch_logits(drafter, target, seq: list[int]) -> torch.Tensor:
+    """The block after ``seq`` (anchor = its last token) from scratch: the target over ``seq``, the
+    training forward with one anchor. Shape: [blk - 1, V]."""
+    tokens = torch.tensor([seq])
+    hidden = target_hidden(target, tokens, drafter.config.target_layers)
+    H = drafter.config.hidden_size
+    feats = drafter.context_features({l: hidden[..., i * H:(i + 1) * H].to(drafter.dtype)
+                                      for i, l in enumerate(drafter.config.target_layers)})
+    pad = torch.cat([tokens, tokens.new_zeros(1, drafter.config.block_size)], dim=1)  # room after the anchor
+    feats = torch.cat([feats, feats.new_zeros(1, drafter.config.block_size, H)], dim=1)
+    return drafter.train_forward(pad, feats, torch.tensor([[len(seq) - 1]]))[0, 0, 1:]
+
+
+class _Checked(DFlashProposer):
+    """DFlash that checks every cached block forward against the from-scratch one."""
+
+    def __init__(self, drafter, target):
+        super().__init__(drafter)
+        self.target, self.checked = target, 0
+
+    def prefill(self, ctx):
+        super().prefill(ctx)
+        self.seq = [ctx.prompts[b, :n].tolist() + [int(t)]
+                    for b, (n, t) in enumerate(zip(ctx.prompt_lens.tolist(), ctx.first_tokens.tolist()))]
+
+    def block_logits(self, state, depth):
+        logits = super().block_logits(state, depth)
+        assert self.cache.lengths.tolist() == state.lengths.tolist()  # context = committed before the root
+        for b, active in enumerate(state.active.tolist()):
+            if active:
+                want = _scratch_logits(self.drafter, self.target, self.seq[b])[:depth]
+                torch.testing.assert_close(logits[b], want, rtol=1e-9, atol=1e-9)
+                self.checked += 1
+        return logits
+
+    def accept(self, draft, outcome):
+        super().accept(draft, outcome)
+        for b, active in enumerate(outcome.active.tolist()):
+            if active:
+                self.seq[b].extend(outcome.tokens[b, : int(outcome.num_accepted[b]) + 1].tolist())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_cached_block_equals_a_forward_from_scratch(target, temperature):
+    drafter = _drafter(target)
+    proposer = _Checked(drafter, target)
+    params = SamplingParams.make(len(PROMPTS), temperature, 0, 1.0, [3, 4, 5])
+    decode(target, PROMPTS, params, 10, proposer=proposer)
+    assert proposer.checked >= 6
+
+
+def test_blocks_see_only_the_context_before_their_anchor_and_themselves(target):
+    drafter = _drafter(target, block_size=3)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.vocab_size, (1, 12), generator=g)
+    H = drafter.config.hidden_size
+    feats = torch.randn(1, 12, H, generator=g, dtype=drafter.dtype)
+    anchors = torch.tensor([[2, 6, 9]])
+    base = drafter.train_forward(tokens, feats, anchors)
+    # Context at or after block 0's anchor (2) and the other blocks' anchor tokens do not matter to it.
+    feats2, tokens2 = feats.clone(), tokens.clone()
+    feats2[:, 2:] += 1.0
+    tokens2[:, 6], tokens2[:, 9] = (tokens[:, 6] + 1) % target.vocab_size, (tokens[:, 9] + 1) % target.vocab_size
+    torch.testing.assert_close(drafter.train_forward(tokens2, feats2, anchors)[:, 0], base[:, 0])
+    # Context before block 1's anchor does.
+    feats3 = feats.clone()
+    feats3[:, 4] += 1.0
+    assert not torch.allclose(drafter.train_forward(tokens, feats3, anchors)[:, 1], base[:, 1])
+
+
+def test_cache_rollback_then_regrowth(target):
+    drafter = _drafter(target)
+    g = torch.Generator().manual_seed(1)
+    hidden = {l: torch.randn(2, 6, target.hidden_size, generator=g, dtype=drafter.dtype)
+              for l in drafter.config.target_layers}
+    direct = drafter.new_cache(2, 16)
+    drafter.extend(direct, {l: h[:, :4] for l, h in hidden.items()}, torch.tensor([4, 3]))
+    rolled = drafter.new_cache(2, 16)
+    drafter.extend(rolled, hidden, torch.tensor([6, 5]))
+    rolled.truncate(torch.tensor([2, 2]))  # roll back, then commit other tokens' features there
+    drafter.extend(rolled, {l: h[:, 2:4] for l, h in hidden.items()}, torch.tensor([2, 1]))
+    assert rolled.lengths.tolist() == direct.lengths.tolist() == [4, 3]
+    last = torch.tensor([7, 9])
+    torch.testing.assert_close(drafter.draft(rolled, last), drafter.draft(direct, last))
+    with pytest.raises(ValueError, match="truncate"):
+        rolled.truncate(torch.tensor([5, 0]))
+
+
+def test_save_load_roundtrip(target, tmp_path):
+    drafter = _drafter(target)
+    drafter.save(tmp_path / "d")
+    loaded = DFlashDrafter.load(tmp_path / "d").attach(target)
+    assert loaded.config.target_layers == drafter.config.target_layers
+    cache_a, cache_b = drafter.new_cache(1, 8), loaded.new_cache(1, 8)
+    torch.testing.assert_close(loaded.draft(cache_b, torch.tensor([3])).float(),
+                               drafter.draft(cache_a, torch.tensor([3])).float(), rtol=1e-6, atol=1e-6)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="not a DFlash drafter"):
+        DFlashDrafter.load(tmp_path / "bad")
+
+
+def test_target_layers_are_evenly_spaced():
+    assert default_target_layers(12, 4) == (1, 4, 7, 10)
+    assert default_target_layers(2, 4) == (0, 1)
+    assert default_target_layers(36, 5) == (1, 9, 18, 26, 34)
+
+
+@pytest.mark.parametrize("temperature,sampling,kind", [(0.0, "sampled", DraftKind.GUESS), (0.8, "sampled", DraftKind.SAMPLED),
+                                                       (0.8, "greedy", DraftKind.GUESS)])
+def test_draft_kinds(target, temperature, sampling, kind):
+    drafts = []
+
+    class Spy(DFlashProposer):
+        def propose(self, state):
+            d = super().propose(state)
+            drafts.append(d)
+            return d
+
+    params = SamplingParams.make(2, temperature, 0, 1.0, 0)
+    decode(target, PROMPTS[:2], params, 6, proposer=Spy(_drafter(target), draft_sampling=sampling))
+    assert drafts and all(d.kind is kind for d in drafts)
+    for d in drafts:
+        assert (d.logits is None) == (kind is DraftKind.GUESS)
+        assert d.tokens.shape[1] <= 3 and int(d.num_nodes.max()) <= 3
+        if kind is DraftKind.SAMPLED:
+            assert d.logits.shape[:2] == d.tokens.shape
+
+
+def test_bad_options_are_named(target):
+    with pytest.raises(ValueError, match="draft_sampling"):
+        DFlashProposer(_drafter(target), draft_sampling="typical")
+    with pytest.raises(ValueError, match="block_size"):
+        DFlashProposer(_drafter(target), block_size=1)
+    with pytest.raises(TypeError, match="drafter"):
+        from specdec_cuda.proposers.dflash import load_drafter
+
+        load_drafter(target, 3)
+
+
+def test_training_lowers_the_loss(target):
+    torch.manual_seed(0)
+    drafter = DFlashDrafter.random(DFlashConfig.for_target(target, block_size=4), seed=0).attach(target)
+    g = torch.Generator().manual_seed(0)
+    # Learnable labels: each sequence repeats with period 3, so the block can copy the context.
+    tokens = torch.randint(0, target.vocab_size, (4, 3), generator=g).repeat(1, 6)[:, :16]
+    hidden = target_hidden(target, tokens, drafter.config.target_layers)
+    anchors = torch.tensor([[3, 7, 11]] * 4)
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    first = None
+    for _ in range(40):
+        loss = block_loss(drafter, tokens, hidden, anchors, gamma=4.0)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.7 * first
+
+
+def test_default_drafter_missing_names_the_training_command(target, tmp_path, monkeypatch):
+    from specdec_cuda.proposers.dflash import load_drafter
+
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="zoo --dflash"):
+        load_drafter(target, None)
+
+
+def test_cli_trains_the_drafter_of_the_given_target(monkeypatch, tmp_path):
+    from specdec_cuda import __main__ as cli
+    from specdec_cuda import zoo_dflash
+
+    calls = []
+    monkeypatch.setattr(zoo_dflash, "train_dflash", lambda target, force=False: calls.append((target, force)))
+    assert cli.main(["zoo", "--dflash", "--target", str(tmp_path), "--force"]) == 0
+    assert calls == [(str(tmp_path), True)]
