@@ -9,6 +9,7 @@ from . import quant  # noqa: E402,F401  (quantize_w4, w4a16_matmul, w4_dequantiz
 from .quant import PackedW4, quantize_w4, repack_w4, w4_dequantize, w4a16_matmul  # noqa: E402,F401
 from . import kv_quant  # noqa: E402,F401  (hierarchical 4-bit KV cache ops)
 from .diffusion import diffusion_unmask  # noqa: E402,F401  (masked-diffusion generation step)
+from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention over the int4 KV cache)
 
 __all__ = [
     *_sampling_all,
@@ -16,4 +17,5 @@ __all__ = [
     "quant", "PackedW4", "quantize_w4", "w4a16_matmul", "w4_dequantize",
     "kv_quant",
     "diffusion_unmask",
+    "quant_kv_attention",
 ]
