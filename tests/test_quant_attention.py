@@ -27,7 +27,7 @@ def make_case(B=3, Hq=4, Hkv=2, n=3, D=16, capacity=96, key_group=16, value_grou
     buffer_start = (lengths // key_group - 1).clamp(min=0) * key_group
     # quant_len per query: between buffer_start and a group boundary at most lengths + i
     quant_len = torch.stack([torch.clamp((lengths + i - 5) // key_group * key_group, min=0) for i in range(n)], 1)
-    quant_len = torch.maximum(quant_len, buffer_start[:, None])
+    quant_len = torch.minimum(torch.maximum(quant_len, buffer_start[:, None]), torch.tensor(capacity))
     k_buffer = torch.randn(B, Hkv, F, D, generator=g)
     v_buffer = torch.randn(B, Hkv, F, D, generator=g)
     q = torch.randn(B, Hq, n, D, generator=g)
@@ -80,6 +80,19 @@ def test_each_query_reads_its_own_boundary():
     other = run_kernel(dict(case, quant_len=moved), True)
     changed = (other - base).abs().amax(dim=-1) > 0  # [B, Hq, n]
     assert changed[0, :, 2].all() and not changed[0, :, :2].any() and not changed[1:].any()
+
+
+@pytest.mark.parametrize("n", [3, 40])
+def test_a_query_gives_the_same_bits_alone_or_in_a_batch(n):
+    # Query i of a forward over n new tokens and the same token decoded alone (n = 1, its
+    # predecessors committed) read the same tokens from the same places: equal to the bit, which is
+    # what makes speculative verification on this cache equal to autoregressive decoding.
+    case = make_case(n=n, capacity=192, F=96)
+    together = run_kernel(case, True)
+    for i in range(n):
+        alone = dict(case, q=case["q"][:, :, i : i + 1].contiguous(), quant_len=case["quant_len"][:, i : i + 1],
+                     lengths=case["lengths"] + i)
+        assert torch.equal(run_kernel(alone, True)[:, :, 0], together[:, :, i]), i
 
 
 def test_half_precision_query_returns_its_dtype():

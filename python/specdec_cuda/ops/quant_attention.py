@@ -54,7 +54,8 @@ def quant_kv_attention(q: torch.Tensor, cache: dict, k_buffer: torch.Tensor, v_b
     qf = q.to(torch.float32).contiguous()
     out = torch.empty_like(qf)
     torch.ops.specdec.quant_kv_attention(
-        qf, *(cache[k] for k in _CACHE_KEYS), k_buffer, v_buffer, quant_len, buffer_start, lengths,
+        qf, *(cache[k] for k in _CACHE_KEYS), k_buffer, v_buffer, quant_len.contiguous(), buffer_start.contiguous(),
+        lengths.contiguous(),
         None if tree_mask is None else tree_mask.to(torch.bool).contiguous(), key_group, value_group,
         bool(use_lower), scale, out)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
