@@ -49,63 +49,67 @@ void decode_row(const float* upper, const float* lower, const float* scale, cons
   }
 }
 
-// Per-tile scratch of the fast path (one source, every token visible).
-struct Scratch {
-  std::vector<float> upper, lower, scale, zero, rows, keys_t;
-  explicit Scratch(int64_t D)
-      : upper(D), lower(D), scale(D), zero(D), rows(kTile * D), keys_t(D * kTile) {}
-};
-
-// Keys of tokens t0 .. t0 + tt - 1 as rows [tt, D] (from the codes or the buffer).
-void tile_keys(const Args& a, int64_t task, int64_t b, int64_t t0, int64_t tt, bool codes, Scratch& w) {
-  const int64_t D = a.D, half = D / 2;
-  for (int64_t u = 0; u < tt; ++u) {
-    const int64_t t = t0 + u;
-    float* row = w.rows.data() + u * D;
-    if (!codes) {
-      std::copy_n(a.k_buffer + (task * a.F + t - a.buffer_start[b]) * D, D, row);
-      continue;
-    }
-    const int64_t byte = (task * a.capacity + t) * half;
-    const int64_t param = (task * (a.capacity / a.key_group) + t / a.key_group) * D;
-    unpack_row(a.k_upper + byte, half, w.upper.data());
-    if (a.use_lower) unpack_row(a.k_lower + byte, half, w.lower.data());
-    decode_row(w.upper.data(), w.lower.data(), a.k_scale + param, a.k_zero + param, D, a.use_lower, row);
-  }
-}
-
-// Values of the tile as rows [tt, D]; a value group's scale / zero spread over its channels.
-void tile_values(const Args& a, int64_t task, int64_t b, int64_t t0, int64_t tt, bool codes, Scratch& w,
-                 float* out) {
-  const int64_t D = a.D, half = D / 2, groups = D / a.value_group;
-  for (int64_t u = 0; u < tt; ++u) {
+// Rows [count, D] of tokens t0 .. t0 + count - 1: keys (values = false) or values, decoded from
+// the codes (codes = true) or copied from the buffer.
+void decode_rows(const Args& a, int64_t task, int64_t b, int64_t t0, int64_t count, bool values, bool codes,
+                 std::vector<float>& scratch, float* out) {
+  const int64_t D = a.D, half = D / 2, vgroups = D / a.value_group;
+  float* upper = scratch.data();
+  float* lower = upper + D;
+  float* scale = lower + D;
+  float* zero = scale + D;
+  const float* buffer = values ? a.v_buffer : a.k_buffer;
+  for (int64_t u = 0; u < count; ++u) {
     const int64_t t = t0 + u;
     float* row = out + u * D;
     if (!codes) {
-      std::copy_n(a.v_buffer + (task * a.F + t - a.buffer_start[b]) * D, D, row);
+      std::copy_n(buffer + (task * a.F + t - a.buffer_start[b]) * D, D, row);
       continue;
     }
     const int64_t byte = (task * a.capacity + t) * half;
-    const float* sc = a.v_scale + (task * a.capacity + t) * groups;
-    const float* ze = a.v_zero + (task * a.capacity + t) * groups;
-    for (int64_t g = 0; g < groups; ++g) {  // no division per channel (it dominated the tile)
-      std::fill_n(w.scale.data() + g * a.value_group, a.value_group, sc[g]);
-      std::fill_n(w.zero.data() + g * a.value_group, a.value_group, ze[g]);
+    const float* sc;
+    const float* ze;
+    if (values) {  // one scale / zero per value group of the token, spread over its channels
+      const int64_t param = (task * a.capacity + t) * vgroups;
+      for (int64_t g = 0; g < vgroups; ++g) {  // no division per channel (it dominated the tile)
+        std::fill_n(scale + g * a.value_group, a.value_group, a.v_scale[param + g]);
+        std::fill_n(zero + g * a.value_group, a.value_group, a.v_zero[param + g]);
+      }
+      sc = scale, ze = zero;
+    } else {  // keys: one scale / zero per channel of the token's group
+      const int64_t param = (task * (a.capacity / a.key_group) + t / a.key_group) * D;
+      sc = a.k_scale + param, ze = a.k_zero + param;
     }
-    unpack_row(a.v_upper + byte, half, w.upper.data());
-    if (a.use_lower) unpack_row(a.v_lower + byte, half, w.lower.data());
-    decode_row(w.upper.data(), w.lower.data(), w.scale.data(), w.zero.data(), D, a.use_lower, row);
+    unpack_row((values ? a.v_upper : a.k_upper) + byte, half, upper);
+    if (a.use_lower) unpack_row((values ? a.v_lower : a.k_lower) + byte, half, lower);
+    decode_row(upper, lower, sc, ze, D, a.use_lower, row);
   }
+}
+
+// acc[d] += p[u] * rows[u][d] for u in [begin, end) (masked tokens have p = 0 and add nothing).
+void accumulate(const float* p, int64_t begin, int64_t end, const float* rows, int64_t D, float* acc) {
+  for (int64_t u = begin; u < end; ++u) {
+    const float w = p[u];
+    if (w == 0.f) continue;
+    const float* v = rows + u * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
+  }
+}
+
+// rows [tt, D] -> transposed [D, kTile] (columns past tt zero).
+void transpose_tile(const float* rows, int64_t tt, int64_t D, float* out) {
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t u = 0; u < kTile; ++u) out[d * kTile + u] = u < tt ? rows[u * D + d] : 0.f;
 }
 
 }  // namespace
 
 void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
   const int64_t D = a.D, n = a.n, r = a.Hq / a.Hkv, R = r * n;
-  std::vector<float> qf(R * D), acc(R * D), m(R), l(R), p(R * kTile);
-  std::vector<float> kq(kTile * D), kf(kTile * D), vq(kTile * D), vf(kTile * D);
-  std::vector<unsigned char> has_q(kTile), has_f(kTile);
-  Scratch w(D);
+  std::vector<float> qf(R * D), acc(R * D), m(R), l(R), p(R * kTile), scratch(4 * D);
+  // Decoded tile, per source: rows [kTile, D] of keys and values, keys transposed [D, kTile].
+  std::vector<float> kq(kTile * D), kf(kTile * D), vq(kTile * D), vf(kTile * D), kqt(D * kTile), kft(D * kTile);
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t b = task / a.Hkv, h = task % a.Hkv;
     // Query heads h*r .. h*r + r - 1 are adjacent in [B, Hq, n, D]: one [R, D] block, row rho =
@@ -121,74 +125,51 @@ void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_e
     const int64_t total = a.lengths[b] + n, start = a.buffer_start[b];
     for (int64_t t0 = 0; t0 < total; t0 += kTile) {
       const int64_t tt = std::min(kTile, total - t0);
-      // Fast path: a tile of committed tokens that every query reads from one source (all from
-      // the codes, or all from the buffer): no per-token mask or source test, keys transposed so
-      // the scores of a query are one vectorised loop over the tile's tokens.
-      const bool committed = t0 + tt <= a.lengths[b];
-      const bool all_codes = t0 + tt <= qmin && t0 + tt <= a.capacity;
-      const bool all_buffer = t0 >= qmax && t0 - start >= 0 && t0 + tt - start <= a.F;
-      if (committed && (all_codes || all_buffer)) {
-        tile_keys(a, task, b, t0, tt, all_codes, w);
-        for (int64_t u = 0; u < kTile; ++u)
-          for (int64_t d = 0; d < D; ++d) w.keys_t[d * kTile + u] = u < tt ? w.rows[u * D + d] : 0.f;
-        for (int64_t rho = 0; rho < R; ++rho) {
-          float* pr = p.data() + rho * kTile;
-          const float* qr = qf.data() + rho * D;
-          std::fill_n(pr, kTile, 0.f);
-          for (int64_t d = 0; d < D; ++d) {
-            const float qd = qr[d];
-            const float* kd = w.keys_t.data() + d * kTile;
-#pragma omp simd
-            for (int64_t u = 0; u < kTile; ++u) pr[u] += qd * kd[u];
-          }
-          float block_max = neg_inf();
-          for (int64_t u = 0; u < tt; ++u) block_max = std::max(block_max, pr[u]);
-          const float alpha = online_rescale(m[rho], block_max);
-          if (alpha != 1.f) {
-            l[rho] *= alpha;
-            for (int64_t d = 0; d < D; ++d) acc[rho * D + d] *= alpha;
-          }
-          for (int64_t u = 0; u < tt; ++u) {
-            pr[u] = exp_shifted(pr[u], m[rho]);
-            l[rho] += pr[u];
-          }
-        }
-        tile_values(a, task, b, t0, tt, all_codes, w, w.rows.data());
-        for (int64_t rho = 0; rho < R; ++rho) {
-          const float* pr = p.data() + rho * kTile;
-          float* ar = acc.data() + rho * D;
-          for (int64_t u = 0; u < tt; ++u) {
-            const float* v = w.rows.data() + u * D;
-            const float wgt = pr[u];
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ar[d] += wgt * v[d];
-          }
-        }
-        continue;
-      }
-      for (int64_t u = 0; u < tt; ++u) {  // decode each key once: the versions some query reads
-        const int64_t t = t0 + u;
-        has_q[u] = t < qmax && in_quant(a, t);
-        has_f[u] = t >= qmin && in_buffer(a, b, t);
-        if (has_q[u]) quant_key_row(a, task, t, kq.data() + u * D);
-        if (has_f[u]) std::copy_n(a.k_buffer + (task * a.F + t - start) * D, D, kf.data() + u * D);
-      }
+      // Token ranges of the tile readable from each source that some query reads from it:
+      // codes [t0, q_end), buffer [f_begin, f_end).
+      const int64_t q_end = std::max(t0, std::min({t0 + tt, qmax, a.capacity}));
+      const int64_t f_begin = std::min(t0 + tt, std::max({t0, qmin, start}));
+      const int64_t f_end = std::max(f_begin, std::min(t0 + tt, start + a.F));
+      const bool whole_q = q_end == t0 + tt, whole_f = f_begin == t0 && f_end == t0 + tt;
+      decode_rows(a, task, b, t0, q_end - t0, false, true, scratch, kq.data());
+      decode_rows(a, task, b, f_begin, f_end - f_begin, false, false, scratch, kf.data() + (f_begin - t0) * D);
+      if (whole_q) transpose_tile(kq.data(), tt, D, kqt.data());
+      if (whole_f) transpose_tile(kf.data(), tt, D, kft.data());
       for (int64_t rho = 0; rho < R; ++rho) {
-        const int64_t i = rho % n;
+        const int64_t i = rho % n, last = last_seen(a, b, i);
         float* pr = p.data() + rho * kTile;
-        if (t0 > last_seen(a, b, i)) {  // the whole tile lies after what query i sees (prefill)
+        if (t0 > last) {  // the whole tile lies after what query i sees (prefill)
           std::fill_n(pr, tt, 0.f);
           continue;
         }
+        const float* qr = qf.data() + rho * D;
+        // Fast path: query i sees every token of the tile and reads all of it from one source:
+        // scores as one vectorised loop over the tile's tokens, in the channel order of `dot`.
+        const bool sees_all = t0 + tt - 1 <= last && (a.tree_mask == nullptr || t0 + tt <= a.lengths[b]);
+        const float* kt = !sees_all ? nullptr
+                          : (t0 + tt <= qlen[i] && whole_q) ? kqt.data()
+                          : (t0 >= qlen[i] && whole_f)      ? kft.data()
+                                                            : nullptr;
         float block_max = neg_inf();
-        for (int64_t u = 0; u < tt; ++u) {
-          const int64_t t = t0 + u;
-          const bool quant = t < qlen[i];
-          float s = neg_inf();
-          if (visible(a, b, i, t) && (quant ? has_q[u] : has_f[u]))
-            s = dot(qf.data() + rho * D, (quant ? kq : kf).data() + u * D, D);
-          pr[u] = s;
-          block_max = std::max(block_max, s);
+        if (kt != nullptr) {
+          std::fill_n(pr, kTile, 0.f);
+          for (int64_t d = 0; d < D; ++d) {
+            const float qd = qr[d];
+            const float* kd = kt + d * kTile;
+#pragma omp simd
+            for (int64_t u = 0; u < kTile; ++u) pr[u] += qd * kd[u];
+          }
+          for (int64_t u = 0; u < tt; ++u) block_max = std::max(block_max, pr[u]);
+        } else {
+          for (int64_t u = 0; u < tt; ++u) {
+            const int64_t t = t0 + u;
+            const bool quant = t < qlen[i];
+            const bool readable = quant ? t < q_end : (t >= f_begin && t < f_end);
+            float s = neg_inf();
+            if (readable && visible(a, b, i, t)) s = dot(qr, (quant ? kq : kf).data() + u * D, D);
+            pr[u] = s;
+            block_max = std::max(block_max, s);
+          }
         }
         const float alpha = online_rescale(m[rho], block_max);
         if (alpha != 1.f) {
@@ -200,23 +181,17 @@ void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_e
           l[rho] += pr[u];
         }
       }
-      for (int64_t u = 0; u < tt; ++u) {  // values, once per tile
-        const int64_t t = t0 + u;
-        if (has_q[u]) quant_value_row(a, task, t, vq.data() + u * D);
-        if (has_f[u]) std::copy_n(a.v_buffer + (task * a.F + t - start) * D, D, vf.data() + u * D);
-      }
+      decode_rows(a, task, b, t0, q_end - t0, true, true, scratch, vq.data());
+      decode_rows(a, task, b, f_begin, f_end - f_begin, true, false, scratch, vf.data() + (f_begin - t0) * D);
       for (int64_t rho = 0; rho < R; ++rho) {
         const int64_t i = rho % n;
+        if (t0 > last_seen(a, b, i)) continue;
         const float* pr = p.data() + rho * kTile;
         float* ar = acc.data() + rho * D;
-        if (t0 > last_seen(a, b, i)) continue;
-        for (int64_t u = 0; u < tt; ++u) {
-          if (pr[u] == 0.f) continue;  // masked (or underflowed): nothing to add
-          const float* v = ((t0 + u) < qlen[i] ? vq : vf).data() + u * D;
-          const float w = pr[u];
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ar[d] += w * v[d];
-        }
+        // Tokens [t0, split) come from the codes, [split, t0 + tt) from the buffer.
+        const int64_t split = std::clamp(qlen[i], t0, t0 + tt) - t0;
+        accumulate(pr, 0, split, vq.data(), D, ar);
+        accumulate(pr, split, tt, vf.data(), D, ar);
       }
     }
     for (int64_t rho = 0; rho < R; ++rho) {
