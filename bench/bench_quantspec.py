@@ -59,9 +59,12 @@ def held_out_ids(target_dir: str) -> list[int]:
     return tokenizer("".join(zoo.stdlib_corpus())[-60000:], add_special_tokens=False)["input_ids"]
 
 
-def long_prompt(ids: list[int], length: int) -> list[int]:
-    """The first ``length`` held-out tokens (the text repeated if it is shorter)."""
-    return (ids * (length // len(ids) + 1))[:length]
+def long_prompts(ids: list[int], length: int, rows: int) -> list[list[int]]:
+    """``rows`` prompts of ``length`` held-out tokens starting at different places (the text
+    repeated where it is shorter)."""
+    text = ids * (length // len(ids) + 2)
+    step = len(ids) // max(1, rows)
+    return [text[r * step : r * step + length] for r in range(rows)]
 
 
 # -- acceptance on the zoo target --------------------------------------------------------------------
@@ -76,12 +79,15 @@ def acceptance(target_dir: str, device: str, quick: bool) -> dict:
     decoders = {}
 
     def one(k, context, temperature):
-        prompt = long_prompt(ids, context)
+        prompts = long_prompts(ids, context, 4 if context <= 2048 else 2)  # fewer rows where prefill is long
         if k not in decoders:  # 4-bit weights made once per decoder
             decoders[k] = specdec_cuda.SpeculativeDecoder(target, method="quantspec", k=k, policy="fixed")
-        out = decoders[k].generate([prompt], max_new_tokens=new_tokens, temperature=temperature, seed=0)
+        out = decoders[k].generate(prompts, max_new_tokens=new_tokens, temperature=temperature,
+                                   seed=list(range(len(prompts))))
         m = out.metrics
-        rows.append(dict(k=k, context=context, temperature=temperature, tau=m.tau, acceptance=m.acceptance_rate))
+        rows.append(dict(k=k, context=context, temperature=temperature, tau=m.tau, acceptance=m.acceptance_rate,
+                         rows=len(prompts), drafted=sum(m.drafted),
+                         acceptance_per_position=m.acceptance))
         print(f"  k={k} context={context} T={temperature}: tau {m.tau:.2f} acceptance {m.acceptance_rate:.3f}",
               flush=True)
 
@@ -218,8 +224,13 @@ def kernel(device: str, quick: bool, context: int) -> list[dict]:
             torch.testing.assert_close(fused(), dequant_sdpa(), rtol=1e-4, atol=1e-4)
             cuda = device == "cuda"
             t = (timing.time_cuda if cuda else timing.time_cpu)
-            t_fused = t(lambda _r: fused(), reps)
-            t_base = t(lambda _r: dequant_sdpa(), reps)
+            # Interleaved: one timing of each per round, medians over the rounds (a busy CPU's
+            # load moves both alike).
+            fused_times, base_times = [], []
+            for _ in range(reps):
+                fused_times.append(t(lambda _r: fused(), 3, warmup=1))
+                base_times.append(t(lambda _r: dequant_sdpa(), 3, warmup=1))
+            t_fused, t_base = statistics.median(fused_times), statistics.median(base_times)
             row = dict(n=n, context=context, use_lower=use_lower, fused_s=t_fused, dequant_sdpa_s=t_base,
                        speedup_vs_dequant_sdpa=t_base / t_fused)
             if not cuda and n == 1:
@@ -251,6 +262,9 @@ def plot(result: dict, path: str) -> None:
         axes[1].plot(*zip(*by_c), style, label=f"T={temperature}")
     axes[0].set(xlabel="draft length k (context 512)", ylabel="acceptance rate", title="quantspec: acceptance vs k")
     axes[1].set(xlabel="context tokens (k = 4)", ylabel="acceptance rate", xscale="log", title="vs context")
+    contexts = sorted({r["context"] for r in rows})
+    axes[1].set_xticks(contexts, [str(c) for c in contexts])
+    axes[1].minorticks_off()
     for ax in axes:
         ax.axhline(0.85, color="gray", lw=0.5)
         ax.legend()
@@ -306,7 +320,8 @@ def main() -> None:
     if "acceptance" in result:
         print(f"\nacceptance on the zoo target (target: >= 0.85 greedy)\n{'k':>3} {'context':>8} {'T':>4} {'tau':>6} {'accept':>7}")
         for r in result["acceptance"]["rows"]:
-            print(f"{r['k']:>3} {r['context']:>8} {r['temperature']:>4} {r['tau']:>6.2f} {r['acceptance']:>7.3f}")
+            print(f"{r['k']:>3} {r['context']:>8} {r['temperature']:>4} {r['tau']:>6.2f} {r['acceptance']:>7.3f} "
+                  f"({r['drafted']} drafts, {r['rows']} rows)")
         plot(result, os.path.splitext(args.out)[0] + ".png")
     if "speed" in result:
         s = result["speed"]

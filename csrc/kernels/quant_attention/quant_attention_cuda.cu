@@ -57,8 +57,8 @@ __global__ void quant_attention_kernel(Args a, int64_t Rc, int64_t tile) {
     qmax = qlen[i] > qmax ? qlen[i] : qmax;
   }
   const int64_t total = a.lengths[b] + n, start = a.buffer_start[b];
-  const float* kbuf = a.k_buffer + (task * a.F - start) * D;  // token t's row: kbuf + t * D
-  const float* vbuf = a.v_buffer + (task * a.F - start) * D;
+  const float* kbuf = a.k_buffer + task * a.F * D;  // token t's row: kbuf + (t - start) * D
+  const float* vbuf = a.v_buffer + task * a.F * D;
   __syncthreads();
 
   for (int64_t t0 = 0; t0 < total; t0 += tile) {
@@ -71,7 +71,7 @@ __global__ void quant_attention_kernel(Args a, int64_t Rc, int64_t tile) {
     for (int64_t x = threadIdx.x; x < tt * D; x += blockDim.x) {  // keys
       const int64_t u = x / D, d = x % D, t = t0 + u;
       if (flags[u] & 1) kq[x] = quant_key(a, task, t, d);
-      if (flags[u] & 2) kf[x] = kbuf[t * D + d];
+      if (flags[u] & 2) kf[x] = kbuf[(t - start) * D + d];
     }
     __syncthreads();
     for (int64_t x = threadIdx.x; x < rc * tt; x += blockDim.x) {  // scores
@@ -104,7 +104,7 @@ __global__ void quant_attention_kernel(Args a, int64_t Rc, int64_t tile) {
     for (int64_t x = threadIdx.x; x < tt * D; x += blockDim.x) {  // values, into the key tiles
       const int64_t u = x / D, d = x % D, t = t0 + u;
       if (flags[u] & 1) kq[x] = quant_value(a, task, t, d);
-      if (flags[u] & 2) kf[x] = vbuf[t * D + d];
+      if (flags[u] & 2) kf[x] = vbuf[(t - start) * D + d];
     }
     __syncthreads();
     for (int64_t x = threadIdx.x; x < rc * D; x += blockDim.x) {
