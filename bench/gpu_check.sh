@@ -143,12 +143,20 @@ step bench_quant 150 "$PY" bench/bench_quant.py --device cuda --quick --tune --o
 step bench_kv_quant 30 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
-# ==== family: mtp =================================================================================
 # Fused MTP-head op (norm + LM head + top-k) against the unfused torch sequence, zoo and Llama-3-8B
 # shapes; the issue's H200 target is >= 70% of HBM bandwidth for the LM-head read (lm_head_GBps).
 step bench_mtp 90 "$PY" bench/bench_mtp.py --device cuda --quick --part kernel --out "$OUT/mtp.json"
 # ==== end family: mtp =============================================================================
+=======
+# ==== family: quantspec ===========================================================================
+# The quant_kv_attention CUDA tests (CUDA equals CPU) run in the `tests` step above. Here: the
+# kernel against dequantise + SDPA at 4k context, and speed on the GPU-shaped model (bf16) at 4k,
+# quantspec against autoregressive decoding (--quick: 2 layers; acceptance on the zoo target only
+# when .cache/zoo is carried).
+step bench_quantspec 150 "$PY" bench/bench_quantspec.py --device cuda --quick --parts kernel,kv_bytes,speed --out "$OUT/quantspec.json"
+# ==== end family: quantspec =======================================================================
 
+# ==== family: mtp ==========================================================================
 # ==== hardening: compute-sanitizer (issue 12) ======================================================
 # memcheck (out-of-bounds / misaligned device accesses, leaks of device errors) and racecheck
 # (shared-memory hazards) over the CUDA tests: every test whose name or file says cuda, plus the

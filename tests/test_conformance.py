@@ -56,6 +56,13 @@ class Case:
     method: str | None = None
     options: Callable[[Env], dict] | None = None
     proposer: Callable[[Env], object] | None = None
+    # The target this method runs on and the autoregressive baseline it must equal (None: the
+    # env's own). QuantSpec verifies on the hierarchical 4-bit KV cache, so its baseline is the
+    # same model decoding autoregressively on that cache (models.QuantKVModel), not the plain one.
+    target: Callable[[Env], object] | None = None
+
+    def env(self, env: Env) -> Env:
+        return env if self.target is None else Env(self.target(env), env.draft)
 
     def run(self, env: Env, prompts, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0,
             eos_token_id=None, stream=None):
@@ -101,7 +108,21 @@ CASES = [
     Case("ddtree", True, method="ddtree",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
                                   policy="fixed")),
+    Case("quantspec", True, method="quantspec", options=lambda env: dict(k=3, group_size=32, policy="fixed"),
+         target=lambda env: _quantized_target(env.target)),
 ]
+
+
+def _quantized_target(model):
+    """The target on the hierarchical int4 KV cache, with groups small enough that the suite's short
+    runs quantise and slide (key groups of 4 tokens, the last 4 tokens in full precision)."""
+    from specdec_cuda.models import LlamaModel, QuantKVModel
+
+    if not isinstance(model, LlamaModel):
+        pytest.skip("quantspec runs the built-in model over its own quantised KV cache; the transformers "
+                    "adapter's DynamicCache has none")
+    return QuantKVModel(model, key_group=4, residual=4)
+
 IDS = [c.name for c in CASES]
 
 
@@ -143,7 +164,7 @@ def test_every_registered_method_is_in_the_suite():
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_greedy_equals_autoregressive(envs, case):
-    env = envs["big"]
+    env = case.env(envs["big"])
     out = case.run(env, PROMPTS, 24)
     assert out.tokens == _ar(env, PROMPTS, 24).tokens
     if case.name != "autoregressive":
@@ -152,7 +173,7 @@ def test_greedy_equals_autoregressive(envs, case):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.lossless], ids=[c.name for c in CASES if c.lossless])
 def test_first_three_sampled_tokens_have_the_target_distribution(envs, case):
-    env = envs["small"]
+    env = case.env(envs["small"])
     counts: dict = {}
     batch = 500
     for start in range(0, CHI_SAMPLES, batch):
@@ -166,7 +187,7 @@ def test_first_three_sampled_tokens_have_the_target_distribution(envs, case):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_eos_inside_an_accepted_run(envs, case):
-    env = envs["big"]
+    env = case.env(envs["big"])
     perfect = Env(env.target, env.target)  # a drafter equal to the target accepts whole runs
     ar = _ar(env, PROMPTS[:2], 20).tokens
     # An EOS id that first appears at index >= 2 of row 0, so a run accepted from index 1 holds it.
@@ -180,7 +201,7 @@ def test_eos_inside_an_accepted_run(envs, case):
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_budget_cut_inside_an_accepted_run(envs, case, max_new_tokens):
-    env = envs["big"]
+    env = case.env(envs["big"])
     perfect = Env(env.target, env.target)
     out = case.run(perfect, PROMPTS[:3], max_new_tokens)
     assert [len(t) for t in out.tokens] == [max_new_tokens] * 3
@@ -189,7 +210,7 @@ def test_budget_cut_inside_an_accepted_run(envs, case, max_new_tokens):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_rows_independent_of_neighbours_and_place(envs, case):
-    env = envs["big"]
+    env = case.env(envs["big"])
     kw = dict(temperature=1.0, top_p=0.9)
     alone = case.run(env, [PROMPTS[1]], 12, seed=7, **kw).tokens[0]
     batch = case.run(env, [PROMPTS[3], PROMPTS[0], PROMPTS[1]], 12, seed=[1, 2, 7], **kw).tokens
@@ -199,7 +220,7 @@ def test_rows_independent_of_neighbours_and_place(envs, case):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_stream_sees_exactly_the_final_tokens(envs, case):
-    env = envs["big"]
+    env = case.env(envs["big"])
     streamed = [[] for _ in PROMPTS]
     ar = _ar(env, PROMPTS, 16).tokens
     eos = ar[2][5]

@@ -84,6 +84,18 @@ TORCH_LIBRARY(specdec, m) {
       "int group_size, bool use_lower, Tensor(a!) out) -> ()");
   // ---- end family: kv_quant ----
 
+  // ---- family: quant_attention (csrc/kernels/quant_attention, ops/quant_attention_{cpu,cuda}.cpp) ----
+  // Attention of n new tokens over the hierarchical 4-bit cache plus its float32 buffer
+  // (reference/quant_attention.py): query i reads tokens < quant_len[b, i] from the codes (upper
+  // only or upper + lower), later ones from buffer slot t - buffer_start[b]; causal or tree mask
+  // over the new tokens at lengths[b] + j. out (B, Hq, n, D) is written.
+  m.def(
+      "quant_kv_attention(Tensor q, Tensor k_upper, Tensor k_lower, Tensor k_scale, Tensor k_zero, "
+      "Tensor v_upper, Tensor v_lower, Tensor v_scale, Tensor v_zero, Tensor k_buffer, Tensor v_buffer, "
+      "Tensor quant_len, Tensor buffer_start, Tensor lengths, Tensor? tree_mask, int key_group, "
+      "int value_group, bool use_lower, float sm_scale, Tensor(a!) out) -> ()");
+  // ---- end family: quant_attention ----
+
   // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----
   // diffusion_unmask: one step of masked-diffusion generation over a window of positions: a token
   // and its confidence per masked position (tokens == mask_id), then the positions to unmask (top

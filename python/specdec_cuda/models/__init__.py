@@ -19,6 +19,7 @@ from .hf_adapter import HFCache, HFCausalLM
 from .llama import LlamaModel
 from .loader import load
 from .protocol import CausalLM, KVCache, ModelOutput
+from .quant_cache import QuantKVCache, QuantKVModel
 
 __all__ = [
     "CausalLM",
@@ -28,6 +29,8 @@ __all__ = [
     "LlamaConfig",
     "LlamaModel",
     "ModelOutput",
+    "QuantKVCache",
+    "QuantKVModel",
     "StaticKVCache",
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",

@@ -16,6 +16,7 @@ from .cache import StaticKVCache
 from .config import LlamaConfig
 from .layers import DecoderLayer, RMSNorm
 from .protocol import ModelOutput
+from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
 
 
@@ -143,6 +144,8 @@ class LlamaModel(nn.Module):
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():
                 return self.forward(tokens, positions, cache, tree_mask, hidden_layers)
+        if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
+            return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers)
         B, n = tokens.shape
         if positions.shape != (B, n):
             raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")

@@ -11,6 +11,7 @@ from . import kv_quant  # noqa: E402,F401  (hierarchical 4-bit KV cache ops)
 from .diffusion import diffusion_unmask  # noqa: E402,F401  (masked-diffusion generation step)
 from . import ddtree  # noqa: E402,F401  (DDTree: best draft tree under a node budget)
 from .ddtree import ddtree_build  # noqa: E402,F401
+from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention over the int4 KV cache)
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "kv_quant",
     "diffusion_unmask",
     "ddtree", "ddtree_build",
+    "quant_kv_attention",
     "mtp",
 ]

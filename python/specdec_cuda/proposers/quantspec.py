@@ -1,0 +1,103 @@
+"""QuantSpec (Tiwari et al. 2025): self-speculative decoding with 4-bit weights and a hierarchical
+4-bit KV cache.
+
+The target drafts for itself. Its KV cache is the hierarchical one (``models.QuantKVCache``):
+every complete group of tokens is kept as an upper and a lower 4-bit half, the recent tokens in a
+float32 buffer. A draft pass runs the same layers with the chosen linears through ``W4Linear``
+(the MLPs by default, the attention projections optionally; the 4-bit weights are made once from
+the full ones) and attention that reads only the upper 4 bits, so it moves about a quarter of the
+weight bytes and half of the KV bytes. Verification is the target's own forward: full weights,
+upper + lower bits. Both passes share the one cache: a draft pass writes its K/V to the buffer at
+the pending slots and is rolled back (``truncate``: lengths only; the codes are never touched), and
+verification overwrites those slots with the full-precision K/V.
+
+Drafts are sampled from the draft pass's own distribution q (``DraftKind.SAMPLED``, q's logits
+come with the draft) and verified by rejection sampling, or greedily at temperature 0: the output
+has exactly the distribution of the target's autoregressive decoding on the same cache
+(``QuantKVModel``), which is the baseline it is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..methods import MethodSpec, register
+from ..models.quant_cache import DraftLinears, QuantKVCache, QuantKVModel, quantized_forward
+from ..reference.philox import Purpose
+from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
+
+
+class QuantSpecProposer(Proposer):
+    """Chains of ``k`` tokens from the target's own 4-bit draft pass (see the module docstring)."""
+
+    def __init__(self, target: QuantKVModel, k: int = 4, draft_attention: bool = False, group_size: int = 128) -> None:
+        if not isinstance(target, QuantKVModel):
+            raise TypeError("method 'quantspec' verifies on the hierarchical 4-bit KV cache: pass "
+                            "specdec_cuda.models.QuantKVModel(model) as the target (its autoregressive decoding "
+                            f"is the baseline the output equals), got {type(target).__name__}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        if k > target.residual:
+            raise ValueError(f"k ({k}) must be at most the cache's residual ({target.residual}): a draft is rolled "
+                             f"back, and rollbacks may not reach tokens read from the codes")
+        self.target, self.k, self.max_draft = target, k, k
+        self.linears = DraftLinears.quantize(target.model, mlp=True, attention=draft_attention, group_size=group_size)
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        if not isinstance(ctx.cache, QuantKVCache):
+            raise TypeError(f"quantspec drafts on the target's QuantKVCache, got {type(ctx.cache).__name__}")
+        self.cache, self.params = ctx.cache, ctx.params
+        # Rejection sampling needs q; all-greedy batches verify greedily and need none.
+        self.keep_logits = not bool((ctx.params.temperature == 0).all())
+        self.kind = DraftKind.SAMPLED if self.keep_logits else DraftKind.GUESS
+
+    def propose(self, state: StepState) -> Draft | None:
+        lengths, active = state.lengths, state.active
+        limit = torch.where(active, torch.clamp(state.max_draft, max=self.k), 0)  # [B]
+        k_step = int(limit.max())
+        if k_step == 0:
+            return None
+        cache, batch = self.cache, lengths.shape[0]
+        committed = cache.lengths.clone()  # the draft pass is rolled back to this
+        ones = torch.ones(batch, dtype=torch.int64, device=lengths.device)
+        tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=lengths.device)
+        draft_logits = None
+        current = state.last_tokens[:, None]  # the root, at position lengths
+        for j in range(k_step):
+            logits = quantized_forward(self.target.model, current, lengths[:, None] + j, cache, use_lower=False,
+                                       linears=self.linears).logits[:, 0]  # [B, V]: q at position lengths + j + 1
+            cache.commit(ones)
+            if draft_logits is None and self.keep_logits:
+                draft_logits = torch.empty(batch, k_step, logits.shape[-1], dtype=logits.dtype, device=logits.device)
+            sampled = ops.sample(logits, **self.params.kwargs(), position=lengths + 1 + j, purpose=Purpose.DRAFT)
+            # A row the sampler flagged (-1: bad draft logits) proposes token 0, judged like any draft.
+            torch.clamp(sampled.tokens, min=0, out=tokens[:, j])
+            if self.keep_logits:
+                draft_logits[:, j] = logits
+            current = tokens[:, j : j + 1]
+        cache.truncate(committed)  # verification rewrites these slots with full-precision K/V
+        return Draft(tokens, limit, self.kind, logits=draft_logits)
+
+    def accept(self, draft: Draft | None, outcome: Outcome) -> None:
+        """Nothing to learn: the shared cache was committed by the loop."""
+
+
+def make_quantspec_proposer(target, k: int = 4, draft_attention: bool = False,
+                            group_size: int = 128) -> QuantSpecProposer:
+    """The ``method="quantspec"`` proposer; ``target`` is a ``models.QuantKVModel``."""
+    return QuantSpecProposer(target, k=k, draft_attention=draft_attention, group_size=group_size)
+
+
+register(MethodSpec(
+    name="quantspec",
+    summary="QuantSpec (Tiwari et al. 2025): the target drafts itself with 4-bit weights and the upper 4 bits "
+            "of its hierarchical 4-bit KV cache (target: models.QuantKVModel)",
+    lossless=True,
+    make=make_quantspec_proposer,
+    options={
+        "k": "draft tokens per step (default 4; at most the cache's residual)",
+        "draft_attention": "also draft with 4-bit attention projections (default False: MLPs only)",
+        "group_size": "input features per 4-bit weight scale (default 128; smaller where a layer needs it)",
+    },
+))
