@@ -90,15 +90,16 @@ def test_demo_runs_on_given_folders(tiny_pair, capsys):
 def test_bench_quick_writes_json(tiny_pair, tmp_path, capsys):
     folder, _, _ = tiny_pair
     out = tmp_path / "e2e.json"
-    rc = main(["bench", "--quick", "--target", str(folder / "target"), "--draft", str(folder / "draft"),
-               "--out", str(out)])
+    rc = main(["bench", "--quick", "--repeats", "1", "--target", str(folder / "target"), "--draft",
+               str(folder / "draft"), "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
-    methods = [r["method"] for r in result["rows"]]
-    assert "transformers generate + assistant_model, batch 1" in methods
-    greedy_spec = [r for r in result["rows"] if r["method"].startswith("engine draft") and "T=" not in r["method"]]
-    assert len(greedy_spec) == 4 and all(r["identical"] for r in greedy_spec)
-    assert set(result["ratios"]) >= {"speculative / engine AR (batch 1)", "engine AR / transformers plain (batch 1)"}
+    assert result["batches"] == [1, 4] and result["max_new_tokens"] == 32 and result["prompts_per_workload"] == 4
+    methods = {r["method"] for r in result["rows"]}
+    assert {"transformers generate + assistant_model", "engine draft (k=4)", "engine autoregressive"} <= methods
+    greedy_spec = [r for r in result["rows"] if r["method"].startswith("engine draft") and r["temperature"] == 0.0]
+    assert len(greedy_spec) == 12 and all(r["identical"] for r in greedy_spec)  # 3 configs x 2 workloads x 2 batches
+    assert result["headline"]["workload"] == "held-out"
 
 
 def test_cli_bad_checkpoint_folders(tmp_path, capsys):

@@ -34,9 +34,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="torch CPU threads (default 1: one request's small decode-time ops do not "
                             "parallelise, and every method and baseline runs with the same count; 0: torch's choice)")
         p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-        p.add_argument("--zoo", choices=("default", "small", "v4"), default="default",
-                       help="which zoo pair when --target is not given (small: quicker to train; "
-                            "v4: once its resumable training run has finished)")
+        p.add_argument("--zoo", choices=("default", "small", "v4"), default=None,
+                       help="which zoo pair when --target is not given (default: v4 when it is shipped in "
+                            "the repository or trained here, else v3 'default'; small: quicker to train)")
 
     demo = sub.add_parser("demo", help="generate with and without speculation, print text and a table")
     models_args(demo)
@@ -48,7 +48,12 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="end-to-end tokens/s against transformers generate")
     models_args(bench)
-    bench.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens")
+    bench.add_argument("--quick", action="store_true",
+                       help="CI-sized: 4 prompts per workload, batch 1 and 4, 32 new tokens")
+    bench.add_argument("--prompts", type=int, default=8, help="prompts per workload (at most 8; default 8)")
+    bench.add_argument("--batch", type=int, default=8, help="the batched setting's batch size (default 8)")
+    bench.add_argument("--prompt-lookup", type=int, default=10,
+                       help="transformers' prompt_lookup_num_tokens (default 10)")
     bench.add_argument("--out", default="bench/results/e2e.json")
     bench.add_argument("--repeats", type=int, default=3,
                        help="runs per configuration, interleaved; the median is reported (default 3)")
@@ -58,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("--zoo", choices=("default", "small", "v4"), default="default",
                      help="v4: start or resume the long, checkpointed training run (hours)")
     zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    zoo.add_argument("--ship", nargs="?", const="", default=None, metavar="DIR",
+                     help="then write the pair as shipped in the repository (bf16 safetensors, tokenizer, "
+                          "configs; <= 40 MB) to DIR (default: <repo>/zoo/<pair name>)")
     zoo.add_argument("--run-dir", default=None,
                      help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
     zoo.add_argument("--dflash", action="store_true",
@@ -83,6 +91,8 @@ def main(argv=None) -> int:
         return 0
     from . import e2e, zoo
 
+    if args.command in ("demo", "bench") and args.zoo is None:
+        args.zoo = zoo.default_zoo()
     if args.command == "zoo" and args.threads:
         import torch
 
@@ -119,11 +129,15 @@ def main(argv=None) -> int:
                 return 0
         elif args.force:
             shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
-        target, draft = zoo.get_pair(spec)
-        report = zoo.report(spec)
+        target, draft = zoo.get_pair(spec, use_shipped=args.ship is None)  # ship from the trained copy
+        report = zoo.report(spec, root=target.parent.parent)
         print(f"target: {target}\ndraft:  {draft}\n"
               f"draft/target greedy agreement {100 * report['agreement']['greedy']:.1f}%, "
               f"expected acceptance at T=1 {100 * report['agreement']['sampled']:.1f}%")
+        if args.ship is not None:
+            dest = Path(args.ship) if args.ship else (zoo.shipped_root() or Path("zoo")) / spec.name
+            shipped = zoo.ship_pair(target.parent, dest)
+            print(f"shipped to {dest}: {shipped['dtype']}, {sum(shipped['bytes'].values()) / 1e6:.1f} MB of models")
         return 0
     except (FileNotFoundError, ValueError) as exc:  # bad folders, unknown families (UnsupportedModelError)
         print(f"error: {exc}", file=sys.stderr)

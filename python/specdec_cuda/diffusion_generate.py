@@ -291,6 +291,20 @@ def make_diffusion(target, **options) -> DiffusionGenerator:
     return DiffusionGenerator(target, **options)
 
 
+def bench_configs(pair) -> list[tuple[str, dict]]:
+    """The end-to-end bench's configuration (LOSSY): the cached zoo diffusion LM that shares the
+    pair's tokenizer, Fast-dLLM threshold 0.9 with the dual cache; none is trained here (minutes)."""
+    from . import zoo, zoo_diffusion
+
+    for spec in zoo_diffusion.SPECS.values():
+        folder = zoo.zoo_root() / spec.name
+        if zoo.SPECS[spec.pair].name == Path(pair.target_dir).parent.name and (folder / "report.json").exists():
+            return [("threshold 0.9, dual cache",
+                     dict(model=folder, block_length=32, threshold=0.9, use_cache="dual"))]
+    raise FileNotFoundError(f"no trained zoo diffusion LM shares the tokenizer of {pair.target_dir} "
+                            f"(python -m specdec_cuda.zoo_diffusion trains one for the v3 pairs)")
+
+
 register(MethodSpec(
     name="diffusion",
     summary="masked-diffusion LM generation (LLaDA remasking, Fast-dLLM threshold and cache); LOSSY: "
@@ -299,4 +313,5 @@ register(MethodSpec(
     make=make_diffusion,
     options=DIFFUSION_OPTIONS,
     kind="generation",
+    bench_configs=bench_configs,
 ))

@@ -137,7 +137,7 @@ class V4Spec(ZooSpec):
 
 V4_SPEC = V4Spec()
 
-# v3 stays the default (demo, bench, tests) until the v4 pair is trained and shipped.
+# The demo and the benches use v4 once its pair is shipped (or trained here), else v3: default_zoo().
 SPECS = {"default": DEFAULT_SPEC, "small": SMALL_SPEC, "v4": V4_SPEC}
 
 
@@ -372,19 +372,94 @@ def save_pair(out_dir: Path, target, draft, tokenizer, eos_id: int, report: dict
     tmp.rename(out_dir)
 
 
+def shipped_root() -> Path | None:
+    """Where trained pairs are shipped in a source checkout: ``<repo>/zoo`` (bf16 HF folders
+    committed to the repository, see ``ship_pair``); None outside a checkout."""
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "setup.py").exists() and (repo / "python" / "specdec_cuda").is_dir():
+        return repo / "zoo"
+    return None
+
+
+def _is_pair(folder: Path) -> bool:
+    return all((folder / name / "config.json").exists() for name in ("target", "draft"))
+
+
+def default_zoo() -> str:
+    """The ``SPECS`` key the demo and the benches use: ``"v4"`` once its pair is shipped in the
+    repository or trained here, else ``"default"`` (v3, trained on first use in minutes)."""
+    spec = SPECS["v4"]
+    places = [shipped_root(), zoo_root()]
+    return "v4" if any(p is not None and _is_pair(p / spec.name) for p in places) else "default"
+
+
 def get_pair(spec: ZooSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = None,
-             root: Path | None = None) -> tuple[Path, Path]:
-    """The (target, draft) folders of the zoo pair, training them the first time."""
+             root: Path | None = None, shipped: Path | None = None,
+             use_shipped: bool = True) -> tuple[Path, Path]:
+    """The (target, draft) folders of the zoo pair: the copy shipped in the repository when there
+    is one (under ``shipped``, default ``shipped_root()``; skipped when not ``use_shipped``), else
+    the cached one under ``root``, trained the first time."""
+    base = shipped if shipped is not None else shipped_root()
+    if use_shipped and base is not None and _is_pair(Path(base) / spec.name):
+        return Path(base) / spec.name / "target", Path(base) / spec.name / "draft"
     out_dir = Path(root or zoo_root()) / spec.name
     log = log or _log
     if not (out_dir / "report.json").exists():
         if getattr(spec, "resumable", False):
             raise FileNotFoundError(
-                f"the {spec.name} pair is not at {out_dir}: it trains for hours in a resumable run, "
-                f"`python -m specdec_cuda zoo --zoo v4` starts or resumes it (see specdec_cuda.zoo_v4)")
+                f"the {spec.name} pair is neither shipped nor at {out_dir}: it trains for hours in a "
+                f"resumable run, `python -m specdec_cuda zoo --zoo v4` starts or resumes it (see specdec_cuda.zoo_v4)")
         log(f"[zoo] no cached pair at {out_dir}; training it once (a few minutes on 2 CPU cores)")
         train_pair(out_dir, spec, log=log)
     return out_dir / "target", out_dir / "draft"
+
+
+# The shipped pair's size limit (all files of target, draft and report together).
+SHIP_LIMIT_BYTES = 40_000_000
+
+
+def folder_bytes(folder: Path) -> int:
+    """Total size of the files under ``folder``."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def ship_pair(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat16,
+              limit_bytes: int = SHIP_LIMIT_BYTES) -> dict:
+    """Write the trained pair folder ``src`` (``target``, ``draft``, ``report.json``) to ``dest``
+    as the copy committed to the repository: weights cast to ``dtype`` (bf16 halves fp32) in
+    safetensors, each model's config, generation config and tokenizer, and the report with a
+    ``shipped`` entry. ``models.load`` and ``transformers`` read it back in any dtype (fp32 on the
+    CPU by default). Written beside ``dest`` and renamed into place; raises ValueError naming the
+    sizes, and writes nothing, when the copy would exceed ``limit_bytes``. Returns ``shipped``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src, dest = Path(src), Path(dest)
+    if not _is_pair(src):
+        raise FileNotFoundError(f"{src} is not a trained pair folder (no target/config.json and draft/config.json)")
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name in ("target", "draft"):
+            model = AutoModelForCausalLM.from_pretrained(src / name, dtype=torch.float32).to(dtype)
+            model.save_pretrained(tmp / name, safe_serialization=True)
+            AutoTokenizer.from_pretrained(src / name).save_pretrained(tmp / name)
+        report = json.loads((src / "report.json").read_text()) if (src / "report.json").exists() else {}
+        sizes = {name: folder_bytes(tmp / name) for name in ("target", "draft")}
+        report["shipped"] = {"dtype": str(dtype).removeprefix("torch."), "bytes": sizes,
+                             "note": "figures above were measured on the fp32 weights before the cast"}
+        (tmp / "report.json").write_text(json.dumps(report, indent=2))
+        total = folder_bytes(tmp)
+        if total > limit_bytes:
+            raise ValueError(f"the shipped pair would take {total / 1e6:.1f} MB ({sizes}), more than the "
+                             f"{limit_bytes / 1e6:.0f} MB allowed")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return report["shipped"]
 
 
 def report(spec: ZooSpec = DEFAULT_SPEC, root: Path | None = None) -> dict:
