@@ -1,0 +1,109 @@
+"""Shipping a zoo pair in the repository: the bf16 export, its size limit, and the lookup that
+prefers it (the demo and the benches on a fresh machine need no training)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_cuda import e2e, models, zoo
+from specdec_cuda.__main__ import main
+
+from test_e2e import save_random_pair
+
+
+def _dtypes(folder: Path) -> set[str]:
+    from safetensors import safe_open
+
+    out = set()
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            out |= {f.get_slice(k).get_dtype() for k in f.keys()}
+    return out
+
+
+def check_shipped(folder: Path) -> None:
+    """What a shipped pair must be: both models in bf16 safetensors with config and tokenizer,
+    at most 40 MB in all, loading as fp32 on the CPU."""
+    assert zoo.folder_bytes(folder) <= zoo.SHIP_LIMIT_BYTES == 40_000_000
+    for name in ("target", "draft"):
+        assert (folder / name / "config.json").exists() and (folder / name / "tokenizer.json").exists()
+        assert _dtypes(folder / name) == {"BF16"}
+        assert not list((folder / name).glob("*.bin"))
+    pair = e2e.load_pair(folder / "target", folder / "draft")
+    assert all(p.dtype == torch.float32 for p in pair.target.parameters())
+    assert pair.tokenizer.decode(pair.tokenizer("def f(x):\n")["input_ids"]) == "def f(x):\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return save_random_pair(tmp_path_factory.mktemp("src") / "tiny-random",
+                            report={"agreement": {"greedy": 0.5, "sampled": 0.5}})
+
+
+def test_ship_pair_writes_bf16_that_loads_as_fp32(trained, tmp_path):
+    dest = tmp_path / "zoo" / "tiny-random"
+    shipped = zoo.ship_pair(trained, dest)
+    check_shipped(dest)
+    assert shipped["dtype"] == "bfloat16" and set(shipped["bytes"]) == {"target", "draft"}
+    report = json.loads((dest / "report.json").read_text())
+    assert report["agreement"] == {"greedy": 0.5, "sampled": 0.5} and report["shipped"] == shipped
+    # The shipped target is the trained one rounded to bf16.
+    ids = torch.tensor([[3, 17, 40, 5, 99, 12]])
+    positions = torch.arange(ids.shape[1])[None]
+    full, half = models.load(trained / "target"), models.load(dest / "target")
+    want = full.forward(ids, positions, full.new_cache(1, 8)).logits
+    got = half.forward(ids, positions, half.new_cache(1, 8)).logits
+    assert got.dtype == torch.float32 and not torch.equal(got, want)
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(dest / "target", dtype=torch.float32)
+    torch.testing.assert_close(hf(input_ids=ids).logits, got, atol=1e-4, rtol=1e-4)
+
+
+def test_ship_pair_refuses_more_than_the_limit(trained, tmp_path):
+    dest = tmp_path / "zoo" / "tiny-random"
+    with pytest.raises(ValueError, match="MB"):
+        zoo.ship_pair(trained, dest, limit_bytes=10_000)
+    assert not dest.exists() and not list((tmp_path / "zoo").iterdir())
+    with pytest.raises(FileNotFoundError, match="not a trained pair"):
+        zoo.ship_pair(tmp_path, dest)
+
+
+def test_get_pair_and_default_prefer_the_shipped_pair(trained, tmp_path, monkeypatch):
+    spec = zoo.ZooSpec(name="tiny-random")
+    shipped, cache = tmp_path / "shipped", trained.parent
+    assert zoo.get_pair(spec, root=cache, shipped=shipped) == (trained / "target", trained / "draft")
+    zoo.ship_pair(trained, shipped / spec.name)
+    assert zoo.get_pair(spec, root=cache, shipped=shipped) == (shipped / spec.name / "target",
+                                                               shipped / spec.name / "draft")
+    assert zoo.get_pair(spec, root=cache, shipped=shipped, use_shipped=False)[0] == trained / "target"
+    # v4 becomes the default zoo as soon as its pair is shipped (no training on a fresh machine).
+    monkeypatch.setattr(zoo, "shipped_root", lambda: shipped)
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path / "empty-cache"))
+    assert zoo.default_zoo() == "default"
+    shutil.copytree(shipped / spec.name, shipped / zoo.V4_SPEC.name)
+    assert zoo.default_zoo() == "v4"
+    assert zoo.get_pair(zoo.V4_SPEC)[0] == shipped / zoo.V4_SPEC.name / "target"  # no training run needed
+
+
+def test_zoo_cli_ships_the_trained_pair(trained, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    shutil.copytree(trained, cache / zoo.DEFAULT_SPEC.name)
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(cache))
+    assert main(["zoo", "--ship", str(tmp_path / "out")]) == 0
+    assert "shipped to" in capsys.readouterr().out
+    check_shipped(tmp_path / "out")
+
+
+SHIPPED = zoo.shipped_root() / zoo.V4_SPEC.name if zoo.shipped_root() else None
+
+
+@pytest.mark.skipif(SHIPPED is None or not SHIPPED.exists(), reason="no zoo pair shipped in this checkout")
+def test_the_shipped_pair():
+    check_shipped(SHIPPED)
