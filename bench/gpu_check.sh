@@ -96,8 +96,9 @@ step bench_sampling 75 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/s
 # ==== family: models ==============================================================================
 step bench_models 45 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
 # end to end (issue 4) needs the trained zoo pair: training it here would eat the time budget, so
-# carry .cache/zoo from the development machine (the device tool's `carry`); without it, skipped.
-if [ -d .cache/zoo/pystdlib-v3 ]; then
+# carry .cache/zoo from the development machine (the device tool's `carry`) unless the v4 pair is
+# shipped in zoo/; without either, skipped.
+if [ -d zoo/pycode-v4 ] || [ -d .cache/zoo/pystdlib-v3 ]; then
   step bench_e2e 150 "$PY" bench/bench_e2e.py --device cuda --quick --repeats 1 --out "$OUT/e2e.json"
 else
   log "bench_e2e skipped: no trained zoo pair in .cache/zoo (carry it)"

@@ -107,3 +107,20 @@ SHIPPED = zoo.shipped_root() / zoo.V4_SPEC.name if zoo.shipped_root() else None
 @pytest.mark.skipif(SHIPPED is None or not SHIPPED.exists(), reason="no zoo pair shipped in this checkout")
 def test_the_shipped_pair():
     check_shipped(SHIPPED)
+
+
+def test_zoo_v4_cli_ships_a_finished_run(tmp_path, monkeypatch, capsys):
+    from specdec_cuda import zoo_v4
+
+    from test_zoo_v4 import TINY, _corpus
+
+    run = tmp_path / "run"
+    zoo_v4.train_v4(run, TINY, corpus=_corpus(), log=lambda _: None)  # the finished run
+    monkeypatch.setitem(zoo.SPECS, "v4", TINY)
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(zoo, "shipped_root", lambda: tmp_path / "repo-zoo")
+    assert main(["zoo", "--zoo", "v4", "--run-dir", str(run), "--ship"]) == 0  # resumes: nothing to train
+    assert "shipped to" in capsys.readouterr().out
+    check_shipped(tmp_path / "repo-zoo" / TINY.name)
+    report = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
+    assert report["target_heldout"] == json.loads((run / "report.json").read_text())["target_heldout"]

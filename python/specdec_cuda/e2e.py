@@ -435,6 +435,7 @@ def bench(args) -> int:
     jobs = [(w, b, t, r) for w in workloads for b in batches for t in temperatures for r in runners
             if r.max_batch is None or b <= r.max_batch]
     runs = {(w, b, t, r.name): [[] for _ in groups[w, b]] for w, b, t, r in jobs}
+    started = time.perf_counter()
     for repeat in range(args.repeats):
         for w in workloads:
             for b in batches:
@@ -442,7 +443,9 @@ def bench(args) -> int:
                     for jw, jb, t, r in jobs:
                         if (jw, jb) == (w, b):
                             runs[w, b, t, r.name][gi].append(r.run(group, t, max_new))
-        print(f"[bench] repeat {repeat + 1}/{args.repeats} done", flush=True)
+        elapsed = time.perf_counter() - started
+        print(f"[bench] repeat {repeat + 1}/{args.repeats} done, {elapsed:.0f}s "
+              f"(ETA {elapsed / (repeat + 1) * (args.repeats - repeat - 1):.0f}s)", flush=True)
 
     rows = []
     for w, b, t, r in jobs:
