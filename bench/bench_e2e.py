@@ -1,8 +1,12 @@
-"""End-to-end benchmark: this engine (autoregressive, draft-model speculative) vs transformers
-generate (plain and with assistant_model=) on the zoo pair, batch 1 and batch 8.
+"""End-to-end benchmark: this engine (autoregressive decoding and every registered method, in the
+configurations each declares with ``MethodSpec.bench_configs``) against transformers ``generate``
+(plain, ``assistant_model=`` the zoo draft, ``prompt_lookup_num_tokens=``), on the built-in
+prompts and the pair's held-out prompts, batch 1 and 8, greedy and T = 0.8, in one table.
 
-Usage: python bench/bench_e2e.py [--quick] [--out PATH] [--target DIR --draft DIR] [--k K]
-Writes JSON (default bench/results/e2e.json) and prints a table and the ratios.
+Usage: python bench/bench_e2e.py [--quick] [--out PATH] [--target DIR --draft DIR] [--zoo NAME]
+                                 [--prompts N] [--batch B] [--max-new-tokens N] [--repeats R]
+Writes JSON (default bench/results/e2e.json): every row, the best engine / best transformers
+ratio per setting and the headline (held-out, batch 1, greedy; target >= 1.5x).
 """
 
 import sys

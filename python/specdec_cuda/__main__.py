@@ -1,11 +1,12 @@
 """Command line: ``python -m specdec_cuda {demo,bench,zoo,methods}``.
 
-* ``demo``: the zoo pair (trained the first time) or ``--target`` / ``--draft`` HF checkpoint
-  folders; a few prompts decoded autoregressively and speculatively, greedy and sampled; the
+* ``demo``: the zoo pair (the shipped one, else trained the first time) or ``--target`` /
+  ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and speculatively, greedy and sampled; the
   text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
 * ``bench``: the end-to-end benchmark (also ``python bench/bench_e2e.py``).
-* ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains. ``zoo --heads``: train the
-  Medusa heads and MTP modules on the frozen target and cache them beside it.
+* ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains; ``--ship`` then writes the
+  bf16 copy committed to the repository (``zoo/<name>``). ``zoo --heads``: train the Medusa heads
+  and MTP modules on the frozen target and cache them beside it.
 * ``methods``: the registered decoding methods, lossless or lossy, with their options.
 """
 
