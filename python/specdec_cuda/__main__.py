@@ -1,8 +1,8 @@
 """Command line: ``python -m specdec_cuda {demo,bench,zoo,methods}``.
 
 * ``demo``: the zoo pair (the shipped one, else trained the first time) or ``--target`` /
-  ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and speculatively, greedy and sampled; the
-  text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
+  ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and speculatively,
+  greedy and sampled; the text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
 * ``bench``: the end-to-end benchmark (also ``python bench/bench_e2e.py``).
 * ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains; ``--ship`` then writes the
   bf16 copy committed to the repository (``zoo/<name>``). ``zoo --heads``: train the Medusa heads
