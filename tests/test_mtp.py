@@ -351,8 +351,8 @@ def test_training_forward_equals_the_inference_forward(tiny_target):
 
 
 @pytest.mark.parametrize("method", ["medusa", "mtp"])
-def test_default_cost_policy_keeps_the_output(tiny_target, method):
-    """Both methods default to the cost policy, which grants 0 drafts on some steps (accept() with
+def test_cost_policy_keeps_the_output(tiny_target, method):
+    """Under the cost policy, which grants 0 drafts on some steps (accept() with
     no proposal, rows drafting different lengths): the output stays the autoregressive one (at
     T > 0 token for token only for Medusa's sample-and-match; MTP's rejection sampling is equal in
     distribution, which the conformance suite's chi-square test checks)."""
@@ -365,7 +365,7 @@ def test_default_cost_policy_keeps_the_output(tiny_target, method):
         kw = dict(max_new_tokens=20, temperature=temperature, seed=[3, 4, 5])
         ar = specdec_cuda.generate(tiny_target, prompts, **kw).tokens
         extra = dict(budget=8) if method == "medusa" else dict(k=3)
-        dec = specdec_cuda.SpeculativeDecoder(tiny_target, method=method, heads=heads, **extra)
+        dec = specdec_cuda.SpeculativeDecoder(tiny_target, method=method, heads=heads, policy="cost", **extra)
         assert dec.policy is not None
         for _ in range(2):  # the policy's measurements carry over between calls
             assert dec.generate(prompts, **kw).tokens == ar

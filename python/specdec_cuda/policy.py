@@ -248,7 +248,10 @@ class CostAwarePolicy:
         # The first step of a run pays one-time costs (first forwards at this batch shape): it
         # would make plain decoding look dearer than it is, so it is not measured.
         if rows and self.steps > 1:
-            key = (rows, fed_width - 1)  # the length actually fed (a proposer may draft less)
+            # Keyed by the deepest draft actually sent (a proposer may draft less than granted), the
+            # K that plan() chooses: for chains it is the fed width less the root, for trees and
+            # extra rows the width is larger (nodes, window) but grows with the same K.
+            key = (rows, max((d for d, a in zip(drafted, active) if a), default=0))
             old = self.cost.get(key)
             self.cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
         for b, (a, d, n) in enumerate(zip(active, drafted, accepted)):

@@ -114,6 +114,23 @@ def load_drafter(target, drafter=None):
     return drafter.attach(target)
 
 
+def pair_drafter_dir(pair) -> Path:
+    """The DFlash drafter trained for the bench pair's target (``zoo --dflash --target DIR`` writes
+    it beside it); FileNotFoundError naming the command when there is none."""
+    from ..zoo_dflash import default_drafter_dir
+
+    folder = default_drafter_dir(pair.target_dir)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no DFlash drafter beside {pair.target_dir}; train one with "
+                                f"`python -m specdec_cuda zoo --dflash --target {pair.target_dir}`")
+    return folder
+
+
+def bench_configs(pair) -> list[tuple[str, dict]]:
+    """The end-to-end bench's configuration: the drafter's own block size."""
+    return [("", dict(drafter=pair_drafter_dir(pair)))]
+
+
 def make_dflash_proposer(target, drafter=None, block_size: int | None = None,
                          draft_sampling: str = "sampled") -> DFlashProposer:
     """The ``method="dflash"`` proposer for ``target``."""
@@ -125,6 +142,7 @@ register(MethodSpec(
     summary="DFlash (Chen et al. 2026): a block-diffusion drafter on the target's hidden states drafts a chain",
     lossless=True,
     make=make_dflash_proposer,
+    bench_configs=bench_configs,
     options={
         "drafter": "a DFlashDrafter or its checkpoint folder (default: the zoo's trained drafter)",
         "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",

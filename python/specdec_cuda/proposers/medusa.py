@@ -179,6 +179,23 @@ def resolve_heads(target, heads, kind: str):
     return heads.to(dtype=target.dtype, device=target.device)
 
 
+def pair_heads_dir(pair, kind: str):
+    """The ``kind`` heads trained for the bench pair's target (``zoo --heads --target DIR`` writes
+    them beside it); FileNotFoundError naming the command when there are none."""
+    folder = pair.target_dir.parent / f"heads-{kind}"
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no {kind} heads beside {pair.target_dir}; train them with "
+                                f"`python -m specdec_cuda zoo --heads --target {pair.target_dir}`")
+    return folder
+
+
+def bench_configs(pair) -> list[tuple[str, dict]]:
+    """The end-to-end bench's configurations: the chain and the 16- and 32-node trees."""
+    heads = pair_heads_dir(pair, "medusa")
+    return [("chain", dict(heads=heads)), ("tree 16", dict(heads=heads, budget=16)),
+            ("tree 32", dict(heads=heads, budget=32))]
+
+
 def make_medusa_proposer(target, heads=None, tree=None, budget: int | None = None,
                          verification: str = "match", w4_lm_head: bool = False) -> MedusaProposer:
     """The ``method="medusa"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
@@ -194,7 +211,7 @@ register(MethodSpec(
     summary="Medusa heads on the target (Cai et al.): per-head top-k candidates as a chain or a static tree",
     lossless=True,
     make=make_medusa_proposer,
-    default_policy="cost",
+    bench_configs=bench_configs,
     options={
         "heads": "MedusaHeads or a heads folder (default: the zoo cache of `python -m specdec_cuda zoo --heads`)",
         "tree": "static tree as rank paths, e.g. [(0,), (1,), (0, 0)] (default: a chain of top-1 candidates)",
