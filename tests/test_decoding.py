@@ -150,7 +150,7 @@ def test_transformers_model_is_wrapped(folders):
 def test_bad_arguments(folders, tmp_path):
     target = load_backend(folders[0], "builtin")
     with pytest.raises(ValueError, match="method"):
-        specdec_cuda.generate(target, PROMPTS[:1], method="medusa")
+        specdec_cuda.generate(target, PROMPTS[:1], method="no_such_method")
     with pytest.raises(ValueError, match="needs draft="):
         specdec_cuda.generate(target, PROMPTS[:1], method="draft")
     with pytest.raises(ValueError, match="vocabulary"):
