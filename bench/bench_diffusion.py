@@ -204,10 +204,16 @@ def main(argv=None) -> int:
         print(f"{r['label']:40s} {r['tokens_per_forward']:8.2f} {r['tokens_per_s']:8.1f} {r['speedup']:7.2f}x "
               f"{r['perplexity']:8.2f} {r['ppl_ratio']:13.2f}x {same:>11s}")
     # The target: threshold rule + cache, >= 3x the tokens/s of one token per step at no
-    # more than 10% higher perplexity. Reported for the best qualifying configuration.
+    # more than 10% higher perplexity. Reported for the best qualifying configuration; a run whose
+    # threshold rule never fired (about one position per forward) does not qualify: its gain is the
+    # cache's alone, which the 1-token/step + cache rows measure.
     candidates = [r for r in rows if r["kind"] == "diffusion" and r["rule"] == "threshold" and r["cache"] != "none"]
-    meeting = [r for r in candidates if r["speedup"] >= 3.0 and r["ppl_ratio"] <= 1.10]
-    best = max(meeting or candidates, key=lambda r: (r["speedup"] >= 3.0 and r["ppl_ratio"] <= 1.10, r["speedup"]))
+
+    def qualifies(r):
+        return r["speedup"] >= 3.0 and r["ppl_ratio"] <= 1.10 and r["tokens_per_forward"] >= 1.05
+
+    meeting = [r for r in candidates if qualifies(r)]
+    best = max(meeting or candidates, key=lambda r: (qualifies(r), r["speedup"]))
     met = bool(meeting)
     print(f"\ntarget: threshold + cache >= 3x tokens/s of 1 token/step at <= 1.10x perplexity: "
           f"{'met' if met else 'NOT met'} (best: {best['label']}, {best['speedup']:.2f}x, "
