@@ -27,7 +27,7 @@ from torch import nn
 
 from .config import UnsupportedModelError, eos_token_ids
 from ..ops.tree import compact_kv
-from .protocol import ModelOutput, as_index_tensor, check_commit_args
+from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args
 
 _MASKABLE = ("sdpa", "eager")
 
@@ -217,16 +217,7 @@ class HFCausalLM:
         Shape: tokens [B, n]; positions [B, n]; tree_mask [B, n, n] bool or None (a token always
         sees itself); returns logits [B, n, V] and hidden_states {layer: [B, n, hidden]}.
         """
-        B, n = tokens.shape
-        if positions.shape != (B, n):
-            raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")
-        if cache.batch_size != B:
-            raise ValueError(f"tokens has {B} rows but the cache was made for {cache.batch_size}")
-        if tree_mask is not None and tree_mask.shape != (B, n, n):
-            raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
-        for i in hidden_layers:
-            if not -1 <= i < self.num_layers:
-                raise ValueError(f"hidden_layers: {i} is not a layer index in [-1, {self.num_layers - 1}]")
+        B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers)
         cache.begin_forward(n)
         mask = None if (tree_mask is None and cache.uniform) else self._attention_mask(cache, n, tree_mask)
 

@@ -15,7 +15,7 @@ from torch import nn
 from .cache import StaticKVCache
 from .config import LlamaConfig
 from .layers import DecoderLayer, RMSNorm
-from .protocol import ModelOutput
+from .protocol import ModelOutput, check_forward_args
 from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
 
@@ -146,14 +146,7 @@ class LlamaModel(nn.Module):
                 return self.forward(tokens, positions, cache, tree_mask, hidden_layers)
         if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
             return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers)
-        B, n = tokens.shape
-        if positions.shape != (B, n):
-            raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")
-        if cache.batch_size != B:
-            raise ValueError(f"tokens has {B} rows but the cache was made for {cache.batch_size}")
-        for i in hidden_layers:
-            if not -1 <= i < self.num_layers:
-                raise ValueError(f"hidden_layers: {i} is not a layer index in [-1, {self.num_layers - 1}]")
+        B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers)
         span = cache.begin_forward(n)
         device = self.device
 
@@ -171,8 +164,6 @@ class LlamaModel(nn.Module):
             if tree_mask is None:
                 attn_mask = rel[:, None, :] <= steps[None, :, None]  # prefix, then causal
             else:
-                if tree_mask.shape != (B, n, n):
-                    raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
                 tree_mask = tree_mask.to(torch.bool) | torch.eye(n, dtype=torch.bool, device=device)
                 new_col = rel.clamp(0, n - 1)[:, None, :].expand(B, n, span)
                 in_new = (rel >= 0) & (rel < n)

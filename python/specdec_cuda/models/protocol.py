@@ -102,6 +102,25 @@ def as_index_tensor(value, name: str, device: torch.device) -> torch.Tensor:
     return t.to(torch.int64)
 
 
+def check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, num_layers: int) -> tuple[int, int]:
+    """The argument checks of ``CausalLM.forward`` that every model shares; returns (B, n).
+
+    Shape: tokens [B, n]; positions [B, n]; tree_mask [B, n, n] or None; ``cache`` made for B rows;
+    each of ``hidden_layers`` in [-1, num_layers).
+    """
+    B, n = tokens.shape
+    if positions.shape != (B, n):
+        raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")
+    if cache.batch_size != B:
+        raise ValueError(f"tokens has {B} rows but the cache was made for {cache.batch_size}")
+    if tree_mask is not None and tree_mask.shape != (B, n, n):
+        raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
+    for i in hidden_layers:
+        if not -1 <= i < num_layers:
+            raise ValueError(f"hidden_layers: {i} is not a layer index in [-1, {num_layers - 1}]")
+    return B, n
+
+
 def check_commit_args(
     num_kept, kept_indices, batch_size: int, num_pending: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ..ops import kv_quant as kvops
 from ..ops.quant_attention import quant_kv_attention
 from .layers import rms_norm
-from .protocol import ModelOutput, as_index_tensor, check_commit_args
+from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args
 from .rope import apply_rope
 
 
@@ -320,16 +320,7 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
         with torch.no_grad():
             return quantized_forward(model, tokens, positions, cache, tree_mask, hidden_layers,
                                      use_lower=use_lower, linears=linears)
-    B, n = tokens.shape
-    if positions.shape != (B, n):
-        raise ValueError(f"positions must have the shape of tokens {(B, n)}, got {tuple(positions.shape)}")
-    if cache.batch_size != B:
-        raise ValueError(f"tokens has {B} rows but the cache was made for {cache.batch_size}")
-    if tree_mask is not None and tree_mask.shape != (B, n, n):
-        raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
-    for i in hidden_layers:
-        if not -1 <= i < model.num_layers:
-            raise ValueError(f"hidden_layers: {i} is not a layer index in [-1, {model.num_layers - 1}]")
+    B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, model.num_layers)
     c = model.config
     if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (c.num_hidden_layers, c.num_key_value_heads, c.head_dim):
         raise ValueError(f"the cache ({cache.num_layers} layers, {cache.num_kv_heads} KV heads, head_dim "
