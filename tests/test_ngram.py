@@ -125,6 +125,18 @@ def test_ranking_count_then_recency():
     assert lookup([ix], k=1, num_candidates=2, max_occurrences=1).num_nodes.tolist() == [1]
 
 
+def test_ranking_prefers_a_full_continuation_to_a_cut_one():
+    # after "1" came "8 9 1" and, newest, "7 1" cut by the end of the text: equal counts, so the
+    # longer continuation drafts first (recency alone would pick the two-token one)
+    ix = NgramIndex(1, 1)
+    ix.extend([1, 8, 9, 1, 7, 1])
+    d = lookup([ix], k=3)
+    assert d.tokens[0, :3].tolist() == [8, 9, 1] and d.num_nodes.tolist() == [3]
+    ref = NgramIndexRef(1, 1)
+    ref.extend([1, 8, 9, 1, 7, 1])
+    assert ref.candidates([1, 8, 9, 1, 7, 1], k=3, max_occurrences=64) == [(8, 9, 1), (7, 1)]
+
+
 def test_tree_merges_shared_prefixes_in_bfs_order():
     ix = NgramIndex(1, 1)
     # after 7: "1 2 3" (newest), "1 5 6", "8 9 9"

@@ -5,7 +5,8 @@ of orders ``n_min..n_max`` that has a following token, mapped to where it occurr
 tokens costs O(n_max) per new token; nothing is rescanned and nothing is rolled back (only
 committed tokens enter). :func:`lookup` turns the suffix of every row's tokens into a draft tree in
 one call: the longest suffix that occurred before, up to ``num_candidates`` of its continuations of
-up to ``k`` tokens ranked by count then recency, merged into one prefix tree per row in BFS order.
+up to ``k`` tokens ranked by count, then length, then recency, merged into one prefix tree per
+row in BFS order.
 A static corpus index (:meth:`NgramIndex.from_corpus`, :meth:`NgramIndex.save` /
 :meth:`NgramIndex.load`) can be shared read-only by all requests; it fills the candidate slots a
 row's own index leaves empty.
@@ -185,8 +186,8 @@ def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1
 
     Row b looks up the longest suffix of ``indexes[b]``'s tokens that occurred before (orders
     ``n_max`` down to ``n_min``), takes up to ``num_candidates`` of its continuations (up to ``k``
-    tokens each) ranked by count then recency among its newest ``max_occurrences`` occurrences,
-    lets ``corpus`` fill the slots left, and merges them into one prefix tree of at most
+    tokens each) ranked by count, then length, then recency among its newest ``max_occurrences``
+    occurrences, lets ``corpus`` fill the slots left, and merges them into one prefix tree of at most
     ``max_nodes[b]`` nodes (candidates inserted in rank order, each as deep as the budget allows)
     and at most ``max_depth[b]`` deep. ``num_candidates=1`` gives a chain.
 

@@ -196,7 +196,7 @@ int NgramIndex::collect_candidates(const int32_t* context, int64_t context_len, 
     const Slot* s = find(t, n, end, hashes[n]);
     if (!s) continue;
     // Newest occurrence first; a group's first occurrence is its newest, so `out` is in recency
-    // order before the stable sort by count.
+    // order before the stable sort by count, then length.
     int seen = 0;
     for (int64_t p = s->last; p >= 0 && seen < max_occurrences; p = t.prev[p], ++seen) {
       const int32_t length = static_cast<int32_t>(std::min<int64_t>(k, document_end(p) - p));
@@ -212,7 +212,9 @@ int NgramIndex::collect_candidates(const int32_t* context, int64_t context_len, 
       if (!grouped) out.push_back(Candidate{p, length, 1, h});
     }
     std::stable_sort(out.begin(), out.end(),
-                     [](const Candidate& a, const Candidate& b) { return a.count > b.count; });
+                     [](const Candidate& a, const Candidate& b) {
+                       return a.count != b.count ? a.count > b.count : a.length > b.length;
+                     });
     return n;
   }
   return 0;

@@ -22,8 +22,9 @@
 // For a context (the request's committed tokens), the longest n in [n_max .. n_min] whose suffix
 // n-gram has an occurrence; then its newest `max_occurrences` occurrences, newest first, each
 // giving the continuation tokens[p, min(p + k, end of p's document)); identical continuations are
-// grouped; groups are ranked by how many of those occurrences they have (count), ties by their
-// newest occurrence (recency). The request's candidates come first; a shared static corpus index
+// grouped; groups are ranked by how many of those occurrences they have (count), then by length
+// (longer first: a recent occurrence near the end of the text has a cut continuation, which would
+// draft fewer tokens for the same verification), then by their newest occurrence (recency). The request's candidates come first; a shared static corpus index
 // fills the slots they leave. The candidates are merged into one prefix tree (shared prefixes once)
 // in rank order under a node budget, and the tree is written in BFS order.
 //

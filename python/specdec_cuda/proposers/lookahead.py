@@ -15,8 +15,9 @@ merged with shared prefixes stored once:
 
 * up to ``own_candidates`` continuations of the request's own committed text (prompt lookup: the
   C++ ``NgramIndex`` of the prompt and output, longest repeated suffix first);
-* pool n-grams whose first token is the root, ranked by count then recency (the pool is an
-  ``NgramIndex`` too, one document per collected n-gram), up to ``num_guesses`` candidates in all;
+* pool n-grams whose first token is the root, ranked by count, then length, then recency (the pool
+  is an ``NgramIndex`` too, one document per collected n-gram), up to ``num_guesses`` candidates in
+  all;
 * with ``draft=`` (``lookahead+draft``): first of all, a draft model's greedy chain of ``k``.
 
 With a drafter, each step uses one of four *arms*: everything ("all"), the lookahead parts without

@@ -2,10 +2,10 @@
 
 No drafter model: each request keeps an n-gram index (``specdec_cuda.ngram.NgramIndex``, C++) of
 its committed tokens, prompt and output. Every step, the longest suffix of the committed text that
-occurred before proposes what followed it then: one continuation as a chain
-(``num_candidates=1``), or several merged into a prefix tree, ranked by count then recency. An
-optional static corpus index, shared read-only by all requests, fills the candidate slots a
-request's own text leaves empty.
+occurred before proposes what followed it then: one continuation as a chain (``num_candidates=1``),
+or several merged into a prefix tree, ranked by count, then length, then recency. An optional static
+corpus index, shared read-only by all requests, fills the candidate slots a request's own text
+leaves empty.
 
 The guesses are deterministic (``DraftKind.GUESS``): greedy verification at T = 0 and
 sample-and-match at T > 0, lossless either way. The index grows in ``accept`` by the step's

@@ -12,7 +12,9 @@ Rules
   context's length) whose last ``n`` context tokens were indexed; its newest ``max_occurrences``
   occurrences, newest first, give the continuations ``tokens[p:min(p + k, end of p's document)]``;
   equal continuations are one candidate whose count is how many of those occurrences gave it;
-  candidates are ranked by count (descending), ties by their newest occurrence (newest first).
+  candidates are ranked by count (descending), then by length (longer first: an occurrence near
+  the end of the text has a cut continuation, and a cut one drafts fewer tokens for the same
+  verification), then by their newest occurrence (newest first).
 * Lookup of a row: the row index's candidates, the top ``num_candidates``; a corpus index, when
   given and slots are left, adds its own ranked candidates for the same context (the row's
   tokens), skipping continuations equal to one of the row's. The candidates are inserted in rank
@@ -73,7 +75,7 @@ class NgramIndexRef:
             for p in reversed(positions[-max_occurrences:]):
                 cont = tuple(self.tokens[p:min(p + k, self.document_end(p))])
                 counts[cont] = counts.get(cont, 0) + 1
-            return sorted(counts, key=lambda c: -counts[c])  # stable: ties stay newest first
+            return sorted(counts, key=lambda c: (-counts[c], -len(c)))  # stable: ties stay newest first
         return []
 
 
