@@ -103,8 +103,9 @@ PROMPT_LOOKUP_OPTIONS = {
 
 
 def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configurations: a chain of 4 and a tree of 4 candidates x 4."""
-    return [("chain k=4", dict(k=4)), ("tree 4 candidates x 4", dict(k=4, num_candidates=4))]
+    """The end-to-end bench's configurations: chains of 4 and 16, a tree of 4 candidates x 4."""
+    return [("chain k=4", dict(k=4)), ("chain k=16", dict(k=16)),
+            ("tree 4 candidates x 4", dict(k=4, num_candidates=4))]
 
 
 register(MethodSpec(
