@@ -89,8 +89,9 @@ class DiffusionSpec:
 
 # From scratch (the first zoo diffusion LM; `--zoo scratch`).
 SCRATCH_SPEC = DiffusionSpec()
-# The default: the zoo target adapted (Dream's recipe). 500 steps of 16 x 256 in bf16 autocast fit
-# the 10 minutes on 2 idle cores; peak learning rate 1e-3, below the from-scratch 2e-3.
+# The default: the zoo target adapted (Dream's recipe). 500 steps of 16 x 256 in bf16 autocast:
+# 769 s measured on ONE thread of the busy shared machine (load ~3; 1.3-1.9 s per step), so about
+# 10 minutes on 2 idle cores (not measured idle). Peak learning rate 1e-3, below the from-scratch 2e-3.
 DEFAULT_SPEC = DiffusionSpec(name="pystdlib-v3-diffusion-ar", init="target", steps=500, lr=1e-3, bf16=True)
 # For busy machines (`--zoo small`): the small pair's tokenizer, a quarter of the steps.
 SMALL_SPEC = DiffusionSpec(name="pystdlib-v3-small-diffusion", pair="small", seq_len=128, steps=160, lr=3e-3)
