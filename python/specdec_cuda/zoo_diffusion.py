@@ -90,8 +90,9 @@ class DiffusionSpec:
 # From scratch (the first zoo diffusion LM; `--zoo scratch`).
 SCRATCH_SPEC = DiffusionSpec()
 # The default: the zoo target adapted (Dream's recipe). 500 steps of 16 x 256 in bf16 autocast:
-# 769 s measured on ONE thread of the busy shared machine (load ~3; 1.3-1.9 s per step), so about
-# 10 minutes on 2 idle cores (not measured idle). Peak learning rate 1e-3, below the from-scratch 2e-3.
+# 0.77 s per step on 2 threads at load ~1.5 (1.21 s on one), so ~7 minutes with the evaluation;
+# 769 s end to end on one thread of the busy shared machine (load ~3). Peak learning rate 1e-3,
+# below the from-scratch 2e-3.
 DEFAULT_SPEC = DiffusionSpec(name="pystdlib-v3-diffusion-ar", init="target", steps=500, lr=1e-3, bf16=True)
 # For busy machines (`--zoo small`): the small pair's tokenizer, a quarter of the steps.
 SMALL_SPEC = DiffusionSpec(name="pystdlib-v3-small-diffusion", pair="small", seq_len=128, steps=160, lr=3e-3)
