@@ -11,7 +11,13 @@ beside the same figures for the zoo target's own greedy and sampled continuation
 diffusion model at one token per step (LLaDA's slowest, most careful setting), the baseline of the
 issue's target: threshold rule + cache at >= 3x its tokens/s with <= 10% higher perplexity.
 
-Usage: python bench/bench_diffusion.py [--quick] [--zoo default|small] [--out PATH] [--threads N]
+Also the confidence profile that decides whether the threshold rule can fire at all: on held-out
+text, the share of positions of a masked block (clean prompt before it, masks after it) whose
+diffusion confidence reaches each threshold, beside the AR target's next-token confidence on the
+same tokens.
+
+Usage: python bench/bench_diffusion.py [--quick] [--zoo default|scratch|small] [--model DIR --ar-target DIR]
+                                       [--out PATH] [--threads N]
 Writes JSON (default bench/results/diffusion.json), a PNG plot beside it, and prints a table.
 Timings are wall-clock on the CPU: on a shared machine they are noisy (say so when reporting).
 """
@@ -64,6 +70,30 @@ def perplexity(ar_model, prompts, continuations) -> float:
         nll -= float(token_logp.sum())
         count += token_logp.numel()
     return math.exp(nll / count) if count else float("nan")
+
+
+PROFILE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9, 0.95)
+
+
+@torch.no_grad()
+def confidence_profile(model, ar_model, windows: list[list[int]], prompt_tokens: int, block: int) -> dict:
+    """Per threshold, the share of block positions whose confidence reaches it: the diffusion
+    model's (prompt clean, the block and everything after it masked, as at a block's first step)
+    and the AR target's next-token max probability on the same true text (teacher forced).
+
+    Shape: windows: lists of at least prompt_tokens + block token ids.
+    """
+    x = torch.tensor([w[: prompt_tokens + block] for w in windows])  # [N, P + block]
+    masked = x.clone()
+    masked[:, prompt_tokens:] = model.mask_token_id
+    diff = model(masked).logits[:, prompt_tokens:].softmax(-1).amax(-1)  # [N, block]
+    ar = ar_model(input_ids=x).logits[:, prompt_tokens - 1: -1].float().softmax(-1).amax(-1)  # [N, block]
+    share = lambda c, th: float((c >= th).float().mean())  # noqa: E731
+    return {"thresholds": list(PROFILE_THRESHOLDS),
+            "diffusion_block": [share(diff, th) for th in PROFILE_THRESHOLDS],
+            "diffusion_first_position": [share(diff[:, 0], th) for th in PROFILE_THRESHOLDS],
+            "ar_next_token": [share(ar, th) for th in PROFILE_THRESHOLDS],
+            "positions": diff.numel()}
 
 
 def run_diffusion(model, prompts, eos, gen_length, block_length, temperature=0.0, **options) -> dict:
@@ -133,8 +163,13 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 prompts, L = 64, fewer configurations")
-    parser.add_argument("--zoo", choices=("default", "small"), default="default",
-                        help="which zoo (diffusion model and AR target) to use")
+    parser.add_argument("--zoo", choices=sorted(zoo_diffusion.SPECS), default="default",
+                        help="which zoo diffusion model (and its pair's AR target) to use")
+    parser.add_argument("--model", default=None,
+                        help="a diffusion checkpoint folder instead of the zoo's (e.g. one adapted from a newer target)")
+    parser.add_argument("--ar-target", default=None,
+                        help="the AR target that scores perplexity (default: the zoo pair's; give it with --model "
+                             "when the model uses another tokenizer)")
     parser.add_argument("--out", default="bench/results/diffusion.json")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -144,8 +179,17 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = zoo_diffusion.SPECS[args.zoo]
-    target_dir, _ = zoo.get_pair(zoo.SPECS[spec.pair])
-    model, tokenizer = zoo_diffusion.load_zoo_diffusion(spec)
+    target_dir = Path(args.ar_target) if args.ar_target else zoo.get_pair(zoo.SPECS[spec.pair])[0]
+    if args.model:
+        from transformers import PreTrainedTokenizerFast
+
+        from specdec_cuda.models.diffusion_lm import load_diffusion
+
+        model_dir = Path(args.model)
+        model, tokenizer = load_diffusion(model_dir), PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    else:
+        model_dir = zoo_diffusion.get_diffusion(spec)
+        model, tokenizer = zoo_diffusion.load_zoo_diffusion(spec)
     ar_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     ar_vocab = AutoTokenizer.from_pretrained(target_dir).get_vocab()
     mine = {t: i for t, i in tokenizer.get_vocab().items() if i != model.mask_token_id}
@@ -155,6 +199,12 @@ def main(argv=None) -> int:
     eos = model.config.eos_token_id
     count, gen_length, block = (4, 64, 32) if args.quick else (8, 128, 32)
     prompts = held_out_prompts(tokenizer, count, 48)
+    profile = confidence_profile(model, ar_model, held_out_prompts(tokenizer, 32, 48 + block), 48, block)
+    print("confidence profile (share of positions >= threshold; diffusion: a masked block after a clean "
+          f"prompt, {profile['positions']} positions; AR: next token, teacher forced):")
+    for i, th in enumerate(profile["thresholds"]):
+        print(f"  >= {th:4.2f}: diffusion block {100 * profile['diffusion_block'][i]:5.1f}%  first block position "
+              f"{100 * profile['diffusion_first_position'][i]:5.1f}%  AR next token {100 * profile['ar_next_token'][i]:5.1f}%")
 
     # (label, rule, cache, options)
     configs = [("1 token/step", "top-n", "none", dict(steps=block))]
@@ -215,19 +265,31 @@ def main(argv=None) -> int:
     meeting = [r for r in candidates if qualifies(r)]
     best = max(meeting or candidates, key=lambda r: (qualifies(r), r["speedup"]))
     met = bool(meeting)
-    print(f"\ntarget: threshold + cache >= 3x tokens/s of 1 token/step at <= 1.10x perplexity: "
+    # At temperature > 0 the confidence is the token's probability under the tempered (and
+    # filtered) distribution the token was drawn from, sharper than the model's softmax for T < 1:
+    # the verdict says at which temperature it was reached.
+    setting = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g} (tempered confidences)"
+    print(f"\ntarget: threshold + cache >= 3x tokens/s of 1 token/step at <= 1.10x perplexity, {setting}: "
           f"{'met' if met else 'NOT met'} (best: {best['label']}, {best['speedup']:.2f}x, "
           f"perplexity {best['ppl_ratio']:.2f}x, {best['tokens_per_forward']:.2f} tokens/forward)")
+    # Split the best configuration's speedup into the cache's (1 token/step with the same cache)
+    # and the rule's (the rest): a verdict met with a rule gain near 1x is the cache's doing.
+    same_cache = next(r for r in rows if r["kind"] == "diffusion" and r["rule"] == "top-n"
+                      and r["cache"] == best["cache"] and r["tokens_per_forward"] == 1.0)
+    rule_gain = best["tokens_per_s"] / same_cache["tokens_per_s"]
+    print(f"of which the {best['cache']} cache: {same_cache['speedup']:.2f}x (1 token/step with it), "
+          f"the threshold rule: {rule_gain:.2f}x on top")
     if best["tokens_per_forward"] < 1.05:
         print("note: the threshold rule unmasked ~1 position per forward (confidences below the thresholds): "
               "the speedup is the cache's alone, plus timing noise; the model is too weak for the rule to fire")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "diffusion_model": str(zoo_diffusion.get_diffusion(spec)), "ar_target": str(target_dir),
+        "diffusion_model": str(model_dir), "ar_target": str(target_dir), "confidence_profile": profile,
         "prompts": len(prompts), "prompt_tokens": 48, "gen_length": gen_length, "block_length": block,
         "threads": torch.get_num_threads(), "quick": args.quick, "temperature": args.temperature,
-        "target": {"best": best["label"], "speedup": best["speedup"], "ppl_ratio": best["ppl_ratio"], "met": met},
+        "target": {"best": best["label"], "speedup": best["speedup"], "ppl_ratio": best["ppl_ratio"], "met": met,
+                   "cache_speedup": same_cache["speedup"], "rule_gain": rule_gain},
         "rows": rows}, indent=2))
     png = out.with_suffix(".png")
     plot(rows, png)

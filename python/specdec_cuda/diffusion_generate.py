@@ -144,23 +144,30 @@ class DiffusionGenerator:
     # -- the model calls ----------------------------------------------------------------------------
 
     def _block_logits(self, x, positions, valid, start, end, first_step, state):
-        """Logits [B, end - start, V] of the current block; refreshes the cache at a block's first step."""
+        """Logits [B, end - start, V] of the current block; refreshes the cache at a block's first step.
+
+        A model with ``shifted_logits`` predicts position j from the hidden state of j - 1, so the
+        cached forwards also feed the position just before the block (``lead``: the last prompt
+        token or the last token of the finished block before; never masked, never padding) and
+        its K/V is recomputed rather than read from the cache.
+        """
         model, mode = self.model, self.cache_mode
+        lead = 1 if getattr(model.config, "shifted_logits", False) else 0
         if mode == "none" or first_step:
             out = model(x, positions, valid, return_kv=mode != "none")
             if mode != "none":
-                state["prefix"] = [(k[:, :, :start], v[:, :, :start]) for k, v in out.kv]
+                state["prefix"] = [(k[:, :, :start - lead], v[:, :, :start - lead]) for k, v in out.kv]
                 state["suffix"] = [(k[:, :, end:], v[:, :, end:]) for k, v in out.kv]
             return out.logits[:, start:end], True
+        s = start - lead
         if mode == "prefix":
-            out = model(x[:, start:], positions[:, start:], valid[:, start:], past=state["prefix"],
-                        past_valid=valid[:, :start])
-            return out.logits[:, : end - start], False
+            out = model(x[:, s:], positions[:, s:], valid[:, s:], past=state["prefix"], past_valid=valid[:, :s])
+            return out.logits[:, lead: lead + end - start], False
         past = [(torch.cat((pk, sk), 2), torch.cat((pv, sv), 2))
                 for (pk, pv), (sk, sv) in zip(state["prefix"], state["suffix"])]
-        past_valid = torch.cat((valid[:, :start], valid[:, end:]), dim=1)
-        out = model(x[:, start:end], positions[:, start:end], valid[:, start:end], past=past, past_valid=past_valid)
-        return out.logits, False
+        past_valid = torch.cat((valid[:, :s], valid[:, end:]), dim=1)
+        out = model(x[:, s:end], positions[:, s:end], valid[:, s:end], past=past, past_valid=past_valid)
+        return out.logits[:, lead:], False
 
     # -- generation ---------------------------------------------------------------------------------
 
@@ -293,12 +300,16 @@ def make_diffusion(target, **options) -> DiffusionGenerator:
 
 def bench_configs(pair) -> list[tuple[str, dict]]:
     """The end-to-end bench's configuration (LOSSY): the cached zoo diffusion LM that shares the
-    pair's tokenizer, Fast-dLLM threshold 0.9 with the dual cache; none is trained here (minutes)."""
+    pair's tokenizer (one adapted from the pair's target, ``<pair>-diffusion-ar`` beside the pair
+    folder, first), Fast-dLLM threshold 0.9 with the dual cache; none is trained here (minutes)."""
     from . import zoo, zoo_diffusion
 
-    for spec in zoo_diffusion.SPECS.values():
-        folder = zoo.zoo_root() / spec.name
-        if zoo.SPECS[spec.pair].name == Path(pair.target_dir).parent.name and (folder / "report.json").exists():
+    pair_dir = Path(pair.target_dir).parent
+    folders = [pair_dir.parent / f"{pair_dir.name}-diffusion-ar"]
+    folders += [zoo.zoo_root() / spec.name for spec in zoo_diffusion.SPECS.values()
+                if zoo.SPECS[spec.pair].name == pair_dir.name]
+    for folder in folders:
+        if (folder / "report.json").exists():
             return [("threshold 0.9, dual cache",
                      dict(model=folder, block_length=32, threshold=0.9, use_cache="dual"))]
     raise FileNotFoundError(f"no trained zoo diffusion LM shares the tokenizer of {pair.target_dir} "

@@ -1,10 +1,23 @@
 """The zoo's masked-diffusion LM: trained here, offline, on the zoo corpus with the zoo's tokenizer.
 
-A small bidirectional Llama-style model (``models.diffusion_lm``) learns LLaDA's objective: each
+A bidirectional Llama-style model (``models.diffusion_lm``) learns LLaDA's objective: each
 training sequence is masked at a ratio ``t ~ U(0, 1)`` (every token independently with probability
 ``t``), and the loss is the cross entropy on the masked positions weighted by ``1 / t``, an upper
 bound on the negative log-likelihood. Half of each batch keeps a random-length prefix unmasked, the
 shape of generation (a clean prompt, a masked continuation).
+
+Two ways to start (``DiffusionSpec.init``):
+
+* ``"target"`` (the default spec): adapt the zoo's autoregressive target, as Dream 7B was
+  initialised from Qwen2.5. Every weight is the target's (``diffusion_lm.from_causal_lm``), the mask
+  token is appended, and the AR shift is kept (``shifted_logits``: the hidden state at i predicts
+  the token at i + 1), so the model starts from what the target knows and only has to learn to use
+  bidirectional attention and masked inputs; a lower learning rate than from scratch. Position 0
+  is never masked (it has no left neighbour to predict it from). The target folder is an argument
+  (``--target DIR``; default the pair's cached target) so it re-runs against a newer target; the
+  result is saved beside that target's pair folder as ``<pair>-diffusion-ar``.
+* ``"scratch"`` (``--zoo scratch``): a small model from random weights (the first zoo diffusion
+  LM; weaker: its confidences stay below Fast-dLLM's thresholds).
 
 The corpus and tokenizer are the zoo pair's (``zoo.stdlib_corpus``, ``zoo.train_tokenizer`` with
 the pair's vocabulary size), so the diffusion model's text can be scored by the zoo's autoregressive
@@ -31,18 +44,20 @@ import torch
 import torch.nn.functional as F
 
 from . import zoo
-from .models.diffusion_lm import MASK_TOKEN, DiffusionConfig, DiffusionLM, load_diffusion
+from .models.diffusion_lm import MASK_TOKEN, DiffusionConfig, DiffusionLM, from_causal_lm, load_diffusion
 
 
 @dataclass
 class DiffusionSpec:
     """Everything that determines the trained diffusion model; ``name`` is its cache folder.
 
-    The default is sized for about 10 minutes on 2 otherwise idle CPU cores: 6 layers of 256
+    ``SCRATCH_SPEC`` is sized for about 10 minutes on 2 otherwise idle CPU cores: 6 layers of 256
     (~6M parameters with the embeddings), 16 x 256 tokens per step, so a step costs about what one
     of the zoo target's steps costs (~1.3 s there), and 420 steps see ~1.7M tokens. Masked
-    diffusion learns more slowly per token than next-token prediction, so this model is weaker
+    diffusion learns more slowly per token than next-token prediction, so that model is weaker
     than the zoo target; it is a working example of the method, not a competitive LM.
+
+    With ``init="target"`` the architecture fields are ignored (the target's are used).
     """
 
     name: str = "pystdlib-v3-diffusion"
@@ -63,12 +78,25 @@ class DiffusionSpec:
     seed: int = 0
     corpus_chars: int = 0  # 0: the whole corpus; else its first characters (tiny test specs)
     vocab_size: int = 0  # 0: the pair's; else train a tokenizer of this size (tiny test specs)
+    init: str = "scratch"  # "scratch": random weights; "target": adapted from the AR target
+    target_dir: str = ""  # init "target": the AR checkpoint folder ("": the pair's cached target)
+    bf16: bool = False  # bf16 autocast for the matmuls on the CPU (AMX / AVX512-BF16); fp32 weights
+
+    def __post_init__(self) -> None:
+        if self.init not in ("scratch", "target"):
+            raise ValueError(f"init must be 'scratch' or 'target', got {self.init!r}")
 
 
-DEFAULT_SPEC = DiffusionSpec()
+# From scratch (the first zoo diffusion LM; `--zoo scratch`).
+SCRATCH_SPEC = DiffusionSpec()
+# The default: the zoo target adapted (Dream's recipe). 500 steps of 16 x 256 in bf16 autocast:
+# 0.77 s per step on 2 threads at load ~1.5 (1.21 s on one), so ~7 minutes with the evaluation;
+# 769 s end to end on one thread of the busy shared machine (load ~3). Peak learning rate 1e-3,
+# below the from-scratch 2e-3.
+DEFAULT_SPEC = DiffusionSpec(name="pystdlib-v3-diffusion-ar", init="target", steps=500, lr=1e-3, bf16=True)
 # For busy machines (`--zoo small`): the small pair's tokenizer, a quarter of the steps.
 SMALL_SPEC = DiffusionSpec(name="pystdlib-v3-small-diffusion", pair="small", seq_len=128, steps=160, lr=3e-3)
-SPECS = {"default": DEFAULT_SPEC, "small": SMALL_SPEC}
+SPECS = {"default": DEFAULT_SPEC, "scratch": SCRATCH_SPEC, "small": SMALL_SPEC}
 
 
 def _log(line: str) -> None:
@@ -97,21 +125,56 @@ def masked_diffusion_loss(model: DiffusionLM, x0: torch.Tensor, gen: torch.Gener
     Each row b draws ``t_b ~ U(min_ratio, 1)`` and masks every token with probability ``t_b``
     (rows chosen with probability ``prefix_fraction`` first keep a prefix of random length, up to
     half the row, unmasked); the loss is ``sum over masked (b, i) of CE(logits[b, i], x0[b, i]) /
-    t_b``, divided by the number of tokens.
+    t_b``, divided by the number of maskable tokens. A model with ``shifted_logits`` never has
+    position 0 masked (nothing left of it predicts it): its loss bounds the NLL of tokens 1..S-1
+    given token 0.
 
     Shape: x0 [B, S] int64 -> scalar.
     """
     B, S = x0.shape
+    first = 1 if getattr(model.config, "shifted_logits", False) else 0
     t = min_ratio + (1 - min_ratio) * torch.rand(B, 1, generator=gen)
     masked = torch.rand(B, S, generator=gen) < t
     with_prefix = torch.rand(B, 1, generator=gen) < prefix_fraction
     prefix = (torch.rand(B, 1, generator=gen) * (S // 2)).long()
     masked &= ~(with_prefix & (torch.arange(S)[None, :] < prefix))
+    masked[:, :first] = False
     inputs = torch.where(masked, model.mask_token_id, x0)
     logits = model(inputs).logits
-    ce = F.cross_entropy(logits[masked], x0[masked], reduction="none")
+    ce = F.cross_entropy(logits[masked].float(), x0[masked], reduction="none")
     weights = (1.0 / t).expand(B, S)[masked]
-    return (ce * weights).sum() / (B * S)
+    return (ce * weights).sum() / (B * (S - first))
+
+
+@torch.no_grad()
+def ar_eval_nll(folder: Path, data: torch.Tensor, seq_len: int) -> float:
+    """The causal LM's next-token NLL per token on the same held-out windows (for comparison)."""
+    from .models import load
+
+    ar = load(folder)
+    n = (data.numel() // seq_len) * seq_len
+    total, count = 0.0, 0
+    for chunk in data[:n].view(-1, seq_len).split(8):
+        B = chunk.shape[0]
+        logits = ar.forward(chunk, torch.arange(seq_len).expand(B, seq_len), ar.new_cache(B, seq_len)).logits
+        total += float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                       chunk[:, 1:].reshape(-1), reduction="sum"))
+        count += B * (seq_len - 1)
+    return total / count
+
+
+def ar_target_dir(spec: DiffusionSpec, root: Path, log) -> Path:
+    """The causal LM a ``init="target"`` spec adapts: ``spec.target_dir``, else the pair's target
+    (cached under ``root``, trained first if absent)."""
+    if spec.target_dir:
+        folder = Path(spec.target_dir)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"target_dir {str(folder)!r} has no config.json (expected an AR checkpoint folder)")
+        return folder
+    cached = root / zoo.SPECS[spec.pair].name / "target"
+    if (cached / "config.json").is_file():
+        return cached
+    return zoo.get_pair(zoo.SPECS[spec.pair], log=log, root=root)[0]
 
 
 @torch.no_grad()
@@ -136,7 +199,14 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
     if spec.corpus_chars:
         joined, texts = "".join(texts)[: spec.corpus_chars], []
         texts = [joined[i: i + 4096] for i in range(0, len(joined), 4096)]
-    tokenizer = _tokenizer(spec, texts, root, log)
+    ar_dir = ar_target_dir(spec, root, log) if spec.init == "target" else None
+    if ar_dir is not None:
+        from transformers import AutoTokenizer
+
+        log(f"[zoo-diffusion] adapting the AR model {ar_dir} (its weights and tokenizer)")
+        tokenizer = AutoTokenizer.from_pretrained(str(ar_dir))
+    else:
+        tokenizer = _tokenizer(spec, texts, root, log)
     eos_id = tokenizer.convert_tokens_to_ids(zoo.EOS)
     base_vocab = len(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]})
@@ -149,14 +219,19 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
     log(f"[zoo-diffusion] {len(texts)} texts, {data.numel()} tokens, vocab {base_vocab} + mask")
 
     torch.manual_seed(spec.seed)
-    config = DiffusionConfig(
-        vocab_size=base_vocab + 1, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_layers=spec.num_layers, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-        mask_token_id=mask_id, eos_token_id=eos_id, max_position=spec.max_position)
-    model = DiffusionLM(config)
+    if ar_dir is not None:
+        model = from_causal_lm(ar_dir, mask_token_id=mask_id, eos_token_id=eos_id)
+        config = model.config
+    else:
+        config = DiffusionConfig(
+            vocab_size=base_vocab + 1, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+            num_layers=spec.num_layers, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+            mask_token_id=mask_id, eos_token_id=eos_id, max_position=spec.max_position)
+        model = DiffusionLM(config)
     params = sum(p.numel() for p in model.parameters())
-    log(f"[zoo-diffusion] training {params / 1e6:.1f}M params, {spec.steps} steps of "
-        f"{spec.batch_size}x{spec.seq_len} tokens (LLaDA objective)")
+    log(f"[zoo-diffusion] training {params / 1e6:.1f}M params ({'from ' + str(ar_dir) if ar_dir else 'from scratch'}), "
+        f"{spec.steps} steps of {spec.batch_size}x{spec.seq_len} tokens (LLaDA objective"
+        f"{', bf16 autocast' if spec.bf16 else ''}), {torch.get_num_threads()} threads")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
     progress = zoo._Progress("diffusion", spec.steps, log, max(1, spec.steps // 20))
     gen = torch.Generator().manual_seed(spec.seed + 7)
@@ -167,7 +242,8 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
         for group in opt.param_groups:
             group["lr"] = zoo._lr(step - 1, spec.steps, spec.lr)
         x0 = inputs  # [B, seq_len] windows of the corpus (the shifted labels are not needed)
-        loss = masked_diffusion_loss(model, x0, gen, spec.min_mask_ratio, spec.prefix_fraction)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16):
+            loss = masked_diffusion_loss(model, x0, gen, spec.min_mask_ratio, spec.prefix_fraction)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -175,11 +251,18 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
         tokens += x0.numel()
         progress(step, float(loss.detach()), tokens)
     model.eval()
-    held_out = eval_loss(model, eval_data, min(spec.seq_len, eval_data.numel()))
+    train_seconds = time.perf_counter() - started
+    eval_len = min(spec.seq_len, eval_data.numel())
+    held_out = eval_loss(model, eval_data, eval_len)
     report = {"spec": dataclasses.asdict(spec), "config": config.to_dict(), "params": params,
-              "tokens": data.numel(), "eval_loss_bound": held_out,
-              "train_seconds": time.perf_counter() - started}
-    log(f"[zoo-diffusion] held-out LLaDA loss (NLL bound) {held_out:.3f}; trained in {report['train_seconds']:.0f}s")
+              "tokens": data.numel(), "eval_loss_bound": held_out, "train_seconds": train_seconds,
+              "threads": torch.get_num_threads()}
+    if ar_dir is not None:
+        report["init_from"] = str(ar_dir)
+        report["ar_eval_nll"] = ar_eval_nll(ar_dir, eval_data, eval_len)
+    log(f"[zoo-diffusion] held-out LLaDA loss (NLL bound) {held_out:.3f}"
+        + (f" (the AR model's next-token NLL on the same windows: {report['ar_eval_nll']:.3f})" if ar_dir else "")
+        + f"; trained in {train_seconds:.0f}s")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(tmp)
@@ -212,16 +295,26 @@ def load_zoo_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log=None, root: Path 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec_cuda.zoo_diffusion", description=__doc__.split("\n")[0])
-    parser.add_argument("--zoo", choices=sorted(SPECS), default="default")
+    parser.add_argument("--zoo", choices=sorted(SPECS), default="default",
+                        help="default: the AR target adapted; scratch: from random weights; small: the small pair's")
+    parser.add_argument("--target", default=None,
+                        help="the AR checkpoint folder to adapt (default spec only; default: the pair's "
+                             "target); the result goes beside its pair folder as <pair>-diffusion-ar")
     parser.add_argument("--force", action="store_true", help="retrain even if cached")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = SPECS[args.zoo]
+    spec, root = SPECS[args.zoo], zoo.zoo_root()
+    if args.target:
+        if spec.init != "target":
+            parser.error(f"--target adapts an AR model; the {args.zoo!r} spec trains from scratch")
+        target = Path(args.target).resolve()
+        spec = dataclasses.replace(spec, target_dir=str(target), name=f"{target.parent.name}-diffusion-ar")
+        root = target.parent.parent
     if args.force:
-        shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
-    print(get_diffusion(spec))
+        shutil.rmtree(root / spec.name, ignore_errors=True)
+    print(get_diffusion(spec, root=root))
     return 0
 
 

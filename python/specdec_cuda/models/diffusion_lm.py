@@ -11,6 +11,15 @@ Checkpoint folder (written by ``save`` / ``specdec_cuda.zoo_diffusion``): ``conf
 token added as a special token). ``load_diffusion(folder)`` refuses any other checkpoint with an
 error naming what it found.
 
+Shifted logits (Dream's "shift", ``config.shifted_logits``): a model adapted from an autoregressive LM
+(``from_causal_lm``) keeps that LM's habit of predicting the *next* token: the hidden state at
+position i predicts the token at i + 1. ``forward`` hides this: its logits are still aligned with
+positions (logits[:, j] is the prediction for the token at fed position j, taken from the hidden
+state of fed position j - 1), so the generator and the loss index them the same way for both
+kinds. The first fed position has no left neighbour among the fed tokens: its logits are all -inf
+(no prediction). Callers therefore never mask position 0 (the prompt is never empty), and a cached
+forward feeds one already-known token before the positions it wants predicted.
+
 Attention over an approximate KV cache (Fast-dLLM): ``forward(..., past=kv, past_valid=mask)``
 lets the queried tokens attend to previously computed, already rotated keys/values of other
 positions (a prefix, or a prefix and a suffix) as well as to themselves; ``return_kv=True``
@@ -55,6 +64,9 @@ class DiffusionConfig:
     max_position: int = 1024
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    # True: the hidden state at i predicts the token at i + 1 (adapted from a causal LM); forward
+    # still returns logits aligned with positions. False (trained from scratch): at i predicts i.
+    shifted_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
@@ -185,8 +197,9 @@ class DiffusionLM(nn.Module):
             positions; default 0 .. n-1); valid: [B, n] bool, False for padding that no token may
             attend to (default all True); past: per layer (k, v) [B, H_kv, P, D] of other positions,
             keys already rotated; past_valid: [B, P] bool (default all True).
-            Returns logits [B, n, V] (the mask token's logit -inf) and, with ``return_kv``, the fed
-            tokens' per-layer (k, v) [B, H_kv, n, D].
+            Returns logits [B, n, V] (the mask token's logit -inf; with ``shifted_logits`` the
+            logits of fed position 0 are all -inf) and, with ``return_kv``, the fed tokens'
+            per-layer (k, v) [B, H_kv, n, D].
         """
         B, n = tokens.shape
         if positions is None:
@@ -210,7 +223,13 @@ class DiffusionLM(nn.Module):
             x, kv = layer(x, cos, sin, attn_mask, None if past is None else past[i])
             if return_kv:
                 kvs.append(kv)
-        logits = self.lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps)).float()
+        h = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        if self.config.shifted_logits:
+            # the prediction for fed position j is the hidden state of j - 1; j = 0 has none
+            h = h[:, :-1]
+        logits = self.lm_head(h).float()
+        if self.config.shifted_logits:
+            logits = torch.cat((logits.new_full((B, 1, logits.shape[-1]), -math.inf), logits), dim=1)
         logits[..., self.config.mask_token_id] = -math.inf
         return DiffusionOutput(logits, kvs if return_kv else None)
 
@@ -229,6 +248,73 @@ class DiffusionLM(nn.Module):
 class DiffusionOutput:
     logits: torch.Tensor  # [B, n, V] float32
     kv: KV | None = None
+
+
+def from_causal_lm(folder: str | Path, mask_token_id: int | None = None,
+                   eos_token_id: int | None = None) -> DiffusionLM:
+    """A shifted masked-diffusion LM initialised from a causal LM checkpoint (Dream's recipe).
+
+    Every shared weight (embedding, layers, final norm, LM head) is the causal LM's; the mask token
+    is one new id, ``mask_token_id`` (default: the causal LM's vocabulary size, i.e. appended),
+    whose embedding row starts as the mean of the others (an "average token") and whose LM-head
+    row is zero (its logit is forced to -inf anyway). ``shifted_logits`` is set, so the hidden state
+    at i keeps predicting the token at i + 1 as it did in the causal LM; only the attention becomes
+    bidirectional, which training on the masked-diffusion objective then adapts to.
+
+    Parameters
+    ----------
+    folder : a Llama-family checkpoint folder loadable by ``specdec_cuda.models.load`` (config.json
+        + safetensors), e.g. the zoo target.
+    mask_token_id : must equal the causal LM's vocabulary size when given (the mask is appended).
+    eos_token_id : default: the checkpoint's first EOS id.
+
+    Raises
+    ------
+    UnsupportedModelError : a feature the diffusion block lacks (biases, QK-norm, RoPE scaling, a
+        head_dim other than hidden_size / num_heads); the message names it.
+    ValueError : a ``mask_token_id`` other than the vocabulary size, or no EOS id anywhere.
+    """
+    from .loader import load
+
+    ar = load(folder)
+    c = ar.config
+    unsupported = [name for name, bad in (
+        ("attention / MLP biases", c.qkv_bias or c.o_bias or c.mlp_bias), ("QK-norm", c.qk_norm),
+        (f"rope_scaling {c.rope_scaling}", c.rope_scaling.get("rope_type", "default") != "default"),
+        (f"head_dim {c.head_dim} != hidden_size / num_attention_heads",
+         c.head_dim * c.num_attention_heads != c.hidden_size)) if bad]
+    if unsupported:
+        raise UnsupportedModelError(f"{folder}: cannot become a diffusion LM: {', '.join(unsupported)} "
+                                    f"not supported by models.diffusion_lm")
+    vocab = c.vocab_size
+    if mask_token_id is not None and mask_token_id != vocab:
+        raise ValueError(f"mask_token_id {mask_token_id} must be the causal LM's vocabulary size {vocab} "
+                         f"(the mask token is appended after its vocabulary)")
+    if eos_token_id is None:
+        if not c.eos_token_id:
+            raise ValueError(f"{folder}: no eos_token_id in its config; pass eos_token_id")
+        eos_token_id = c.eos_token_id[0]
+    config = DiffusionConfig(
+        vocab_size=vocab + 1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+        mask_token_id=vocab, eos_token_id=int(eos_token_id), max_position=c.max_position_embeddings,
+        rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps, shifted_logits=True)
+    model = DiffusionLM(config)
+    with torch.no_grad():
+        embed = ar.embed_tokens.weight.float()  # [vocab, hidden]
+        model.embed_tokens.weight.copy_(torch.cat((embed, embed.mean(0, keepdim=True))))
+        head = embed if ar.lm_head is None else ar.lm_head.weight.float()  # tied or not: [vocab, hidden]
+        model.lm_head.weight.copy_(torch.cat((head, head.new_zeros(1, c.hidden_size))))
+        model.norm.copy_(ar.norm.weight)
+        for mine, theirs in zip(model.layers, ar.layers):
+            mine.input_norm.copy_(theirs.input_layernorm.weight)
+            mine.post_norm.copy_(theirs.post_attention_layernorm.weight)
+            # both fuse [q; k; v] rows and [gate; up] rows in the same order
+            mine.qkv_proj.weight.copy_(theirs.self_attn.qkv_proj.weight)
+            mine.o_proj.weight.copy_(theirs.self_attn.o_proj.weight)
+            mine.gate_up_proj.weight.copy_(theirs.mlp.gate_up_proj.weight)
+            mine.down_proj.weight.copy_(theirs.mlp.down_proj.weight)
+    return model
 
 
 def is_diffusion_checkpoint(folder: str | Path) -> bool:
