@@ -31,7 +31,8 @@ from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 class QuantSpecProposer(Proposer):
     """Chains of ``k`` tokens from the target's own 4-bit draft pass (see the module docstring)."""
 
-    def __init__(self, target: QuantKVModel, k: int = 4, draft_attention: bool = False, group_size: int = 128) -> None:
+    def __init__(self, target: QuantKVModel, k: int = 4, draft_attention: bool = False, group_size: int = 128,
+                 draft_lm_head: bool = False) -> None:
         if not isinstance(target, QuantKVModel):
             raise TypeError("method 'quantspec' verifies on the hierarchical 4-bit KV cache: pass "
                             "specdec_cuda.models.QuantKVModel(model) as the target (its autoregressive decoding "
@@ -42,7 +43,8 @@ class QuantSpecProposer(Proposer):
             raise ValueError(f"k ({k}) must be at most the cache's residual ({target.residual}): a draft is rolled "
                              f"back, and rollbacks may not reach tokens read from the codes")
         self.target, self.k, self.max_draft = target, k, k
-        self.linears = DraftLinears.quantize(target.model, mlp=True, attention=draft_attention, group_size=group_size)
+        self.linears = DraftLinears.quantize(target.model, mlp=True, attention=draft_attention, group_size=group_size,
+                                             lm_head=draft_lm_head)
 
     def prefill(self, ctx: PrefillContext) -> None:
         if not isinstance(ctx.cache, QuantKVCache):
@@ -83,10 +85,11 @@ class QuantSpecProposer(Proposer):
         """Nothing to learn: the shared cache was committed by the loop."""
 
 
-def make_quantspec_proposer(target, k: int = 4, draft_attention: bool = False,
-                            group_size: int = 128) -> QuantSpecProposer:
+def make_quantspec_proposer(target, k: int = 4, draft_attention: bool = False, group_size: int = 128,
+                            draft_lm_head: bool = False) -> QuantSpecProposer:
     """The ``method="quantspec"`` proposer; ``target`` is a ``models.QuantKVModel``."""
-    return QuantSpecProposer(target, k=k, draft_attention=draft_attention, group_size=group_size)
+    return QuantSpecProposer(target, k=k, draft_attention=draft_attention, group_size=group_size,
+                             draft_lm_head=draft_lm_head)
 
 
 register(MethodSpec(
@@ -103,5 +106,6 @@ register(MethodSpec(
         "k": "draft tokens per step (default 4; at most the cache's residual)",
         "draft_attention": "also draft with 4-bit attention projections (default False: MLPs only)",
         "group_size": "input features per 4-bit weight scale (default 128; smaller where a layer needs it)",
+        "draft_lm_head": "also draft with a 4-bit LM head (default False)",
     },
 ))

@@ -1,0 +1,339 @@
+// Attention over the hierarchical 4-bit KV cache on an AVX-512 CPU (see quant_attention.h for the
+// semantics and layouts; quant_attention_cpu.cpp for the portable kernel and the dispatch).
+//
+// Per (row b, KV head h) slab, the R = (Hq / Hkv) * n query rows that share the KV head are one
+// block, and the tokens 0 .. lengths[b] + n - 1 go by in tiles of kTile:
+//
+//   codes ──decode once──> K rows [kTile, D] ──┐                 ┌── V rows [kTile, D] <── decode once
+//   buffer rows (read in place) ───────────────┤                 ├── buffer rows (in place)
+//                                               v                 v
+//   R query rows ── score(q_rho, k_u) ──> p [R, kTile] ── exp ──> acc [R, D] += p * v
+//
+// so a 5-token verification decodes each KV tile once for its 4 * 5 = 20 query rows, as decoding
+// one token does for its 4. Dequantisation follows the reference's order of operations (no fused
+// multiply-add), so the decoded K / V are the reference's to the bit.
+//
+// Every query row's arithmetic is the same sequence whatever the other rows are: its scores are one
+// fused-multiply-add chain per 16-channel lane over the channels then a fixed reduction, its
+// probabilities one vectorised exp, its accumulator one FMA chain over the tile's tokens in order.
+// So query i of a verification forward and the same token decoded alone give the same bits (the
+// property that makes quantspec's output equal autoregressive decoding on this cache).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/quant_attention/quant_attention_cpu.h"
+
+#if defined(__x86_64__)
+// GCC 12's own avx512fintrin.h trips -Wmaybe-uninitialized in _mm512_setzero_ps-style helpers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+namespace specdec::qattn {
+namespace {
+
+#define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+// Tokens per tile: two 16-lane vectors of probabilities per query row; the decoded K and V tiles
+// (2 * 32 * D floats, 32 KiB at D = 128) stay in L1 / L2 while the R query rows read them.
+constexpr int64_t kTile = 32;
+
+// 16 channels of a packed row (8 bytes, channel 2c in the low nibble of byte c) as 16 floats.
+SPECDEC_AVX512 inline __m512 nibbles16(const uint8_t* packed) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed));
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(b, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+}
+
+// x = upper * scale + zero (+ (lower - 8) * (scale / 16)): kv::dequantize_one's operations, each
+// rounded on its own (scale * 0.0625 is scale / 16 exactly).
+SPECDEC_AVX512 inline __m512 dequant16(const uint8_t* up, const uint8_t* lo, __m512 scale, __m512 zero,
+                                       bool use_lower) {
+  __m512 x = _mm512_add_ps(_mm512_mul_ps(nibbles16(up), scale), zero);
+  if (use_lower) {
+    const __m512 r = _mm512_sub_ps(nibbles16(lo), _mm512_set1_ps(8.f));
+    x = _mm512_add_ps(x, _mm512_mul_ps(r, _mm512_mul_ps(scale, _mm512_set1_ps(0.0625f))));
+  }
+  return x;
+}
+
+// Rows [count, D] of tokens t0 .. t0 + count - 1 decoded from the codes of slab `task`: keys
+// (one scale / zero per channel of the token's group) or values (one per value group of the
+// token; `vscale` / `vzero` scratch of D floats for groups narrower than 16 channels).
+SPECDEC_AVX512 void decode_rows(const Args& a, int64_t task, int64_t t0, int64_t count, bool values, float* vscale,
+                                float* vzero, float* out) {
+  const int64_t D = a.D, half = D / 2, vgroups = D / a.value_group;
+  const bool wide_groups = a.value_group % 16 == 0;
+  for (int64_t u = 0; u < count; ++u) {
+    const int64_t t = t0 + u;
+    const int64_t byte = (task * a.capacity + t) * half;
+    const uint8_t* up = (values ? a.v_upper : a.k_upper) + byte;
+    const uint8_t* lo = (values ? a.v_lower : a.k_lower) + byte;
+    float* row = out + u * D;
+    if (!values) {
+      const int64_t param = (task * (a.capacity / a.key_group) + t / a.key_group) * D;
+      for (int64_t c = 0; c < D; c += 16)
+        _mm512_storeu_ps(row + c, dequant16(up + c / 2, lo + c / 2, _mm512_loadu_ps(a.k_scale + param + c),
+                                            _mm512_loadu_ps(a.k_zero + param + c), a.use_lower));
+      continue;
+    }
+    const int64_t param = (task * a.capacity + t) * vgroups;
+    if (!wide_groups) {  // spread each group's scale / zero over its channels
+      for (int64_t g = 0; g < vgroups; ++g) {
+        std::fill_n(vscale + g * a.value_group, a.value_group, a.v_scale[param + g]);
+        std::fill_n(vzero + g * a.value_group, a.value_group, a.v_zero[param + g]);
+      }
+    }
+    for (int64_t c = 0; c < D; c += 16) {
+      const int64_t g = c / a.value_group;
+      const __m512 sc = wide_groups ? _mm512_set1_ps(a.v_scale[param + g]) : _mm512_loadu_ps(vscale + c);
+      const __m512 ze = wide_groups ? _mm512_set1_ps(a.v_zero[param + g]) : _mm512_loadu_ps(vzero + c);
+      _mm512_storeu_ps(row + c, dequant16(up + c / 2, lo + c / 2, sc, ze, a.use_lower));
+    }
+  }
+}
+
+// 16 rows of 16 floats (rows[i] + c0) -> out[j * kTile + i] = rows[i][c0 + j]: the classic
+// three-stage AVX-512 transpose (unpack, in-lane shuffle, two 128-bit-lane shuffles), 64 shuffles
+// per 256 floats.
+SPECDEC_AVX512 inline void transpose16(const float* const* rows, int64_t c0, float* out) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows[i] + c0);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int j = 0; j < 16; ++j) _mm512_storeu_ps(out + j * kTile, r[j]);
+}
+
+// Keys of a tile transposed: kt [D, kTile] from kTile row pointers (a token no query reads from
+// this source points at a row of zeros).
+SPECDEC_AVX512 void transpose_tile(const float* const* rows, int64_t D, float* kt) {
+  for (int64_t c0 = 0; c0 < D; c0 += 16) {
+    transpose16(rows, c0, kt + c0 * kTile);
+    transpose16(rows + 16, c0, kt + c0 * kTile + 16);
+  }
+}
+
+// Scores of RB query rows against the tile's kTile keys: s[rho][u] = q_rho · k_u, lanes = tokens,
+// one fused multiply-add chain per (row, token) over the channels in order (so a row's scores are
+// the same bits whatever rows share its block). 2 * RB independent chains hide the FMA latency.
+template <int RB>
+SPECDEC_AVX512 void scores_block(const float* const* q, const float* kt, int64_t D, float* const* s) {
+  __m512 acc[RB][2];
+  for (int j = 0; j < RB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 k0 = _mm512_loadu_ps(kt + d * kTile), k1 = _mm512_loadu_ps(kt + d * kTile + 16);
+    for (int j = 0; j < RB; ++j) {
+      const __m512 qd = _mm512_set1_ps(q[j][d]);
+      acc[j][0] = _mm512_fmadd_ps(qd, k0, acc[j][0]);
+      acc[j][1] = _mm512_fmadd_ps(qd, k1, acc[j][1]);
+    }
+  }
+  for (int j = 0; j < RB; ++j) {
+    _mm512_storeu_ps(s[j], acc[j][0]);
+    _mm512_storeu_ps(s[j] + 16, acc[j][1]);
+  }
+}
+
+SPECDEC_AVX512 void scores(int rows, const float* const* q, const float* kt, int64_t D, float* const* s) {
+  switch (rows) {
+    case 1: scores_block<1>(q, kt, D, s); break;
+    case 2: scores_block<2>(q, kt, D, s); break;
+    case 3: scores_block<3>(q, kt, D, s); break;
+    default: scores_block<4>(q, kt, D, s); break;
+  }
+}
+
+// exp(s - m) for scores s <= m (the running max), s = -inf (masked) -> 0: x = s - m = n ln2 + r,
+// exp(r) by its Taylor series to r^7 (relative error < 2e-7 there), times 2^n by vscalefps (which
+// underflows to 0 below 2^-149 and never produces garbage exponents).
+SPECDEC_AVX512 inline __m512 exp_shifted16(__m512 s, __m512 m) {
+  const __m512 x = _mm512_sub_ps(s, m);
+  const __m512 clamped = _mm512_max_ps(x, _mm512_set1_ps(-104.f));  // exp(-104) is 0 in float32
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - n * ln2 in two steps (ln2's high part has few enough bits that n * hi is exact).
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), clamped);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512 e = _mm512_scalef_ps(p, n);
+  // -inf (masked) -> 0; NaN stays NaN (a NaN score makes the row's output NaN, as in the reference).
+  const __mmask16 masked = _mm512_cmp_ps_mask(s, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+  return _mm512_mask_blend_ps(masked, e, _mm512_setzero_ps());
+}
+
+// acc[0 .. D) = acc * alpha + sum over u in [0, tt) with p[u] != 0 of p[u] * rows(u) (rows from
+// the codes below `split`, from the buffer at and above it). Masked tokens (p = 0) are skipped:
+// their rows may hold anything, NaN included.
+SPECDEC_AVX512 void accumulate(float* acc, float alpha, const float* p, int64_t tt, int64_t split,
+                               const float* quant_rows, const float* buffer_rows, int64_t D) {
+  for (int64_t c0 = 0; c0 < D; c0 += 128) {  // 8 accumulators of 16 channels at a time
+    const int64_t width = std::min<int64_t>(128, D - c0), chunks = width / 16;
+    __m512 v[8];
+    const __m512 al = _mm512_set1_ps(alpha);
+    for (int64_t j = 0; j < chunks; ++j) v[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + c0 + 16 * j), al);
+    for (int64_t u = 0; u < tt; ++u) {
+      if (p[u] == 0.f) continue;
+      const __m512 w = _mm512_set1_ps(p[u]);
+      const float* row = (u < split ? quant_rows : buffer_rows) + u * D + c0;
+      for (int64_t j = 0; j < chunks; ++j) v[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * j), v[j]);
+    }
+    for (int64_t j = 0; j < chunks; ++j) _mm512_storeu_ps(acc + c0 + 16 * j, v[j]);
+  }
+}
+
+}  // namespace
+
+SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
+  const int64_t D = a.D, n = a.n, r = a.Hq / a.Hkv, R = r * n;
+  std::vector<float> qf(R * D), acc(R * D), m(R), l(R), alpha_r(R), p(R * kTile), vscale(D), vzero(D);
+  std::vector<float> krows(kTile * D), vrows(kTile * D), kqt(D * kTile), kft(D * kTile), zeros(D, 0.f);
+  std::vector<float> sq(R * kTile), sf(R * kTile);
+  for (int64_t task = task_begin; task < task_end; ++task) {
+    const int64_t b = task / a.Hkv, h = task % a.Hkv;
+    // Query heads h*r .. h*r + r - 1 are adjacent in [B, Hq, n, D]: one [R, D] block, row rho =
+    // head offset * n + new-token index.
+    const float* q = a.q + (b * a.Hq + h * r) * n * D;
+    float* out = a.out + (b * a.Hq + h * r) * n * D;
+    for (int64_t x = 0; x < R * D; ++x) qf[x] = q[x] * a.sm_scale;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    std::fill(m.begin(), m.end(), neg_inf());
+    std::fill(l.begin(), l.end(), 0.f);
+    const int64_t* qlen = a.quant_len + b * n;  // [n]
+    const int64_t qmin = *std::min_element(qlen, qlen + n), qmax = *std::max_element(qlen, qlen + n);
+    const int64_t total = a.lengths[b] + n, start = a.buffer_start[b];
+    // Buffer row of token t: buffer_rows + t * D (t within the buffer's window).
+    const float* kbuf = a.k_buffer + task * a.F * D - start * D;
+    const float* vbuf = a.v_buffer + task * a.F * D - start * D;
+    for (int64_t t0 = 0; t0 < total; t0 += kTile) {
+      const int64_t tt = std::min(kTile, total - t0);
+      // Tokens [t0, q_end) of the tile that some query reads from the codes: decoded once.
+      const int64_t q_end = std::max(t0, std::min({t0 + tt, qmax, a.capacity}));
+      decode_rows(a, task, t0, q_end - t0, false, vscale.data(), vzero.data(), krows.data());
+      // Tokens [f_begin, f_end) of the tile that some query reads from the buffer.
+      const int64_t f_begin = std::max({t0, qmin, start}), f_end = std::min(t0 + tt, start + a.F);
+      const float* qrows[kTile];
+      const float* frows[kTile];
+      for (int64_t u = 0; u < kTile; ++u) {
+        const int64_t t = t0 + u;
+        qrows[u] = t < q_end ? krows.data() + u * D : zeros.data();
+        frows[u] = t >= f_begin && t < f_end ? kbuf + t * D : zeros.data();
+      }
+      if (q_end > t0) transpose_tile(qrows, D, kqt.data());
+      if (f_end > f_begin) transpose_tile(frows, D, kft.data());
+      // Scores from the codes (sq) and from the buffer (sf) for blocks of 4 query rows, each
+      // computed where some row of the block reads that source in this tile.
+      for (int64_t rho0 = 0; rho0 < R; rho0 += 4) {
+        const int rows = static_cast<int>(std::min<int64_t>(4, R - rho0));
+        const float* qb[4];
+        float* sqb[4];
+        float* sfb[4];
+        bool need_q = false, need_f = false;
+        for (int j = 0; j < rows; ++j) {
+          const int64_t rho = rho0 + j, i = rho % n;
+          qb[j] = qf.data() + rho * D;
+          sqb[j] = sq.data() + rho * kTile;
+          sfb[j] = sf.data() + rho * kTile;
+          if (t0 > last_seen(a, b, i)) continue;
+          need_q = need_q || qlen[i] > t0;
+          need_f = need_f || qlen[i] < t0 + tt;
+        }
+        if (need_q) scores(rows, qb, kqt.data(), D, sqb);
+        if (need_f) scores(rows, qb, kft.data(), D, sfb);
+      }
+      for (int64_t rho = 0; rho < R; ++rho) {
+        const int64_t i = rho % n, last = last_seen(a, b, i);
+        float* pr = p.data() + rho * kTile;
+        if (t0 > last) {  // the whole tile lies after what query i sees (prefill)
+          std::fill_n(pr, kTile, neg_inf());
+          continue;
+        }
+        const int64_t split = std::clamp(qlen[i], t0, t0 + tt) - t0;  // codes below, buffer from here
+        const __mmask16 from_q0 = static_cast<__mmask16>(split >= 16 ? 0xffff : (1u << split) - 1);
+        const __mmask16 from_q1 = static_cast<__mmask16>(split >= 32 ? 0xffff : split <= 16 ? 0 : (1u << (split - 16)) - 1);
+        _mm512_storeu_ps(pr, _mm512_mask_blend_ps(from_q0, _mm512_loadu_ps(sf.data() + rho * kTile),
+                                                  _mm512_loadu_ps(sq.data() + rho * kTile)));
+        _mm512_storeu_ps(pr + 16, _mm512_mask_blend_ps(from_q1, _mm512_loadu_ps(sf.data() + rho * kTile + 16),
+                                                       _mm512_loadu_ps(sq.data() + rho * kTile + 16)));
+        // Masks: tokens past the end, not visible to query i, or not readable where it reads them.
+        // A whole tile of committed tokens, each readable, needs none (the bulk of a long context).
+        const bool buffer_ok = split == tt || (t0 + split >= start && t0 + tt <= start + a.F);
+        if (!(tt == kTile && t0 + tt <= a.lengths[b] && buffer_ok)) {
+          for (int64_t u = 0; u < kTile; ++u) {
+            const int64_t t = t0 + u;
+            const bool readable = u < tt && (u < split ? t < q_end : in_buffer(a, b, t));
+            if (!(readable && t <= last && visible(a, b, i, t))) pr[u] = neg_inf();
+          }
+        }
+        // Online softmax over the tile: running max, rescale, probabilities, running sum.
+        const __m512 s0 = _mm512_loadu_ps(pr), s1 = _mm512_loadu_ps(pr + 16);
+        const float block_max = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+        const float alpha = online_rescale(m[rho], block_max);
+        const __m512 mm = _mm512_set1_ps(m[rho]);
+        const __m512 e0 = exp_shifted16(s0, mm), e1 = exp_shifted16(s1, mm);
+        _mm512_storeu_ps(pr, e0);
+        _mm512_storeu_ps(pr + 16, e1);
+        l[rho] = l[rho] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+        alpha_r[rho] = alpha;
+      }
+      decode_rows(a, task, t0, q_end - t0, true, vscale.data(), vzero.data(), vrows.data());
+      for (int64_t rho = 0; rho < R; ++rho) {
+        const int64_t i = rho % n;
+        if (t0 > last_seen(a, b, i)) continue;
+        const int64_t split = std::clamp(qlen[i], t0, t0 + tt) - t0;
+        accumulate(acc.data() + rho * D, alpha_r[rho], p.data() + rho * kTile, tt, split, vrows.data(),
+                   vbuf + t0 * D, D);
+      }
+    }
+    for (int64_t rho = 0; rho < R; ++rho) {
+      // Every query sees at least itself, so l > 0 unless its scores were NaN (then NaN out).
+      const float inv = 1.f / l[rho];
+      for (int64_t c = 0; c < D; ++c) out[rho * D + c] = acc[rho * D + c] * inv;
+    }
+  }
+}
+
+bool quant_attention_avx512_available() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+}
+
+}  // namespace specdec::qattn
+
+#else  // not x86-64: the portable kernel only
+
+namespace specdec::qattn {
+void quant_attention_avx512_tasks(const Args&, int64_t, int64_t) {}
+bool quant_attention_avx512_available() { return false; }
+}  // namespace specdec::qattn
+
+#endif
