@@ -13,11 +13,12 @@
 // one token does for its 4. Dequantisation follows the reference's order of operations (no fused
 // multiply-add), so the decoded K / V are the reference's to the bit.
 //
-// Every query row's arithmetic is the same sequence whatever the other rows are: its scores are one
-// fused-multiply-add chain per 16-channel lane over the channels then a fixed reduction, its
-// probabilities one vectorised exp, its accumulator one FMA chain over the tile's tokens in order.
-// So query i of a verification forward and the same token decoded alone give the same bits (the
-// property that makes quantspec's output equal autoregressive decoding on this cache).
+// Every query row's arithmetic is the same sequence whatever the other rows are, and nothing about a
+// token depends on the lane it sits in: a score is one fused-multiply-add chain over the channels
+// in order, a probability one elementwise exp, the running sum and the accumulator chains over the
+// visible tokens in token order. So query i of a verification forward, the same token decoded
+// alone, and the same token as a tree node give the same bits (the property that makes
+// quantspec's output equal autoregressive decoding on this cache).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -191,10 +192,16 @@ SPECDEC_AVX512 inline __m512 exp_shifted16(__m512 s, __m512 m) {
 }
 
 // acc[0 .. D) = acc * alpha + sum over u in [0, tt) with p[u] != 0 of p[u] * rows(u) (rows from
-// the codes below `split`, from the buffer at and above it). Masked tokens (p = 0) are skipped:
-// their rows may hold anything, NaN included.
-SPECDEC_AVX512 void accumulate(float* acc, float alpha, const float* p, int64_t tt, int64_t split,
+// the codes below `split`, from the buffer at and above it), and l = l * alpha + the same p[u]
+// added one by one in token order. Masked tokens (p = 0) are skipped: their rows may hold
+// anything, NaN included; and as nothing about a token depends on its lane, a tree's node and the
+// same token of a chain (another slot, other masked tokens around it) get the same bits.
+SPECDEC_AVX512 void accumulate(float* acc, float& l, float alpha, const float* p, int64_t tt, int64_t split,
                                const float* quant_rows, const float* buffer_rows, int64_t D) {
+  float sum = l * alpha;
+  for (int64_t u = 0; u < tt; ++u)
+    if (p[u] != 0.f) sum += p[u];
+  l = sum;
   for (int64_t c0 = 0; c0 < D; c0 += 128) {  // 8 accumulators of 16 channels at a time
     const int64_t width = std::min<int64_t>(128, D - c0), chunks = width / 16;
     __m512 v[8];
@@ -301,7 +308,6 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
         const __m512 e0 = exp_shifted16(s0, mm), e1 = exp_shifted16(s1, mm);
         _mm512_storeu_ps(pr, e0);
         _mm512_storeu_ps(pr + 16, e1);
-        l[rho] = l[rho] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
         alpha_r[rho] = alpha;
       }
       decode_rows(a, task, t0, q_end - t0, true, vscale.data(), vzero.data(), vrows.data());
@@ -309,7 +315,7 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
         const int64_t i = rho % n;
         if (t0 > last_seen(a, b, i)) continue;
         const int64_t split = std::clamp(qlen[i], t0, t0 + tt) - t0;
-        accumulate(acc.data() + rho * D, alpha_r[rho], p.data() + rho * kTile, tt, split, vrows.data(),
+        accumulate(acc.data() + rho * D, l[rho], alpha_r[rho], p.data() + rho * kTile, tt, split, vrows.data(),
                    vbuf + t0 * D, D);
       }
     }
