@@ -10,8 +10,8 @@
 //   R query rows ── score(q_rho, k_u) ──> p [R, kTile] ── exp ──> acc [R, D] += p * v
 //
 // so a 5-token verification decodes each KV tile once for its 4 * 5 = 20 query rows, as decoding
-// one token does for its 4. Dequantisation follows the reference's order of operations (no fused
-// multiply-add), so the decoded K / V are the reference's to the bit.
+// one token does for its 4. Dequantisation is the reference's formula (the compiler may fuse its
+// multiply-add: the decoded K / V then differ from the reference's by an ulp at most).
 //
 // Every query row's arithmetic is the same sequence whatever the other rows are, and nothing about a
 // token depends on the lane it sits in: a score is one fused-multiply-add chain over the channels
@@ -50,8 +50,8 @@ SPECDEC_AVX512 inline __m512 nibbles16(const uint8_t* packed) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
 }
 
-// x = upper * scale + zero (+ (lower - 8) * (scale / 16)): kv::dequantize_one's operations, each
-// rounded on its own (scale * 0.0625 is scale / 16 exactly).
+// x = upper * scale + zero (+ (lower - 8) * (scale / 16)): kv::dequantize_one's formula (scale *
+// 0.0625 is scale / 16 exactly).
 SPECDEC_AVX512 inline __m512 dequant16(const uint8_t* up, const uint8_t* lo, __m512 scale, __m512 zero,
                                        bool use_lower) {
   __m512 x = _mm512_add_ps(_mm512_mul_ps(nibbles16(up), scale), zero);
@@ -68,33 +68,49 @@ SPECDEC_AVX512 inline __m512 dequant16(const uint8_t* up, const uint8_t* lo, __m
 SPECDEC_AVX512 void decode_rows(const Args& a, int64_t task, int64_t t0, int64_t count, bool values, float* vscale,
                                 float* vzero, float* out) {
   const int64_t D = a.D, half = D / 2, vgroups = D / a.value_group;
-  const bool wide_groups = a.value_group % 16 == 0;
-  for (int64_t u = 0; u < count; ++u) {
-    const int64_t t = t0 + u;
-    const int64_t byte = (task * a.capacity + t) * half;
-    const uint8_t* up = (values ? a.v_upper : a.k_upper) + byte;
-    const uint8_t* lo = (values ? a.v_lower : a.k_lower) + byte;
-    float* row = out + u * D;
-    if (!values) {
-      const int64_t param = (task * (a.capacity / a.key_group) + t / a.key_group) * D;
+  const uint8_t* upper = (values ? a.v_upper : a.k_upper) + (task * a.capacity + t0) * half;
+  const uint8_t* lower = (values ? a.v_lower : a.k_lower) + (task * a.capacity + t0) * half;
+  if (!values) {
+    // Keys: one scale / zero row per group of key_group tokens (no division per token: the
+    // group index moves on at each boundary).
+    int64_t group = t0 / a.key_group, next = (group + 1) * a.key_group;
+    const float* groups = a.k_scale + task * (a.capacity / a.key_group) * D;
+    const float* zeros = a.k_zero + task * (a.capacity / a.key_group) * D;
+    for (int64_t u = 0; u < count; ++u) {
+      if (t0 + u == next) ++group, next += a.key_group;
+      const float* sc = groups + group * D;
+      const float* ze = zeros + group * D;
       for (int64_t c = 0; c < D; c += 16)
-        _mm512_storeu_ps(row + c, dequant16(up + c / 2, lo + c / 2, _mm512_loadu_ps(a.k_scale + param + c),
-                                            _mm512_loadu_ps(a.k_zero + param + c), a.use_lower));
+        _mm512_storeu_ps(out + u * D + c, dequant16(upper + u * half + c / 2, lower + u * half + c / 2,
+                                                    _mm512_loadu_ps(sc + c), _mm512_loadu_ps(ze + c), a.use_lower));
+    }
+    return;
+  }
+  // Values: one scale / zero per value_group channels of the token.
+  const float* sc_row = a.v_scale + (task * a.capacity + t0) * vgroups;
+  const float* ze_row = a.v_zero + (task * a.capacity + t0) * vgroups;
+  const int64_t chunks = a.value_group / 16;  // 16-channel chunks per group (0: narrower groups)
+  for (int64_t u = 0; u < count; ++u) {
+    const uint8_t* up = upper + u * half;
+    const uint8_t* lo = lower + u * half;
+    float* row = out + u * D;
+    const float* sc = sc_row + u * vgroups;
+    const float* ze = ze_row + u * vgroups;
+    if (chunks > 0 && a.value_group % 16 == 0) {
+      for (int64_t g = 0, c = 0; g < vgroups; ++g) {
+        const __m512 s = _mm512_set1_ps(sc[g]), z = _mm512_set1_ps(ze[g]);
+        for (int64_t j = 0; j < chunks; ++j, c += 16)
+          _mm512_storeu_ps(row + c, dequant16(up + c / 2, lo + c / 2, s, z, a.use_lower));
+      }
       continue;
     }
-    const int64_t param = (task * a.capacity + t) * vgroups;
-    if (!wide_groups) {  // spread each group's scale / zero over its channels
-      for (int64_t g = 0; g < vgroups; ++g) {
-        std::fill_n(vscale + g * a.value_group, a.value_group, a.v_scale[param + g]);
-        std::fill_n(vzero + g * a.value_group, a.value_group, a.v_zero[param + g]);
-      }
+    for (int64_t g = 0; g < vgroups; ++g) {  // spread each group's scale / zero over its channels
+      std::fill_n(vscale + g * a.value_group, a.value_group, sc[g]);
+      std::fill_n(vzero + g * a.value_group, a.value_group, ze[g]);
     }
-    for (int64_t c = 0; c < D; c += 16) {
-      const int64_t g = c / a.value_group;
-      const __m512 sc = wide_groups ? _mm512_set1_ps(a.v_scale[param + g]) : _mm512_loadu_ps(vscale + c);
-      const __m512 ze = wide_groups ? _mm512_set1_ps(a.v_zero[param + g]) : _mm512_loadu_ps(vzero + c);
-      _mm512_storeu_ps(row + c, dequant16(up + c / 2, lo + c / 2, sc, ze, a.use_lower));
-    }
+    for (int64_t c = 0; c < D; c += 16)
+      _mm512_storeu_ps(row + c, dequant16(up + c / 2, lo + c / 2, _mm512_loadu_ps(vscale + c),
+                                          _mm512_loadu_ps(vzero + c), a.use_lower));
   }
 }
 
@@ -196,25 +212,32 @@ SPECDEC_AVX512 inline __m512 exp_shifted16(__m512 s, __m512 m) {
 // added one by one in token order. Masked tokens (p = 0) are skipped: their rows may hold
 // anything, NaN included; and as nothing about a token depends on its lane, a tree's node and the
 // same token of a chain (another slot, other masked tokens around it) get the same bits.
+// CH accumulators of 16 channels (channels c0 .. c0 + 16 CH) kept in registers across the tile.
+template <int CH>
+SPECDEC_AVX512 inline void accumulate_chunk(float* acc, float alpha, const float* p, int64_t tt, int64_t split,
+                                            const float* quant_rows, const float* buffer_rows, int64_t D,
+                                            int64_t c0) {
+  __m512 v[CH];
+  const __m512 al = _mm512_set1_ps(alpha);
+  for (int j = 0; j < CH; ++j) v[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + c0 + 16 * j), al);
+  for (int64_t u = 0; u < tt; ++u) {
+    if (p[u] == 0.f) continue;
+    const __m512 w = _mm512_set1_ps(p[u]);
+    const float* row = (u < split ? quant_rows : buffer_rows) + u * D + c0;
+    for (int j = 0; j < CH; ++j) v[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * j), v[j]);
+  }
+  for (int j = 0; j < CH; ++j) _mm512_storeu_ps(acc + c0 + 16 * j, v[j]);
+}
+
 SPECDEC_AVX512 void accumulate(float* acc, float& l, float alpha, const float* p, int64_t tt, int64_t split,
                                const float* quant_rows, const float* buffer_rows, int64_t D) {
   float sum = l * alpha;
   for (int64_t u = 0; u < tt; ++u)
     if (p[u] != 0.f) sum += p[u];
   l = sum;
-  for (int64_t c0 = 0; c0 < D; c0 += 128) {  // 8 accumulators of 16 channels at a time
-    const int64_t width = std::min<int64_t>(128, D - c0), chunks = width / 16;
-    __m512 v[8];
-    const __m512 al = _mm512_set1_ps(alpha);
-    for (int64_t j = 0; j < chunks; ++j) v[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + c0 + 16 * j), al);
-    for (int64_t u = 0; u < tt; ++u) {
-      if (p[u] == 0.f) continue;
-      const __m512 w = _mm512_set1_ps(p[u]);
-      const float* row = (u < split ? quant_rows : buffer_rows) + u * D + c0;
-      for (int64_t j = 0; j < chunks; ++j) v[j] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * j), v[j]);
-    }
-    for (int64_t j = 0; j < chunks; ++j) _mm512_storeu_ps(acc + c0 + 16 * j, v[j]);
-  }
+  int64_t c0 = 0;
+  for (; c0 + 128 <= D; c0 += 128) accumulate_chunk<8>(acc, alpha, p, tt, split, quant_rows, buffer_rows, D, c0);
+  for (; c0 < D; c0 += 16) accumulate_chunk<1>(acc, alpha, p, tt, split, quant_rows, buffer_rows, D, c0);
 }
 
 }  // namespace
@@ -222,8 +245,15 @@ SPECDEC_AVX512 void accumulate(float* acc, float& l, float alpha, const float* p
 SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
   const int64_t D = a.D, n = a.n, r = a.Hq / a.Hkv, R = r * n;
   std::vector<float> qf(R * D), acc(R * D), m(R), l(R), alpha_r(R), p(R * kTile), vscale(D), vzero(D);
-  std::vector<float> krows(kTile * D), vrows(kTile * D), kqt(D * kTile), kft(D * kTile), zeros(D, 0.f);
-  std::vector<float> sq(R * kTile), sf(R * kTile);
+  // Tile scratch on 64-byte boundaries: every 16-float store of the decode and the transpose is
+  // one cache line (a line-splitting store costs two, and the transpose is store-bound).
+  std::vector<float> scratch(4 * kTile * D + 16, 0.f);
+  float* const tile = scratch.data() + (16 - reinterpret_cast<uintptr_t>(scratch.data()) / 4 % 16) % 16;
+  float* const krows = tile;               // [kTile, D] keys decoded from the codes
+  float* const vrows = tile + kTile * D;   // [kTile, D] values decoded from the codes
+  float* const kqt = tile + 2 * kTile * D;  // [D, kTile] krows transposed
+  float* const kft = tile + 3 * kTile * D;  // [D, kTile] buffer keys transposed
+  std::vector<float> zeros(D, 0.f), sq(R * kTile), sf(R * kTile);
   for (int64_t task = task_begin; task < task_end; ++task) {
     const int64_t b = task / a.Hkv, h = task % a.Hkv;
     // Query heads h*r .. h*r + r - 1 are adjacent in [B, Hq, n, D]: one [R, D] block, row rho =
@@ -244,18 +274,18 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
       const int64_t tt = std::min(kTile, total - t0);
       // Tokens [t0, q_end) of the tile that some query reads from the codes: decoded once.
       const int64_t q_end = std::max(t0, std::min({t0 + tt, qmax, a.capacity}));
-      decode_rows(a, task, t0, q_end - t0, false, vscale.data(), vzero.data(), krows.data());
+      decode_rows(a, task, t0, q_end - t0, false, vscale.data(), vzero.data(), krows);
       // Tokens [f_begin, f_end) of the tile that some query reads from the buffer.
       const int64_t f_begin = std::max({t0, qmin, start}), f_end = std::min(t0 + tt, start + a.F);
       const float* qrows[kTile];
       const float* frows[kTile];
       for (int64_t u = 0; u < kTile; ++u) {
         const int64_t t = t0 + u;
-        qrows[u] = t < q_end ? krows.data() + u * D : zeros.data();
+        qrows[u] = t < q_end ? krows + u * D : zeros.data();
         frows[u] = t >= f_begin && t < f_end ? kbuf + t * D : zeros.data();
       }
-      if (q_end > t0) transpose_tile(qrows, D, kqt.data());
-      if (f_end > f_begin) transpose_tile(frows, D, kft.data());
+      if (q_end > t0) transpose_tile(qrows, D, kqt);
+      if (f_end > f_begin) transpose_tile(frows, D, kft);
       // Scores from the codes (sq) and from the buffer (sf) for blocks of 4 query rows, each
       // computed where some row of the block reads that source in this tile.
       for (int64_t rho0 = 0; rho0 < R; rho0 += 4) {
@@ -273,8 +303,8 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
           need_q = need_q || qlen[i] > t0;
           need_f = need_f || qlen[i] < t0 + tt;
         }
-        if (need_q) scores(rows, qb, kqt.data(), D, sqb);
-        if (need_f) scores(rows, qb, kft.data(), D, sfb);
+        if (need_q) scores(rows, qb, kqt, D, sqb);
+        if (need_f) scores(rows, qb, kft, D, sfb);
       }
       for (int64_t rho = 0; rho < R; ++rho) {
         const int64_t i = rho % n, last = last_seen(a, b, i);
@@ -310,12 +340,12 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
         _mm512_storeu_ps(pr + 16, e1);
         alpha_r[rho] = alpha;
       }
-      decode_rows(a, task, t0, q_end - t0, true, vscale.data(), vzero.data(), vrows.data());
+      decode_rows(a, task, t0, q_end - t0, true, vscale.data(), vzero.data(), vrows);
       for (int64_t rho = 0; rho < R; ++rho) {
         const int64_t i = rho % n;
         if (t0 > last_seen(a, b, i)) continue;
         const int64_t split = std::clamp(qlen[i], t0, t0 + tt) - t0;
-        accumulate(acc.data() + rho * D, l[rho], alpha_r[rho], p.data() + rho * kTile, tt, split, vrows.data(),
+        accumulate(acc.data() + rho * D, l[rho], alpha_r[rho], p.data() + rho * kTile, tt, split, vrows,
                    vbuf + t0 * D, D);
       }
     }

@@ -218,8 +218,6 @@ const bool kAvx512 = use_avx512();
 
 }  // namespace
 
-const char* quant_attention_cpu_isa(int64_t D) { return kAvx512 && D % 16 == 0 ? "avx512" : "portable"; }
-
 void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
   if (kAvx512 && a.D % 16 == 0) {
     quant_attention_avx512_tasks(a, task_begin, task_end);

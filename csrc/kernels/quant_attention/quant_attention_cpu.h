@@ -14,13 +14,11 @@ namespace specdec::qattn {
 // the ISA at avx2 / baseline), else the portable one.
 void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_end);
 
-// The two kernels behind it (quant_attention_cpu.cpp and quant_attention_avx512.cpp); the AVX-512 one needs D % 16 == 0 and a CPU with AVX-512 F / BW /
-// VL / DQ and FMA (quant_attention_avx512_available()).
+// The two kernels behind it (quant_attention_cpu.cpp and quant_attention_avx512.cpp); the AVX-512
+// one needs D % 16 == 0 and a CPU with AVX-512 F / BW / VL / DQ and FMA
+// (quant_attention_avx512_available()).
 void quant_attention_portable_tasks(const Args& a, int64_t task_begin, int64_t task_end);
 void quant_attention_avx512_tasks(const Args& a, int64_t task_begin, int64_t task_end);
 bool quant_attention_avx512_available();
-
-// Which kernel quant_attention_cpu_tasks runs for head_dim D: "avx512" or "portable".
-const char* quant_attention_cpu_isa(int64_t D);
 
 }  // namespace specdec::qattn

@@ -114,8 +114,6 @@ const bool kAvx512 = false;
 
 }  // namespace
 
-const char* skinny_linear_cpu_isa(int64_t K) { return kAvx512 && K % 16 == 0 ? "avx512" : "portable"; }
-
 void skinny_linear_cpu_rows(const float* x, int64_t M, int64_t K, const float* weight, const float* bias,
                             float* y, int64_t N, int64_t n_begin, int64_t n_end) {
 #ifdef SPECDEC_SKINNY_X86

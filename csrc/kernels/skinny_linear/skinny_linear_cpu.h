@@ -20,7 +20,4 @@ inline constexpr int64_t kMaxBlockM = 6;  // activation rows per pass over W (re
 void skinny_linear_cpu_rows(const float* x, int64_t M, int64_t K, const float* weight, const float* bias,
                             float* y, int64_t N, int64_t n_begin, int64_t n_end);
 
-// Which kernel skinny_linear_cpu_rows runs for input width K: "avx512" or "portable".
-const char* skinny_linear_cpu_isa(int64_t K);
-
 }  // namespace specdec::skinny
