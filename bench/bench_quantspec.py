@@ -153,21 +153,38 @@ def decode_rate(m) -> float:
     return m.new_tokens_after_prefill / steps if steps > 0 else 0.0
 
 
-def speed(device: str, quick: bool, context: int, layer_std: float, reps: int = 2) -> dict:
+SPEED_CONFIGS = "ar_plain,ar_quantized,quantspec_k4,quantspec_k4_w4attn,quantspec_k5_w4attn"
+
+
+def make_decoder(name: str, model, qmodel):
+    """``ar_plain`` (the plain-cache model), ``ar_quantized`` (the quantised-cache model), or
+    ``quantspec_k<K>[_w4attn]`` (quantspec with k = K, the attention projections in 4 bits too with
+    ``_w4attn``; the MLPs always)."""
+    if name == "ar_plain":
+        return specdec_cuda.SpeculativeDecoder(model)
+    if name == "ar_quantized":
+        return specdec_cuda.SpeculativeDecoder(qmodel)
+    parts = name.split("_")
+    if len(parts) in (2, 3) and parts[0] == "quantspec" and parts[1][:1] == "k" and parts[1][1:].isdigit() and (
+            len(parts) == 2 or parts[2] == "w4attn"):
+        return specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=int(parts[1][1:]),
+                                               draft_attention=len(parts) == 3, policy="fixed")
+    raise ValueError(f"unknown speed configuration {name!r} (ar_plain, ar_quantized, quantspec_k<K>[_w4attn])")
+
+
+def speed(device: str, quick: bool, context: int, layer_std: float, reps: int = 2,
+          configs: str = SPEED_CONFIGS) -> dict:
     layers = 2 if quick else 8
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    # Both baselines always: the plain cache (the honest one) and the quantised cache (the one
+    # quantspec's output must equal, token for token).
+    configs = ["ar_plain", "ar_quantized"] + [c for c in configs.split(",") if c and c not in ("ar_plain", "ar_quantized")]
     model = gpu_shaped_model(device, layers, dtype, layer_std)
     qmodel = QuantKVModel(model, key_group=KEY_GROUP, residual=RESIDUAL)
     prompt = torch.randint(4, 4096, (context,), generator=torch.Generator().manual_seed(1)).tolist()
     new_tokens = 24 if quick else 48
     # One decoder per configuration: the 4-bit weights are made once, as a server would.
-    runs = {"ar_plain": specdec_cuda.SpeculativeDecoder(model),
-            "ar_quantized": specdec_cuda.SpeculativeDecoder(qmodel),
-            "quantspec_k4": specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=4, policy="fixed"),
-            "quantspec_k4_w4attn": specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=4,
-                                                                   draft_attention=True, policy="fixed")}
-    runs["quantspec_k6_w4attn"] = specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=6,
-                                                                   draft_attention=True, policy="fixed")
+    runs = {name: make_decoder(name, model, qmodel) for name in configs}
     rates = {name: [] for name in runs}
     taus, accept, tokens, step_s, propose_s = {}, {}, {}, {}, {}
     for rep in range(1 if quick else reps):
@@ -186,7 +203,8 @@ def speed(device: str, quick: bool, context: int, layer_std: float, reps: int = 
                 verify_step_s=step_s, propose_s=propose_s,
                 speedup_vs_ar_plain={n: tps[n] / tps["ar_plain"] for n in tps},
                 speedup_vs_ar_quantized={n: tps[n] / tps["ar_quantized"] for n in tps},
-                quantspec_equals_ar_quantized=tokens["quantspec_k4"] == tokens["ar_quantized"])
+                quantspec_equals_ar_quantized={n: tokens[n] == tokens["ar_quantized"] for n in tokens
+                                               if n.startswith("quantspec")})
 
 
 # -- the linear layers: W4 and the skinny float32 kernel against F.linear ---------------------------
@@ -325,6 +343,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "quantspec.json"))
     parser.add_argument("--parts", default="kernel,matmul,kv_bytes,acceptance,speed")
     parser.add_argument("--speed-reps", type=int, default=2, help="interleaved repeats of the speed runs")
+    parser.add_argument("--speed-configs", default=SPEED_CONFIGS,
+                        help=f"comma-separated speed runs (default {SPEED_CONFIGS})")
     parser.add_argument("--layer-std", type=float, default=0.2,
                         help="the speed model's layer weights: std layer_std / sqrt(fan_in) (default 0.2)")
     args = parser.parse_args()
@@ -352,7 +372,7 @@ def main() -> None:
             print(f"no zoo target at {args.target}: acceptance skipped")
     if "speed" in parts:
         print("speed on a GPU-shaped random model at 4k context")
-        result["speed"] = speed(args.device, args.quick, 4096, args.layer_std, args.speed_reps)
+        result["speed"] = speed(args.device, args.quick, 4096, args.layer_std, args.speed_reps, args.speed_configs)
     result["seconds"] = time.time() - started
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

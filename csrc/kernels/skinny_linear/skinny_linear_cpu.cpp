@@ -46,9 +46,10 @@ void rows_portable(const float* x, int64_t M, int64_t K, const float* weight, co
 constexpr int64_t kPrefetchFloats = 512;
 
 // NB rows of W against MB rows of x, K % 16 == 0. Per 16 input features: NB loads of W (streamed
-// from memory once), then per activation row one load of x (L1: x is at most 6 * K floats) and
-// NB fused multiply-adds. Registers: MB * NB accumulators + NB weights + 1 activation; NB = 4 and
-// MB = 6 use 29 of the 32 zmm registers. The 4 * MB independent chains hide the FMA latency.
+// from memory once), then per activation row one load of x (L1 / L2: x is at most 8 * K floats)
+// and NB fused multiply-adds. Registers: MB * NB accumulators + NB weights + 1 activation (NB = 4,
+// MB = 6: 29 of the 32 zmm registers; NB = 3, MB = 8: 28). The NB * MB independent chains hide
+// the FMA latency.
 template <int MB, int NB>
 SPECDEC_AVX512 void block_avx512(const float* x, int64_t K, const float* w, const float* bias, float* y,
                                  int64_t N, int64_t n) {
@@ -75,11 +76,13 @@ SPECDEC_AVX512 void block_avx512(const float* x, int64_t K, const float* w, cons
     }
 }
 
+// Weight rows per block: 4 up to 6 activation rows, 3 for 7 and 8 (MB * NB + NB + 1 <= 32).
 template <int MB>
 SPECDEC_AVX512 void rows_avx512_mb(const float* x, int64_t K, const float* weight, const float* bias, float* y,
                                    int64_t N, int64_t n_begin, int64_t n_end) {
+  constexpr int NB = MB <= 6 ? 4 : 3;
   int64_t n = n_begin;
-  for (; n + 4 <= n_end; n += 4) block_avx512<MB, 4>(x, K, weight + n * K, bias, y, N, n);
+  for (; n + NB <= n_end; n += NB) block_avx512<MB, NB>(x, K, weight + n * K, bias, y, N, n);
   for (; n < n_end; ++n) block_avx512<MB, 1>(x, K, weight + n * K, bias, y, N, n);
 }
 
@@ -95,7 +98,9 @@ void rows_avx512(const float* x, int64_t M, int64_t K, const float* weight, cons
       case 3: rows_avx512_mb<3>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
       case 4: rows_avx512_mb<4>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
       case 5: rows_avx512_mb<5>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
-      default: rows_avx512_mb<6>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
+      case 6: rows_avx512_mb<6>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
+      case 7: rows_avx512_mb<7>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
+      default: rows_avx512_mb<8>(xb, K, weight, bias, yb, N, n_begin, n_end); break;
     }
   }
 }

@@ -13,7 +13,7 @@
 
 namespace specdec::skinny {
 
-inline constexpr int64_t kMaxBlockM = 6;  // activation rows per pass over W (registers: see .cpp)
+inline constexpr int64_t kMaxBlockM = 8;  // activation rows per pass over W (registers: see .cpp)
 
 // Output features [n_begin, n_end) of y [M, N] (row-major float32) from x [M, K] and W [N, K]
 // (row-major float32); bias [N] or nullptr.

@@ -2,7 +2,7 @@
 
 Decoding and speculative verification multiply 1 .. 16 token rows by every weight matrix. A BLAS
 GEMM at 2 .. 16 rows costs about twice its one-row GEMV on a CPU; this kernel streams each weight
-row once for up to 6 activation rows, so verifying 5 tokens moves the weights once, as decoding one
+row once for up to 8 activation rows, so verifying 5 tokens moves the weights once, as decoding one
 token does. Each output row is one fixed sequence of operations on its own input row, so a token's
 result does not depend on the other rows of the batch (verification and one-token decoding give
 the same bits). The reference is ``specdec_cuda.reference.skinny_linear`` (``F.linear``).
