@@ -4,10 +4,9 @@
 // Per (row b, KV head h) slab, the R = (Hq / Hkv) * n query rows that share the KV head are one
 // block, and the tokens 0 .. lengths[b] + n - 1 go by in tiles of kTile:
 //
-//   codes ──decode once──> K rows [kTile, D] ──┐                 ┌── V rows [kTile, D] <── decode once
-//   buffer rows (read in place) ───────────────┤                 ├── buffer rows (in place)
-//                                               v                 v
-//   R query rows ── score(q_rho, k_u) ──> p [R, kTile] ── exp ──> acc [R, D] += p * v
+//   codes ──decode once──> K rows [kTile, D] ──transpose──> Kᵀ [D, kTile]   (buffer keys: their own Kᵀ)
+//   R query rows x Kᵀ (blocks of 4 rows, lanes = tokens) ──> scores [R, kTile] ── mask, exp ──> p
+//   codes ──decode once──> V rows [kTile, D];  acc [R, D] = alpha * acc + p · V  (buffer rows in place)
 //
 // so a 5-token verification decodes each KV tile once for its 4 * 5 = 20 query rows, as decoding
 // one token does for its 4. Dequantisation is the reference's formula (the compiler may fuse its
