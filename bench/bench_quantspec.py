@@ -1,8 +1,9 @@
 """Benchmark QuantSpec: acceptance, speed, KV memory and the attention kernel.
 
     python bench/bench_quantspec.py [--quick] [--device cpu|cuda] [--target DIR] [--out PATH]
+                                    [--parts kernel,matmul,kv_bytes,acceptance,speed] [--speed-reps N]
 
-Four parts, all in one run (JSON + a printed table + a PNG plot beside the JSON):
+Five parts, all in one run (JSON + a printed table + a PNG plot beside the JSON):
 
 * ``acceptance``: tau (tokens per target forward) and the acceptance rate of quantspec on the zoo
   target (``--target``, default the v3 pair's target) against the draft length k and against the
@@ -16,7 +17,10 @@ Four parts, all in one run (JSON + a printed table + a PNG plot beside the JSON)
   plain-cache model (``LlamaModel``) and against the same model on the quantised cache
   (``QuantKVModel``, the baseline quantspec's output equals); runs interleaved, medians;
 * ``kernel``: ``quant_kv_attention`` against dequantise + SDPA (the ``kv_dequantize_*`` kernels,
-  then ``scaled_dot_product_attention``) and against the plain-PyTorch reference, 4k context.
+  then ``scaled_dot_product_attention``) and against the plain-PyTorch reference, 4k context;
+* ``matmul`` (CPU): ``w4a16_matmul`` (the draft's 4-bit linears) and ``skinny_linear`` (the
+  quantised-cache forward's float32 linears) against ``F.linear`` at the model's shapes, 1 and 5
+  rows, weights streamed from memory.
 
 Timings on a shared CPU are noisy: compare ratios measured in the same run.
 """
@@ -149,22 +153,41 @@ def decode_rate(m) -> float:
     return m.new_tokens_after_prefill / steps if steps > 0 else 0.0
 
 
-def speed(device: str, quick: bool, context: int, layer_std: float) -> dict:
+SPEED_CONFIGS = "ar_plain,ar_quantized,quantspec_k4,quantspec_k4_mlp,quantspec_k5"
+
+
+def make_decoder(name: str, model, qmodel):
+    """``ar_plain`` (the plain-cache model), ``ar_quantized`` (the quantised-cache model), or
+    ``quantspec_k<K>[_mlp]`` (quantspec with k = K and its default draft, every linear of the layers
+    in 4 bits; ``_mlp``: 4-bit MLPs only, full-precision attention projections)."""
+    if name == "ar_plain":
+        return specdec_cuda.SpeculativeDecoder(model)
+    if name == "ar_quantized":
+        return specdec_cuda.SpeculativeDecoder(qmodel)
+    parts = name.split("_")
+    if len(parts) in (2, 3) and parts[0] == "quantspec" and parts[1][:1] == "k" and parts[1][1:].isdigit() and (
+            len(parts) == 2 or parts[2] == "mlp"):
+        return specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=int(parts[1][1:]),
+                                               draft_attention=len(parts) == 2, policy="fixed")
+    raise ValueError(f"unknown speed configuration {name!r} (ar_plain, ar_quantized, quantspec_k<K>[_mlp])")
+
+
+def speed(device: str, quick: bool, context: int, layer_std: float, reps: int = 2,
+          configs: str = SPEED_CONFIGS) -> dict:
     layers = 2 if quick else 8
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    # Both baselines always: the plain cache (the honest one) and the quantised cache (the one
+    # quantspec's output must equal, token for token).
+    configs = ["ar_plain", "ar_quantized"] + [c for c in configs.split(",") if c and c not in ("ar_plain", "ar_quantized")]
     model = gpu_shaped_model(device, layers, dtype, layer_std)
     qmodel = QuantKVModel(model, key_group=KEY_GROUP, residual=RESIDUAL)
     prompt = torch.randint(4, 4096, (context,), generator=torch.Generator().manual_seed(1)).tolist()
     new_tokens = 24 if quick else 48
     # One decoder per configuration: the 4-bit weights are made once, as a server would.
-    runs = {"ar_plain": specdec_cuda.SpeculativeDecoder(model),
-            "ar_quantized": specdec_cuda.SpeculativeDecoder(qmodel),
-            "quantspec_k4": specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=4, policy="fixed"),
-            "quantspec_k4_w4attn": specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=4,
-                                                                   draft_attention=True, policy="fixed")}
+    runs = {name: make_decoder(name, model, qmodel) for name in configs}
     rates = {name: [] for name in runs}
     taus, accept, tokens, step_s, propose_s = {}, {}, {}, {}, {}
-    for rep in range(1 if quick else 2):
+    for rep in range(1 if quick else reps):
         for name, decoder in runs.items():  # interleaved repeats
             out = decoder.generate([prompt], max_new_tokens=new_tokens)
             m = out.metrics
@@ -180,7 +203,46 @@ def speed(device: str, quick: bool, context: int, layer_std: float) -> dict:
                 verify_step_s=step_s, propose_s=propose_s,
                 speedup_vs_ar_plain={n: tps[n] / tps["ar_plain"] for n in tps},
                 speedup_vs_ar_quantized={n: tps[n] / tps["ar_quantized"] for n in tps},
-                quantspec_equals_ar_quantized=tokens["quantspec_k4"] == tokens["ar_quantized"])
+                quantspec_equals_ar_quantized={n: tokens[n] == tokens["ar_quantized"] for n in tokens
+                                               if n.startswith("quantspec")})
+
+
+# -- the linear layers: W4 and the skinny float32 kernel against F.linear ---------------------------
+
+def matmul(quick: bool) -> list[dict]:
+    """``w4a16_matmul`` (the draft pass's 4-bit linears) and ``skinny_linear`` (the quantised-cache
+    forward's float32 linears) against ``F.linear`` at the GPU-shaped model's shapes, 1 and 5
+    rows; weights rotated over copies larger than the caches (each call streams its weight from
+    memory, as in a forward). CPU only."""
+    from specdec_cuda.ops import quant as qops
+    from specdec_cuda.ops.skinny_linear import skinny_linear
+
+    rows = []
+    reps = 5 if quick else 15
+    for n_out, k_in in ((2048, 2048), (2048, 5632), (11264, 2048)):
+        copies = max(2, int(256e6 // (n_out * k_in * 4)))  # >= 256 MB of float32 weights in rotation
+        weights = [torch.randn(n_out, k_in) / math.sqrt(k_in) for _ in range(copies)]
+        packed = [qops.quantize_w4(w, 128, device="cpu") for w in weights]
+        for m in (1, 5):
+            x = torch.randn(m, k_in)
+            fns = {"f_linear": lambda r: torch.nn.functional.linear(x, weights[r % copies]),
+                   "skinny": lambda r: skinny_linear(x, weights[r % copies]),
+                   "w4": lambda r: qops.w4a16_matmul(x, packed[r % copies])}
+            times = {name: [] for name in fns}
+            for rep in range(reps):  # interleaved
+                for name, fn in fns.items():
+                    times[name].append(timing.time_cpu(lambda r, fn=fn, rep=rep: fn(rep * 3 + r), 3, warmup=0))
+            med = {name: statistics.median(v) for name, v in times.items()}
+            row = dict(n=n_out, k=k_in, m=m, seconds=med, w4_vs_f_linear=med["f_linear"] / med["w4"],
+                       skinny_vs_f_linear=med["f_linear"] / med["skinny"],
+                       f_linear_gb_s=n_out * k_in * 4 / med["f_linear"] / 1e9,
+                       w4_gb_s=n_out * k_in / 2 / med["w4"] / 1e9)
+            rows.append(row)
+            print(f"  {n_out}x{k_in} M={m}: F.linear {med['f_linear'] * 1e3:.2f} ms, skinny {med['skinny'] * 1e3:.2f} ms "
+                  f"({row['skinny_vs_f_linear']:.2f}x), w4 {med['w4'] * 1e3:.2f} ms ({row['w4_vs_f_linear']:.2f}x)",
+                  flush=True)
+        del weights, packed
+    return rows
 
 
 # -- the attention kernel ----------------------------------------------------------------------------
@@ -279,7 +341,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--target", default=DEFAULT_TARGET, help="zoo target folder (default: the v3 target)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "quantspec.json"))
-    parser.add_argument("--parts", default="kernel,kv_bytes,acceptance,speed")
+    parser.add_argument("--parts", default="kernel,matmul,kv_bytes,acceptance,speed")
+    parser.add_argument("--speed-reps", type=int, default=2, help="interleaved repeats of the speed runs")
+    parser.add_argument("--speed-configs", default=SPEED_CONFIGS,
+                        help=f"comma-separated speed runs (default {SPEED_CONFIGS})")
     parser.add_argument("--layer-std", type=float, default=0.2,
                         help="the speed model's layer weights: std layer_std / sqrt(fan_in) (default 0.2)")
     args = parser.parse_args()
@@ -290,6 +355,9 @@ def main() -> None:
     if "kernel" in parts:
         print("kernel: quant_kv_attention vs dequantise + SDPA at 4k context")
         result["kernel"] = kernel(args.device, args.quick, 4096)
+    if "matmul" in parts and args.device == "cpu":
+        print("matmul: w4a16_matmul and skinny_linear vs F.linear (weights streamed from memory)")
+        result["matmul"] = matmul(args.quick)
     if "kv_bytes" in parts:
         zoo = models.load(args.target).config if os.path.isdir(args.target) else None
         configs = {"gpu-shaped (8 x 4 KV heads x 128)": (8, 4, 128)}
@@ -304,7 +372,7 @@ def main() -> None:
             print(f"no zoo target at {args.target}: acceptance skipped")
     if "speed" in parts:
         print("speed on a GPU-shaped random model at 4k context")
-        result["speed"] = speed(args.device, args.quick, 4096, args.layer_std)
+        result["speed"] = speed(args.device, args.quick, 4096, args.layer_std, args.speed_reps, args.speed_configs)
     result["seconds"] = time.time() - started
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -314,6 +382,10 @@ def main() -> None:
         print(f"kernel n={row['n']} lower={row['use_lower']}: {row['speedup_vs_dequant_sdpa']:.2f}x vs dequant+SDPA"
               + (f", {row['speedup_vs_reference']:.1f}x vs reference" if "speedup_vs_reference" in row else "")
               + "  (target >= 2x at 4k on CPU)")
+    for row in result.get("matmul", []):
+        print(f"matmul {row['n']}x{row['k']} M={row['m']}: w4 {row['w4_vs_f_linear']:.2f}x, skinny "
+              f"{row['skinny_vs_f_linear']:.2f}x vs F.linear (F.linear {row['f_linear_gb_s']:.1f} GB/s, "
+              f"w4 {row['w4_gb_s']:.1f} GB/s of packed weight)")
     for row in result.get("kv_bytes", []):
         print(f"KV bytes/token {row['model']}: {row['quantized']:.0f} vs fp32 {row['fp32']} / bf16 {row['bf16']} "
               f"(saves {row['saved_vs_fp32']:.0%} / {row['saved_vs_bf16']:.0%})")

@@ -12,7 +12,7 @@ from specdec_cuda.reference import quant_attention as ref
 
 
 def make_case(B=3, Hq=4, Hkv=2, n=3, D=16, capacity=96, key_group=16, value_group=8, F=64, seed=0,
-              tree=False, device="cpu"):
+              tree=False, device="cpu", lengths=(40, 17, 55)):
     """A filled cache, a buffer and per-row lengths / boundaries that exercise every read path:
     rows of different lengths, queries whose quant_len differs within a row, a buffer that
     overlaps the quantised tokens."""
@@ -23,7 +23,7 @@ def make_case(B=3, Hq=4, Hkv=2, n=3, D=16, capacity=96, key_group=16, value_grou
     kv.kv_quantize_keys(keys, 0, key_group, cache["k_upper"], cache["k_lower"], cache["k_scale"], cache["k_zero"])
     kv.kv_quantize_values(values, 0, value_group, cache["v_upper"], cache["v_lower"], cache["v_scale"],
                           cache["v_zero"])
-    lengths = torch.tensor([40, 17, 55][:B] + [30] * max(0, B - 3))
+    lengths = torch.tensor(list(lengths)[:B] + [30] * max(0, B - len(lengths)))
     buffer_start = (lengths // key_group - 1).clamp(min=0) * key_group
     # quant_len per query: between buffer_start and a group boundary at most lengths + i
     quant_len = torch.stack([torch.clamp((lengths + i - 5) // key_group * key_group, min=0) for i in range(n)], 1)
@@ -56,7 +56,12 @@ def run_reference(case, use_lower):
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("shape", [dict(), dict(Hq=6, Hkv=2, n=1, D=8, value_group=4),
                                    dict(B=1, Hq=3, Hkv=3, n=5, D=32, key_group=32, value_group=32),
-                                   dict(B=4, Hq=8, Hkv=1, n=2, D=64, capacity=128, key_group=64)])
+                                   dict(B=4, Hq=8, Hkv=1, n=2, D=64, capacity=128, key_group=64),
+                                   # the GPU-shaped model's heads: GQA 4:1, D = 128, a 5-token verification
+                                   dict(B=3, Hq=8, Hkv=2, n=5, D=128, capacity=192, key_group=64, value_group=32,
+                                        F=96, lengths=(150, 70, 130)),
+                                   dict(B=1, Hq=4, Hkv=1, n=1, D=128, capacity=192, key_group=64, value_group=32,
+                                        F=96, lengths=(150,))])
 def test_matches_dequantise_then_sdpa(shape, tree, use_lower):
     case = make_case(tree=tree, **shape)
     torch.testing.assert_close(run_kernel(case, use_lower), run_reference(case, use_lower), rtol=1e-5, atol=1e-5)
@@ -82,12 +87,15 @@ def test_each_query_reads_its_own_boundary():
     assert changed[0, :, 2].all() and not changed[0, :, :2].any() and not changed[1:].any()
 
 
-@pytest.mark.parametrize("n", [3, 40])
-def test_a_query_gives_the_same_bits_alone_or_in_a_batch(n):
+@pytest.mark.parametrize("n,shape", [(3, dict()), (40, dict()),
+                                     (5, dict(Hq=8, Hkv=2, D=128, key_group=64, value_group=32,
+                                              lengths=(150, 70, 130))),
+                                     (5, dict(Hq=8, Hkv=2, D=64, key_group=16, value_group=8))])
+def test_a_query_gives_the_same_bits_alone_or_in_a_batch(n, shape):
     # Query i of a forward over n new tokens and the same token decoded alone (n = 1, its
     # predecessors committed) read the same tokens from the same places: equal to the bit, which is
     # what makes speculative verification on this cache equal to autoregressive decoding.
-    case = make_case(n=n, capacity=192, F=96)
+    case = make_case(n=n, capacity=192, F=96, **shape)
     together = run_kernel(case, True)
     for i in range(n):
         alone = dict(case, q=case["q"][:, :, i : i + 1].contiguous(), quant_len=case["quant_len"][:, i : i + 1],
@@ -139,3 +147,21 @@ def test_cuda_equals_cpu(shape, tree, use_lower):
     cpu = make_case(tree=tree, **shape)
     cuda = make_case(tree=tree, device="cuda", **shape)
     torch.testing.assert_close(run_kernel(cuda, use_lower).cpu(), run_kernel(cpu, use_lower), rtol=1e-4, atol=1e-4)
+
+
+def test_portable_kernel_matches_reference_on_an_avx512_machine():
+    # SPECDEC_CPU_ISA=baseline picks the portable kernel (read once at load: a fresh process); the
+    # default run above takes the AVX-512 one where the CPU has it.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, %r); import test_quant_attention as t; "
+            "c = t.make_case(B=2, Hq=8, Hkv=2, n=5, D=128, capacity=192, key_group=64, value_group=32, F=96, "
+            "lengths=(150, 130)); import torch; "
+            "torch.testing.assert_close(t.run_kernel(c, True), t.run_reference(c, True), rtol=1e-5, atol=1e-5)"
+            % os.path.dirname(os.path.abspath(__file__)))
+    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+    env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
+               PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)

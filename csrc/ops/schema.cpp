@@ -96,6 +96,12 @@ TORCH_LIBRARY(specdec, m) {
       "int value_group, bool use_lower, float sm_scale, Tensor(a!) out) -> ()");
   // ---- end family: quant_attention ----
 
+  // ---- family: skinny_linear (csrc/kernels/skinny_linear, ops/skinny_linear_cpu.cpp; CPU only) ----
+  // skinny_linear: out = x · weightᵀ (+ bias) in float32 for a few rows of x, each output row
+  // computed independently of the others (reference/skinny_linear.py).
+  m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()");
+  // ---- end family: skinny_linear ----
+
   // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----
   // diffusion_unmask: one step of masked-diffusion generation over a window of positions: a token
   // and its confidence per masked position (tokens == mask_id), then the positions to unmask (top

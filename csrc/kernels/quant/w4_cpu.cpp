@@ -19,6 +19,12 @@ namespace {
 
 constexpr int kMaxBlockM = 8;  // activation rows per pass over a tile (registers: see below)
 
+// How far ahead of the decode the AVX-512 loop prefetches the packed weight, into L2: 8 KiB (half
+// a tile at K = 2048) keeps more lines in flight than the L1's fill buffers allow; measured on
+// this project's CPU (11264 x 2048 at M = 1, one thread): 1.55 ms without the L2 hint at 2 KiB,
+// 1.34 ms with it at 8 KiB, 1.4 ms at 4 or 16 KiB.
+constexpr int64_t kPrefetchBytes = 8192;
+
 // Both loops accumulate (code - 8) * x per group unscaled and multiply by the 16 rows' scales
 // once per group (group >= 32 input features), so the inner loop is decode + FMA only.
 
@@ -125,6 +131,10 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* x, int64_t K,
     const int64_t p_end = (g + 1) * group / 2;
     // group is a multiple of 32: 4 input features (2 pairs, 32 bytes) per step.
     for (int64_t p = g * group / 2; p < p_end; p += 2) {
+      // The weight streams from memory once: ask for it kPrefetchBytes ahead (past the tile's end
+      // that is the next tile, adjacent in LAYOUT_CPU; a prefetch never faults). Without it the
+      // decode and the loads take turns and the kernel moves ~5 GB/s where fp32 GEMV moves ~13.
+      _mm_prefetch(reinterpret_cast<const char*>(packed + p * kCpuTileN) + kPrefetchBytes, _MM_HINT_T1);
       const __m512i b0 = _mm512_cvtepu8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + p * kCpuTileN)));
       const __m512i b1 = _mm512_cvtepu8_epi32(

@@ -1,4 +1,5 @@
-// Attention over the hierarchical 4-bit KV cache on the CPU (see quant_attention.h).
+// Attention over the hierarchical 4-bit KV cache on the CPU (see quant_attention.h): the portable
+// kernel (any x86-64 / other CPU; quant_attention_avx512.cpp is the AVX-512 one) and the dispatch.
 //
 // Per (row b, KV head h) slab, the R = (Hq / Hkv) * n queries that share the KV head are one
 // block: the tokens 0 .. lengths[b] + n - 1 go by in tiles of kTile; each tile's keys are decoded
@@ -9,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace specdec::qattn {
@@ -105,7 +108,7 @@ void transpose_tile(const float* rows, int64_t tt, int64_t D, float* out) {
 
 }  // namespace
 
-void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
+void quant_attention_portable_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
   const int64_t D = a.D, n = a.n, r = a.Hq / a.Hkv, R = r * n;
   std::vector<float> qf(R * D), acc(R * D), m(R), l(R), p(R * kTile), scratch(4 * D);
   // Decoded tile, per source: rows [kTile, D] of keys and values, keys transposed [D, kTile].
@@ -199,6 +202,27 @@ void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_e
       const float inv = 1.f / l[rho];
       for (int64_t d = 0; d < D; ++d) out[rho * D + d] = acc[rho * D + d] * inv;
     }
+  }
+}
+
+namespace {
+
+// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (the W4 kernels read the same variable), so
+// tests and benches can run the portable kernel on an AVX-512 machine.
+bool use_avx512() {
+  const char* cap = std::getenv("SPECDEC_CPU_ISA");
+  return (cap == nullptr || std::strcmp(cap, "avx512") == 0) && quant_attention_avx512_available();
+}
+
+const bool kAvx512 = use_avx512();
+
+}  // namespace
+
+void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_end) {
+  if (kAvx512 && a.D % 16 == 0) {
+    quant_attention_avx512_tasks(a, task_begin, task_end);
+  } else {
+    quant_attention_portable_tasks(a, task_begin, task_end);
   }
 }
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ..ops import kv_quant as kvops
 from ..ops.quant_attention import quant_kv_attention
+from ..ops.skinny_linear import linear as skinny_or_blas_linear
 from .layers import rms_norm
 from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args
 from .rope import apply_rope
@@ -268,15 +269,18 @@ class QuantKVCache:
 class DraftLinears:
     """Per decoder layer, replacements for the model's linear layers in a draft pass (``W4Linear``
     modules, or None to keep the full-precision weight): keys ``"qkv"``, ``"o"``, ``"gate_up"``,
-    ``"down"``."""
+    ``"down"``; and ``lm_head``, the output projection's replacement (or None)."""
 
-    def __init__(self, layers: list[dict]) -> None:
+    def __init__(self, layers: list[dict], lm_head=None) -> None:
         self.layers = layers
+        self.lm_head = lm_head
 
     @classmethod
-    def quantize(cls, model, mlp: bool = True, attention: bool = False, group_size: int = 128) -> "DraftLinears":
-        """4-bit copies (``W4Linear``) of the MLPs' (and optionally the attention projections') weights,
-        made once. A linear whose input width is not a multiple of 32 keeps its full weights."""
+    def quantize(cls, model, mlp: bool = True, attention: bool = False, group_size: int = 128,
+                 lm_head: bool = False) -> "DraftLinears":
+        """4-bit copies (``W4Linear``) of the MLPs' (and optionally the attention projections' and
+        the LM head's) weights, made once. A linear whose input width is not a multiple of 32 keeps
+        its full weights."""
         from ..quant.linear import W4Linear
 
         def w4(linear):
@@ -291,15 +295,26 @@ class DraftLinears:
                            "o": w4(attn.o_proj) if attention else None,
                            "gate_up": w4(m.gate_up_proj) if mlp else None,
                            "down": w4(m.down_proj) if mlp else None})
-        return cls(layers)
+        head = None
+        if lm_head:
+            weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+                                     dtype=weight.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(weight)
+            head = w4(linear)
+        return cls(layers, head)
 
     def count(self) -> int:
-        return sum(v is not None for layer in self.layers for v in layer.values())
+        return sum(v is not None for layer in self.layers for v in layer.values()) + (self.lm_head is not None)
 
 
 def _linear(x: torch.Tensor, weight, bias, w4) -> torch.Tensor:
     if w4 is None:
-        return F.linear(x, weight, bias)
+        # Float32 on the CPU, a few rows: the skinny kernel reads the weight once for all the rows
+        # of a verification (BLAS at 5 rows costs about two one-row GEMVs) and gives each token
+        # the bits it gets alone (verification == autoregressive decoding on this cache, exactly).
+        return skinny_or_blas_linear(x, weight, bias)
     # W4A16 takes float32 / 16-bit activations on the CPU and 16-bit ones on CUDA.
     want = x.dtype
     if x.device.type == "cuda":
@@ -355,7 +370,8 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
     if -1 in wanted:
         hidden_states[-1] = x
     weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    return ModelOutput(logits=F.linear(x, weight), hidden_states=hidden_states)
+    head = linears.lm_head if linears is not None else None
+    return ModelOutput(logits=_linear(x, weight, None, head), hidden_states=hidden_states)
 
 
 class QuantKVModel:

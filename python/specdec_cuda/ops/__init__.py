@@ -13,6 +13,7 @@ from . import ddtree  # noqa: E402,F401  (DDTree: best draft tree under a node b
 from .ddtree import ddtree_build  # noqa: E402,F401
 from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention over the int4 KV cache)
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
+from .skinny_linear import skinny_linear  # noqa: E402,F401  (float32 linear for a few rows, CPU)
 
 __all__ = [
     *_sampling_all,
@@ -23,4 +24,5 @@ __all__ = [
     "ddtree", "ddtree_build",
     "quant_kv_attention",
     "mtp",
+    "skinny_linear",
 ]

@@ -1,5 +1,5 @@
 """Plain-PyTorch specification of every op; tests hold the kernels to it."""
 
-from . import diffusion, kv_quant, philox, quant, quant_attention, sampling, tree
+from . import diffusion, kv_quant, philox, quant, quant_attention, sampling, skinny_linear, tree
 
-__all__ = ["diffusion", "kv_quant", "philox", "quant", "quant_attention", "sampling", "tree"]
+__all__ = ["diffusion", "kv_quant", "philox", "quant", "quant_attention", "sampling", "skinny_linear", "tree"]

@@ -1,0 +1,12 @@
+"""Reference for ``skinny_linear``: ``x · weightᵀ + bias`` in float32 (the kernel's sums differ from
+it by rounding only; each of the kernel's output rows is independent of the other rows of x)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Shape: x ``[M, K]``, weight ``[N, K]``, bias ``[N]`` or None -> ``[M, N]`` (float32)."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
