@@ -153,23 +153,23 @@ def decode_rate(m) -> float:
     return m.new_tokens_after_prefill / steps if steps > 0 else 0.0
 
 
-SPEED_CONFIGS = "ar_plain,ar_quantized,quantspec_k4,quantspec_k4_mlp,quantspec_k5"
+SPEED_CONFIGS = "ar_plain,ar_quantized,quantspec_k4,quantspec_k4_attn,quantspec_k5_attn"
 
 
 def make_decoder(name: str, model, qmodel):
     """``ar_plain`` (the plain-cache model), ``ar_quantized`` (the quantised-cache model), or
-    ``quantspec_k<K>[_mlp]`` (quantspec with k = K and its default draft, every linear of the layers
-    in 4 bits; ``_mlp``: 4-bit MLPs only, full-precision attention projections)."""
+    ``quantspec_k<K>[_attn]`` (quantspec with k = K and its default draft, 4-bit MLPs; ``_attn``:
+    the attention projections in 4 bits too, ``draft_attention=True``)."""
     if name == "ar_plain":
         return specdec_cuda.SpeculativeDecoder(model)
     if name == "ar_quantized":
         return specdec_cuda.SpeculativeDecoder(qmodel)
     parts = name.split("_")
     if len(parts) in (2, 3) and parts[0] == "quantspec" and parts[1][:1] == "k" and parts[1][1:].isdigit() and (
-            len(parts) == 2 or parts[2] == "mlp"):
+            len(parts) == 2 or parts[2] == "attn"):
         return specdec_cuda.SpeculativeDecoder(qmodel, method="quantspec", k=int(parts[1][1:]),
-                                               draft_attention=len(parts) == 2, policy="fixed")
-    raise ValueError(f"unknown speed configuration {name!r} (ar_plain, ar_quantized, quantspec_k<K>[_mlp])")
+                                               draft_attention=len(parts) == 3, policy="fixed")
+    raise ValueError(f"unknown speed configuration {name!r} (ar_plain, ar_quantized, quantspec_k<K>[_attn])")
 
 
 def speed(device: str, quick: bool, context: int, layer_std: float, reps: int = 2,

@@ -158,7 +158,7 @@ def test_greedy_equals_autoregressive_in_float32_with_every_draft_option(tmp_pat
     target = QuantKVModel(models.load(folder, dtype=torch.float32), key_group=8, residual=6)
     prompts = [[1, 2, 3, 4, 5], [9] * 17, [3, 8]]
     ar = specdec_cuda.generate(target, prompts, max_new_tokens=60).tokens
-    for options in (dict(), dict(draft_attention=False), dict(draft_lm_head=True)):
+    for options in (dict(), dict(draft_attention=True), dict(draft_lm_head=True)):
         out = specdec_cuda.generate(target, prompts, method="quantspec", k=4, group_size=32, max_new_tokens=60,
                                     policy="fixed", **options)
         assert out.tokens == ar, options
@@ -167,10 +167,10 @@ def test_greedy_equals_autoregressive_in_float32_with_every_draft_option(tmp_pat
 def test_draft_linears_by_option(model):
     target = QuantKVModel(model, key_group=4, residual=8)
     layers = model.num_layers
-    assert QuantSpecProposer(target, k=2, group_size=32).linears.count() == 4 * layers  # the default: all four
-    assert QuantSpecProposer(target, k=2, group_size=32, draft_attention=False).linears.count() == 2 * layers
+    assert QuantSpecProposer(target, k=2, group_size=32).linears.count() == 2 * layers  # the default: the MLPs
+    assert QuantSpecProposer(target, k=2, group_size=32, draft_attention=True).linears.count() == 4 * layers
     with_head = QuantSpecProposer(target, k=2, group_size=32, draft_lm_head=True).linears
-    assert with_head.count() == 4 * layers + 1 and with_head.lm_head is not None
+    assert with_head.count() == 2 * layers + 1 and with_head.lm_head is not None
 
 
 def test_method_wiring_errors(model):

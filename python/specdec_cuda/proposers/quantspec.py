@@ -4,10 +4,10 @@
 The target drafts for itself. Its KV cache is the hierarchical one (``models.QuantKVCache``):
 every complete group of tokens is kept as an upper and a lower 4-bit half, the recent tokens in a
 float32 buffer. A draft pass runs the same layers with their linears through ``W4Linear`` (the MLPs
-and, by default, the attention projections: on the GPU-shaped bench model that drafts in 0.25 of
-a one-token step against 0.37 with 4-bit MLPs only, for acceptance 0.95 .. 0.99 instead of
-0.98 .. 1.00 on the zoo target; ``draft_attention=False`` keeps them full; the 4-bit weights are
-made once from the full ones) and attention that reads only the upper 4 bits, so it moves about a quarter of the
+by default; ``draft_attention=True`` puts the attention projections in 4 bits too: on the GPU-shaped
+bench model that drafts in 0.25 of a one-token step against 0.37 with 4-bit MLPs only, for
+acceptance 0.95 .. 0.99 instead of 0.98 .. 1.00 on the zoo target; the 4-bit weights are made once
+from the full ones) and attention that reads only the upper 4 bits, so it moves a fraction of the
 weight bytes and half of the KV bytes. Verification is the target's own forward: full weights,
 upper + lower bits. Both passes share the one cache: a draft pass writes its K/V to the buffer at
 the pending slots and is rolled back (``truncate``: lengths only; the codes are never touched), and
@@ -33,7 +33,7 @@ from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 class QuantSpecProposer(Proposer):
     """Chains of ``k`` tokens from the target's own 4-bit draft pass (see the module docstring)."""
 
-    def __init__(self, target: QuantKVModel, k: int = 4, draft_attention: bool = True, group_size: int = 128,
+    def __init__(self, target: QuantKVModel, k: int = 4, draft_attention: bool = False, group_size: int = 128,
                  draft_lm_head: bool = False) -> None:
         if not isinstance(target, QuantKVModel):
             raise TypeError("method 'quantspec' verifies on the hierarchical 4-bit KV cache: pass "
@@ -87,7 +87,7 @@ class QuantSpecProposer(Proposer):
         """Nothing to learn: the shared cache was committed by the loop."""
 
 
-def make_quantspec_proposer(target, k: int = 4, draft_attention: bool = True, group_size: int = 128,
+def make_quantspec_proposer(target, k: int = 4, draft_attention: bool = False, group_size: int = 128,
                             draft_lm_head: bool = False) -> QuantSpecProposer:
     """The ``method="quantspec"`` proposer; ``target`` is a ``models.QuantKVModel``."""
     return QuantSpecProposer(target, k=k, draft_attention=draft_attention, group_size=group_size,
@@ -106,7 +106,7 @@ register(MethodSpec(
     bench_configs=lambda pair: [],
     options={
         "k": "draft tokens per step (default 4; at most the cache's residual)",
-        "draft_attention": "draft with 4-bit attention projections too (default True; False: 4-bit MLPs only)",
+        "draft_attention": "draft with 4-bit attention projections too (default False: 4-bit MLPs only)",
         "group_size": "input features per 4-bit weight scale (default 128; smaller where a layer needs it)",
         "draft_lm_head": "also draft with a 4-bit LM head (default False: it costs acceptance where the "
                          "head's logits are peaked)",
