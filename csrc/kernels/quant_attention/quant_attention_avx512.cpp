@@ -36,10 +36,6 @@ namespace {
 
 #define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
-// Tokens per tile: two 16-lane vectors of probabilities per query row; the decoded K and V tiles
-// (2 * 32 * D floats, 32 KiB at D = 128) stay in L1 / L2 while the R query rows read them.
-constexpr int64_t kTile = 32;
-
 // 16 channels of a packed row (8 bytes, channel 2c in the low nibble of byte c) as 16 floats.
 SPECDEC_AVX512 inline __m512 nibbles16(const uint8_t* packed) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed));
@@ -254,28 +250,18 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
   float* const kft = tile + 3 * kTile * D;  // [D, kTile] buffer keys transposed
   std::vector<float> zeros(D, 0.f), sq(R * kTile), sf(R * kTile);
   for (int64_t task = task_begin; task < task_end; ++task) {
-    const int64_t b = task / a.Hkv, h = task % a.Hkv;
-    // Query heads h*r .. h*r + r - 1 are adjacent in [B, Hq, n, D]: one [R, D] block, row rho =
-    // head offset * n + new-token index.
-    const float* q = a.q + (b * a.Hq + h * r) * n * D;
-    float* out = a.out + (b * a.Hq + h * r) * n * D;
-    for (int64_t x = 0; x < R * D; ++x) qf[x] = q[x] * a.sm_scale;
-    std::fill(acc.begin(), acc.end(), 0.f);
-    std::fill(m.begin(), m.end(), neg_inf());
-    std::fill(l.begin(), l.end(), 0.f);
-    const int64_t* qlen = a.quant_len + b * n;  // [n]
-    const int64_t qmin = *std::min_element(qlen, qlen + n), qmax = *std::max_element(qlen, qlen + n);
-    const int64_t total = a.lengths[b] + n, start = a.buffer_start[b];
+    const Slab slab = begin_slab(a, task, qf.data(), acc.data(), m.data(), l.data());
+    const int64_t b = slab.b;
+    const int64_t* qlen = slab.qlen;
+    float* out = slab.out;
     // Buffer row of token t: buffer_rows + t * D (t within the buffer's window).
-    const float* kbuf = a.k_buffer + task * a.F * D - start * D;
-    const float* vbuf = a.v_buffer + task * a.F * D - start * D;
-    for (int64_t t0 = 0; t0 < total; t0 += kTile) {
-      const int64_t tt = std::min(kTile, total - t0);
-      // Tokens [t0, q_end) of the tile that some query reads from the codes: decoded once.
-      const int64_t q_end = std::max(t0, std::min({t0 + tt, qmax, a.capacity}));
+    const float* kbuf = a.k_buffer + task * a.F * D - slab.start * D;
+    const float* vbuf = a.v_buffer + task * a.F * D - slab.start * D;
+    for (int64_t t0 = 0; t0 < slab.total; t0 += kTile) {
+      const int64_t tt = std::min(kTile, slab.total - t0);
+      // Codes [t0, q_end) (decoded once), buffer [f_begin, f_end): what some query reads from each.
+      const auto [q_end, f_begin, f_end] = tile_ranges(a, slab, t0, tt);
       decode_rows(a, task, t0, q_end - t0, false, vscale.data(), vzero.data(), krows);
-      // Tokens [f_begin, f_end) of the tile that some query reads from the buffer.
-      const int64_t f_begin = std::max({t0, qmin, start}), f_end = std::min(t0 + tt, start + a.F);
       const float* qrows[kTile];
       const float* frows[kTile];
       for (int64_t u = 0; u < kTile; ++u) {
@@ -321,7 +307,7 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
                                                        _mm512_loadu_ps(sq.data() + rho * kTile + 16)));
         // Masks: tokens past the end, not visible to query i, or not readable where it reads them.
         // A whole tile of committed tokens, each readable, needs none (the bulk of a long context).
-        const bool buffer_ok = split == tt || (t0 + split >= start && t0 + tt <= start + a.F);
+        const bool buffer_ok = split == tt || (t0 + split >= slab.start && t0 + tt <= slab.start + a.F);
         if (!(tt == kTile && t0 + tt <= a.lengths[b] && buffer_ok)) {
           for (int64_t u = 0; u < kTile; ++u) {
             const int64_t t = t0 + u;

@@ -17,10 +17,6 @@
 namespace specdec::qattn {
 namespace {
 
-// Tokens per tile: half a key group at the default 64; the decoded K and V tiles (2 * 32 * D
-// floats, 32 KiB at D = 128) stay in L1 / L2 while R queries read them.
-constexpr int64_t kTile = 32;
-
 // In channel order, one rounding per step, as the fast path's transposed loop adds them: a
 // query's score does not depend on which path its tile took, i.e. on the other queries of the
 // batch (a verification forward and one-token decoding give the same bits).
@@ -114,25 +110,14 @@ void quant_attention_portable_tasks(const Args& a, int64_t task_begin, int64_t t
   // Decoded tile, per source: rows [kTile, D] of keys and values, keys transposed [D, kTile].
   std::vector<float> kq(kTile * D), kf(kTile * D), vq(kTile * D), vf(kTile * D), kqt(D * kTile), kft(D * kTile);
   for (int64_t task = task_begin; task < task_end; ++task) {
-    const int64_t b = task / a.Hkv, h = task % a.Hkv;
-    // Query heads h*r .. h*r + r - 1 are adjacent in [B, Hq, n, D]: one [R, D] block, row rho =
-    // head offset * n + new-token index.
-    const float* q = a.q + (b * a.Hq + h * r) * n * D;
-    float* out = a.out + (b * a.Hq + h * r) * n * D;
-    for (int64_t x = 0; x < R * D; ++x) qf[x] = q[x] * a.sm_scale;
-    std::fill(acc.begin(), acc.end(), 0.f);
-    std::fill(m.begin(), m.end(), neg_inf());
-    std::fill(l.begin(), l.end(), 0.f);
-    const int64_t* qlen = a.quant_len + b * n;  // [n]
-    const int64_t qmin = *std::min_element(qlen, qlen + n), qmax = *std::max_element(qlen, qlen + n);
-    const int64_t total = a.lengths[b] + n, start = a.buffer_start[b];
-    for (int64_t t0 = 0; t0 < total; t0 += kTile) {
-      const int64_t tt = std::min(kTile, total - t0);
-      // Token ranges of the tile readable from each source that some query reads from it:
-      // codes [t0, q_end), buffer [f_begin, f_end).
-      const int64_t q_end = std::max(t0, std::min({t0 + tt, qmax, a.capacity}));
-      const int64_t f_begin = std::min(t0 + tt, std::max({t0, qmin, start}));
-      const int64_t f_end = std::max(f_begin, std::min(t0 + tt, start + a.F));
+    const Slab slab = begin_slab(a, task, qf.data(), acc.data(), m.data(), l.data());
+    const int64_t b = slab.b;
+    const int64_t* qlen = slab.qlen;
+    float* out = slab.out;
+    for (int64_t t0 = 0; t0 < slab.total; t0 += kTile) {
+      const int64_t tt = std::min(kTile, slab.total - t0);
+      // Codes [t0, q_end), buffer [f_begin, f_end): what some query reads from each source.
+      const auto [q_end, f_begin, f_end] = tile_ranges(a, slab, t0, tt);
       const bool whole_q = q_end == t0 + tt, whole_f = f_begin == t0 && f_end == t0 + tt;
       decode_rows(a, task, b, t0, q_end - t0, false, true, scratch, kq.data());
       decode_rows(a, task, b, f_begin, f_end - f_begin, false, false, scratch, kf.data() + (f_begin - t0) * D);
