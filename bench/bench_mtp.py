@@ -119,7 +119,7 @@ def bench_e2e(args) -> list[dict]:
 
     torch.set_num_threads(args.threads)
     pair = e2e.load_pair(args.target, None, device=args.device, threads=args.threads)
-    target_dir, draft_dir = zoo.get_pair(zoo.DEFAULT_SPEC)
+    target_dir, draft_dir = zoo.get_pair(zoo.SPECS[zoo.default_zoo()])
     draft = e2e.load_pair(target_dir, draft_dir, device=args.device, threads=args.threads).draft
     heads_root = Path(args.heads) if args.heads else default_heads_dir("medusa").parent
     medusa, mtp = heads_root / "heads-medusa", heads_root / "heads-mtp"

@@ -187,7 +187,7 @@ def test_zoo_adapted_spec_trains_beside_the_pair(tmp_path, monkeypatch):
     target = tmp_path / "mypair" / "target"
     tiny_causal_lm(target, vocab=len(tokenizer))
     tokenizer.save_pretrained(target)
-    monkeypatch.setattr(zoo, "stdlib_corpus", lambda: texts)
+    monkeypatch.setattr(zoo, "stdlib_corpus", lambda heldout_modulo=None: texts)
     tiny = dataclasses.replace(zoo_diffusion.DEFAULT_SPEC, seq_len=32, batch_size=4, steps=6, lr=1e-3,
                                eval_tokens=512)
     monkeypatch.setitem(zoo_diffusion.SPECS, "default", tiny)

@@ -206,3 +206,23 @@ def test_v4_cli_and_get_pair_before_the_run_finishes(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="--zoo v4"):
         zoo.get_pair(zoo.SPECS["v4"])
     assert main(["zoo", "--zoo", "v4", "--force"]) == 2
+
+
+def test_methods_trained_against_a_v4_target_never_see_its_heldout_split(tmp_path):
+    # Heads, the DFlash drafter and the diffusion LM learn from zoo.training_texts(target folder):
+    # the v4 held-out modules (the e2e bench's held-out workload) are left out for a v4 pair and
+    # for a folder without a zoo report; a v3 pair (held-out text = the stream's tail) keeps all.
+    everything = zoo.stdlib_corpus()
+    held = {text for _, text in zoo_v4.stdlib_heldout()}
+    v3, v4, bare = tmp_path / "v3", tmp_path / "v4", tmp_path / "bare"
+    for folder, report in ((v3, {"spec": {"name": "pystdlib-v3"}}), (v4, {"spec": {"heldout_modulo": 10}}),
+                           (bare, None)):
+        (folder / "target").mkdir(parents=True)
+        if report is not None:
+            (folder / "report.json").write_text(json.dumps(report))
+    assert zoo.pair_heldout_modulo(v3) is None and zoo.pair_heldout_modulo(v4) == 10
+    assert zoo.training_texts(v3 / "target") == everything
+    for folder in (v4, bare):
+        texts = zoo.training_texts(folder / "target")
+        assert held and not held & set(texts)
+        assert set(texts) <= set(everything) and len(everything) - len(texts) >= len(held)

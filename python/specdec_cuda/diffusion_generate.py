@@ -313,7 +313,7 @@ def bench_configs(pair) -> list[tuple[str, dict]]:
             return [("threshold 0.9, dual cache",
                      dict(model=folder, block_length=32, threshold=0.9, use_cache="dual"))]
     raise FileNotFoundError(f"no trained zoo diffusion LM shares the tokenizer of {pair.target_dir} "
-                            f"(python -m specdec_cuda.zoo_diffusion trains one for the v3 pairs)")
+                            f"(python -m specdec_cuda.zoo_diffusion --zoo default|v4 trains one)")
 
 
 register(MethodSpec(

@@ -68,11 +68,10 @@ def held_out_prompts(count: int, pair_dir=None) -> list[str]:
 def _default_pair_dir() -> Path:
     from . import zoo
 
-    spec = zoo.SPECS[zoo.default_zoo()]
-    for base in (zoo.shipped_root(), zoo.zoo_root()):
-        if base is not None and (base / spec.name / "report.json").exists():
-            return base / spec.name
-    raise FileNotFoundError(f"no {spec.name} zoo pair yet (python -m specdec_cuda zoo trains it)")
+    folder = zoo.default_pair_dir()
+    if not (folder / "report.json").exists():
+        raise FileNotFoundError(f"no {folder.name} zoo pair yet (python -m specdec_cuda zoo trains it)")
+    return folder
 
 
 def _v3_heldout_text(tokenizer, eval_tokens: int) -> str:
@@ -248,14 +247,14 @@ def demo(args) -> int:
 def diffusion_demo(args, prompts: list[str]) -> None:
     """The zoo's masked-diffusion LM on the same prompts, LOSSY (its own text, not the target's):
     Fast-dLLM threshold rule with the dual cache. Shown when cached, or trained with --diffusion."""
-    from . import zoo, zoo_diffusion
+    from . import zoo_diffusion
     from .diffusion_generate import DiffusionGenerator
 
     spec = zoo_diffusion.SPECS.get(args.zoo)
-    if spec is None:  # zoo v4 has no diffusion LM (yet)
+    if spec is None:
         print(f"\n(diffusion generation, lossy: no zoo diffusion LM for --zoo {args.zoo})")
         return
-    cached = (zoo.zoo_root() / spec.name / "report.json").exists()
+    cached = zoo_diffusion.trained_diffusion_dir(spec) is not None
     if args.target or not (cached or getattr(args, "diffusion", False)):
         print("\n(diffusion generation, lossy: pass --diffusion to train the zoo diffusion LM and show it)")
         return

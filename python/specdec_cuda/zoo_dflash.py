@@ -59,7 +59,7 @@ class DFlashTrainSpec:
 def default_target_dir() -> Path:
     from . import zoo
 
-    return zoo.zoo_root() / zoo.DEFAULT_SPEC.name / "target"
+    return zoo.default_pair_dir() / "target"
 
 
 def default_drafter_dir(target_dir=None) -> Path:
@@ -178,7 +178,8 @@ def train_dflash(target_dir=None, out_dir=None, spec: DFlashTrainSpec = DFlashTr
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     eos_id = tokenizer.convert_tokens_to_ids(zoo.EOS)
-    _, train_ids, _ = zoo.tokenize_split(tokenizer, zoo.stdlib_corpus(), eos_id, zoo.DEFAULT_SPEC.eval_tokens)
+    _, train_ids, _ = zoo.tokenize_split(tokenizer, zoo.training_texts(target_dir), eos_id,
+                                       zoo.DEFAULT_SPEC.eval_tokens)
 
     # 1. Prompts from the training text, continued by the target (half greedy, half sampled).
     g = torch.Generator().manual_seed(spec.seed)

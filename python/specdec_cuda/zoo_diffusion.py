@@ -96,7 +96,9 @@ SCRATCH_SPEC = DiffusionSpec()
 DEFAULT_SPEC = DiffusionSpec(name="pystdlib-v3-diffusion-ar", init="target", steps=500, lr=1e-3, bf16=True)
 # For busy machines (`--zoo small`): the small pair's tokenizer, a quarter of the steps.
 SMALL_SPEC = DiffusionSpec(name="pystdlib-v3-small-diffusion", pair="small", seq_len=128, steps=160, lr=3e-3)
-SPECS = {"default": DEFAULT_SPEC, "scratch": SCRATCH_SPEC, "small": SMALL_SPEC}
+# Zoo v4's: adapted from the v4 target; `--zoo v4 --ship` writes a bf16 copy beside the shipped pair.
+V4_SPEC = DiffusionSpec(name="pycode-v4-diffusion-ar", pair="v4", init="target", steps=500, lr=1e-3, bf16=True)
+SPECS = {"default": DEFAULT_SPEC, "scratch": SCRATCH_SPEC, "small": SMALL_SPEC, "v4": V4_SPEC}
 
 
 def _log(line: str) -> None:
@@ -171,10 +173,7 @@ def ar_target_dir(spec: DiffusionSpec, root: Path, log) -> Path:
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"target_dir {str(folder)!r} has no config.json (expected an AR checkpoint folder)")
         return folder
-    cached = root / zoo.SPECS[spec.pair].name / "target"
-    if (cached / "config.json").is_file():
-        return cached
-    return zoo.get_pair(zoo.SPECS[spec.pair], log=log, root=root)[0]
+    return zoo.get_pair(zoo.SPECS[spec.pair], log=log, root=root)[0]  # shipped, else cached, else trained
 
 
 @torch.no_grad()
@@ -195,11 +194,13 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
     out_dir, log = Path(out_dir), log or _log
     root = Path(root or zoo.zoo_root())
     started = time.perf_counter()
-    texts = zoo.stdlib_corpus() if texts is None else list(texts)
+    ar_dir = ar_target_dir(spec, root, log) if spec.init == "target" else None
+    if texts is None:  # an adapted model never sees its target pair's held-out split
+        texts = zoo.training_texts(ar_dir) if ar_dir is not None else zoo.stdlib_corpus()
+    texts = list(texts)
     if spec.corpus_chars:
         joined, texts = "".join(texts)[: spec.corpus_chars], []
         texts = [joined[i: i + 4096] for i in range(0, len(joined), 4096)]
-    ar_dir = ar_target_dir(spec, root, log) if spec.init == "target" else None
     if ar_dir is not None:
         from transformers import AutoTokenizer
 
@@ -275,13 +276,46 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
 
 def get_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = None,
                   root: Path | None = None) -> Path:
-    """The checkpoint folder of the zoo diffusion model, training it the first time."""
+    """The checkpoint folder of the zoo diffusion model: the copy shipped in the repository (when
+    ``root`` is not given), else the cached one under ``root``, trained the first time."""
+    shipped = zoo.shipped_root()
+    if root is None and shipped is not None and (shipped / spec.name / "report.json").exists():
+        return shipped / spec.name
     root = Path(root or zoo.zoo_root())
     out_dir = root / spec.name
     if not (out_dir / "report.json").exists():
         (log or _log)(f"[zoo-diffusion] no cached model at {out_dir}; training it once (~10 minutes on 2 idle cores)")
         train_diffusion(out_dir, spec, log=log, root=root)
     return out_dir
+
+
+def trained_diffusion_dir(spec: DiffusionSpec) -> Path | None:
+    """The folder of ``spec``'s trained model (shipped first, then the cache), or None."""
+    for base in (zoo.shipped_root(), zoo.zoo_root()):
+        if base is not None and (base / spec.name / "report.json").exists():
+            return base / spec.name
+    return None
+
+
+def ship_diffusion(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Write the trained diffusion LM in ``src`` to ``dest`` as the copy committed to the
+    repository: weights cast to ``dtype`` (``load_diffusion`` reads them back in any dtype), the
+    tokenizer, and the report with a ``shipped`` entry. Written beside ``dest``, renamed into place."""
+    from transformers import PreTrainedTokenizerFast
+
+    src, dest = Path(src), Path(dest)
+    model = load_diffusion(src).to(dtype)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(tmp)
+    PreTrainedTokenizerFast.from_pretrained(str(src)).save_pretrained(tmp)
+    report = json.loads((src / "report.json").read_text())
+    report["shipped"] = {"dtype": str(dtype).removeprefix("torch."), "bytes": zoo.folder_bytes(tmp),
+                         "note": "figures above were measured on the fp32 weights before the cast"}
+    (tmp / "report.json").write_text(json.dumps(report, indent=2))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return report["shipped"]
 
 
 def load_zoo_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log=None, root: Path | None = None,
@@ -301,6 +335,8 @@ def main(argv=None) -> int:
                         help="the AR checkpoint folder to adapt (default spec only; default: the pair's "
                              "target); the result goes beside its pair folder as <pair>-diffusion-ar")
     parser.add_argument("--force", action="store_true", help="retrain even if cached")
+    parser.add_argument("--ship", action="store_true",
+                        help="then write a bf16 copy beside the shipped pairs (<repo>/zoo/<name>) for the repository")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args(argv)
     if args.threads:
@@ -314,7 +350,14 @@ def main(argv=None) -> int:
         root = target.parent.parent
     if args.force:
         shutil.rmtree(root / spec.name, ignore_errors=True)
-    print(get_diffusion(spec, root=root))
+    folder = get_diffusion(spec, root=root)
+    print(folder)
+    if args.ship:
+        if zoo.shipped_root() is None:
+            parser.error("--ship writes into a source checkout's zoo/ folder; this install has none")
+        dest = zoo.shipped_root() / spec.name
+        shipped = ship_diffusion(folder, dest)
+        print(f"shipped to {dest}: {shipped['dtype']}, {shipped['bytes'] / 1e6:.1f} MB")
     return 0
 
 

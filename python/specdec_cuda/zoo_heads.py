@@ -184,7 +184,7 @@ def train_heads(target_dir: str | Path, out_root: str | Path | None = None, spec
     from transformers import PreTrainedTokenizerFast
 
     from . import models
-    from .zoo import DEFAULT_SPEC, EOS, stdlib_corpus, tokenize_split
+    from .zoo import DEFAULT_SPEC, EOS, tokenize_split, training_texts
 
     log = log or _log
     target_dir = Path(target_dir)
@@ -196,7 +196,7 @@ def train_heads(target_dir: str | Path, out_root: str | Path | None = None, spec
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
     log(f"[heads] tokenizing the corpus for {target_dir}")
-    _, train_data, eval_data = tokenize_split(tokenizer, stdlib_corpus(), eos_id, DEFAULT_SPEC.eval_tokens)
+    _, train_data, eval_data = tokenize_split(tokenizer, training_texts(target_dir), eos_id, DEFAULT_SPEC.eval_tokens)
 
     def windows(data: torch.Tensor, count: int, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)

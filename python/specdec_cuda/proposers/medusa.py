@@ -152,10 +152,11 @@ class MedusaProposer(Proposer):
 
 
 def default_heads_dir(kind: str):
-    """Where ``python -m specdec_cuda zoo --heads`` caches the zoo target's heads of ``kind``."""
-    from ..zoo import DEFAULT_SPEC, zoo_root
+    """Where ``python -m specdec_cuda zoo --heads`` puts the default zoo target's heads of ``kind``
+    (beside the pair the demo uses: the shipped v4 pair, else the v3 cache)."""
+    from ..zoo import default_pair_dir
 
-    return zoo_root() / DEFAULT_SPEC.name / f"heads-{kind}"
+    return default_pair_dir() / f"heads-{kind}"
 
 
 def resolve_heads(target, heads, kind: str):
