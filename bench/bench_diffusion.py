@@ -40,14 +40,22 @@ from specdec_cuda.decoding import SamplingParams  # noqa: E402
 from specdec_cuda.diffusion_generate import DiffusionGenerator  # noqa: E402
 
 
-def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
-    """``count`` prompts of ``prompt_tokens`` tokens from the end of the corpus (the held-out part),
-    each starting at a line start, spread over the last files."""
-    texts = zoo.stdlib_corpus()[-count * 2:]
+def held_out_prompts(tokenizer, count: int, prompt_tokens: int, pair_dir: Path) -> list[list[int]]:
+    """``count`` prompts of ``prompt_tokens`` tokens, each starting at a line start, from text the
+    pair in ``pair_dir`` held out: zoo v4's held-out stdlib modules (a third, a half and two thirds
+    into each), or for a v3 pair the last files of the stdlib stream (its held-out tail)."""
+    modulo = zoo.pair_heldout_modulo(pair_dir)
+    if modulo:
+        from specdec_cuda import zoo_v4
+
+        texts = [t for _, t in zoo_v4.stdlib_heldout(zoo.V4Spec(heldout_modulo=modulo))]
+        starts = [(t, f) for f in (1 / 3, 1 / 2, 2 / 3) for t in texts]
+    else:
+        starts = [(t, 1 / 3) for t in zoo.stdlib_corpus()[-count * 2:]]
     prompts = []
-    for text in texts:
+    for text, fraction in starts:
         lines = text.splitlines(keepends=True)
-        start = len(lines) // 3
+        start = int(len(lines) * fraction)
         ids = tokenizer("".join(lines[start:start + 40]), add_special_tokens=False)["input_ids"]
         if len(ids) >= prompt_tokens:
             prompts.append(ids[:prompt_tokens])
@@ -163,8 +171,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 prompts, L = 64, fewer configurations")
-    parser.add_argument("--zoo", choices=sorted(zoo_diffusion.SPECS), default="default",
-                        help="which zoo diffusion model (and its pair's AR target) to use")
+    parser.add_argument("--zoo", choices=sorted(zoo_diffusion.SPECS), default=None,
+                        help="which zoo diffusion model (and its pair's AR target) to use (default: the one "
+                             "of the demo's pair, v4 when shipped)")
     parser.add_argument("--model", default=None,
                         help="a diffusion checkpoint folder instead of the zoo's (e.g. one adapted from a newer target)")
     parser.add_argument("--ar-target", default=None,
@@ -178,7 +187,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = zoo_diffusion.SPECS[args.zoo]
+    spec = zoo_diffusion.SPECS[args.zoo or zoo.default_zoo()]
     target_dir = Path(args.ar_target) if args.ar_target else zoo.get_pair(zoo.SPECS[spec.pair])[0]
     if args.model:
         from transformers import PreTrainedTokenizerFast
@@ -198,8 +207,9 @@ def main(argv=None) -> int:
                          "perplexities would compare different token ids; retrain it with the pair cached")
     eos = model.config.eos_token_id
     count, gen_length, block = (4, 64, 32) if args.quick else (8, 128, 32)
-    prompts = held_out_prompts(tokenizer, count, 48)
-    profile = confidence_profile(model, ar_model, held_out_prompts(tokenizer, 32, 48 + block), 48, block)
+    prompts = held_out_prompts(tokenizer, count, 48, target_dir.parent)
+    profile = confidence_profile(model, ar_model, held_out_prompts(tokenizer, 32, 48 + block, target_dir.parent),
+                                 48, block)
     print("confidence profile (share of positions >= threshold; diffusion: a masked block after a clean "
           f"prompt, {profile['positions']} positions; AR: next token, teacher forced):")
     for i, th in enumerate(profile["thresholds"]):

@@ -50,6 +50,16 @@ def test_head_topk_matches_reference(dtype, M, H, V, k):
     assert torch.equal(plain.indices, out.indices) and torch.equal(plain.values, out.values)
 
 
+@pytest.mark.parametrize("M,H", [(1, 256), (5, 64), (12, 40)])  # H = 40: the portable kernel
+def test_bf16_head_equals_the_float_head_on_its_widened_weights(M, H):
+    # The bf16 LM-head read widens each weight exactly, then the same float32 kernel runs: the
+    # logits are bit-identical to a float32 head holding the same values.
+    x, w, lm = _head_inputs(M, H, 300, torch.bfloat16, seed=H)
+    half = mtp_ops.mtp_head_topk(x, w, lm, 8, 1e-5, return_logits=True)
+    full = mtp_ops.mtp_head_topk(x.float(), w.float(), lm.float(), 8, 1e-5, return_logits=True)
+    assert torch.equal(half.logits, full.logits) and torch.equal(half.indices, full.indices)
+
+
 def test_head_topk_rank0_is_argmax_and_ties_go_to_the_lower_id():
     H, V = 16, 40
     x = torch.randn(4, H, dtype=torch.float64)

@@ -1,14 +1,19 @@
-// CPU MTP-head kernels (see mtp_cpu.h). The dot products are `omp simd` reductions compiled
-// for AVX-512, AVX2 and baseline x86-64 and picked at load time (target_clones): the default
-// build targets baseline x86-64, and these loops are bound by reading lm_head / eh_proj.
+// CPU MTP-head kernels (see mtp_cpu.h). The LM-head read of a float32 / bf16 head goes through
+// the skinny-linear kernel (AVX-512 picked at run time); the other dot products are `omp simd`
+// reductions compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
+// (target_clones): the default build targets baseline x86-64, and these loops are bound by
+// reading lm_head / eh_proj.
 #include "kernels/mtp/mtp_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/common/dtype.h"
 #include "kernels/mtp/topk.h"
 #include "kernels/quant/w4_cpu.h"
+#include "kernels/skinny_linear/skinny_linear_cpu.h"
 
 namespace specdec::mtp {
 namespace {
@@ -42,36 +47,6 @@ double load(T v) {
   } else {
     return to_float(v);
   }
-}
-
-// Four dots sharing one weight row: a0..a3 against b, so b (and its bf16 decode) is loaded once
-// per four activation rows. Callers with fewer rows pass a row twice and drop the extra sums.
-SPECDEC_MTP_CLONES void dot4_f32(const float* a0, const float* a1, const float* a2, const float* a3, const float* b,
-                                 int64_t n, float* out) {
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-  for (int64_t i = 0; i < n; ++i) {
-    const float w = b[i];
-    s0 += a0[i] * w;
-    s1 += a1[i] * w;
-    s2 += a2[i] * w;
-    s3 += a3[i] * w;
-  }
-  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
-}
-
-SPECDEC_MTP_CLONES void dot4_bf16(const float* a0, const float* a1, const float* a2, const float* a3,
-                                  const uint16_t* b, int64_t n, float* out) {
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-  for (int64_t i = 0; i < n; ++i) {
-    const float w = bits_to_float(static_cast<uint32_t>(b[i]) << 16);
-    s0 += a0[i] * w;
-    s1 += a1[i] * w;
-    s2 += a2[i] * w;
-    s3 += a3[i] * w;
-  }
-  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
 template <typename T, typename Acc>
@@ -109,33 +84,37 @@ template <typename T, typename Acc>
 void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int64_t V,
                      int64_t v_begin, int64_t v_end, int k, Acc* vals, int64_t* idx, int* n,
                      uint8_t* nonfinite, Acc* logits) {
-  constexpr bool kBlocked = std::is_same_v<T, float> || std::is_same_v<T, BFloat16>;
-  for (int64_t v = v_begin; v < v_end; ++v) {
-    const T* w = lm_head + v * H;  // read once, reused (from L1) for every activation row
-    for (int64_t m0 = 0; m0 < M; m0 += kBlocked ? 4 : 1) {
-      Acc z[4];
-      int rows = 1;
-      if (kBlocked && M - m0 == 1) {
-        z[0] = dot<T, Acc>(xn + m0 * H, w, H);  // a lone row: no wasted lanes of dot4
-      } else if constexpr (kBlocked) {
-        rows = static_cast<int>(M - m0 < 4 ? M - m0 : 4);
-        const Acc* a = xn + m0 * H;
-        const Acc* r1 = rows > 1 ? a + H : a;
-        const Acc* r2 = rows > 2 ? a + 2 * H : a;
-        const Acc* r3 = rows > 3 ? a + 3 * H : a;
-        if constexpr (std::is_same_v<T, float>) {
-          dot4_f32(a, r1, r2, r3, w, H, z);
-        } else {
-          dot4_bf16(a, r1, r2, r3, reinterpret_cast<const uint16_t*>(w), H, z);
-        }
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+    // float32 / bf16 heads: the skinny-linear kernel streams kChunk vocabulary rows at a time
+    // (each read once for up to 8 activation rows, AVX-512 where the CPU has it) into scratch
+    // [M, kChunk], then the epilogue. The logits never leave this scratch unless asked for.
+    constexpr int64_t kChunk = 64;
+    std::vector<float> scratch(static_cast<size_t>(M * kChunk));
+    for (int64_t v0 = v_begin; v0 < v_end; v0 += kChunk) {
+      const int64_t width = std::min(kChunk, v_end - v0);
+      if constexpr (std::is_same_v<T, float>) {
+        skinny::skinny_linear_cpu_rows(xn, M, H, lm_head + v0 * H, nullptr, scratch.data(), width, 0, width);
       } else {
-        z[0] = dot<T, Acc>(xn + m0 * H, w, H);
+        skinny::skinny_linear_cpu_rows_bf16(xn, M, H, reinterpret_cast<const uint16_t*>(lm_head + v0 * H),
+                                            nullptr, scratch.data(), width, 0, width);
       }
-      for (int r = 0; r < rows; ++r) {
-        const int64_t m = m0 + r;
-        if (!std::isfinite(z[r])) nonfinite[m] = 1;
-        if (logits != nullptr) logits[m * V + v] = z[r];
-        topk_insert(vals + m * k, idx + m * k, k, n[m], z[r], v);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t j = 0; j < width; ++j) {
+          const float z = scratch[m * width + j];
+          if (!std::isfinite(z)) nonfinite[m] = 1;
+          if (logits != nullptr) logits[m * V + v0 + j] = z;
+          topk_insert(vals + m * k, idx + m * k, k, n[m], z, v0 + j);
+        }
+      }
+    }
+  } else {
+    for (int64_t v = v_begin; v < v_end; ++v) {
+      const T* w = lm_head + v * H;
+      for (int64_t m = 0; m < M; ++m) {
+        const Acc z = dot<T, Acc>(xn + m * H, w, H);
+        if (!std::isfinite(z)) nonfinite[m] = 1;
+        if (logits != nullptr) logits[m * V + v] = z;
+        topk_insert(vals + m * k, idx + m * k, k, n[m], z, v);
       }
     }
   }

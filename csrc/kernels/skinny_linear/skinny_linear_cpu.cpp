@@ -18,19 +18,29 @@
 namespace specdec::skinny {
 namespace {
 
+// A weight element as float: float32 as is, bfloat16 (raw bits) widened exactly.
+inline float weight_at(const float* w, int64_t i) { return w[i]; }
+inline float weight_at(const uint16_t* w, int64_t i) {
+  const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // ---- portable: per output, 16 partial sums over K in order (lane k % 16), then a pairwise
 // reduction; the inner loops autovectorise at any width. ----------------------------------------
-void rows_portable(const float* x, int64_t M, int64_t K, const float* weight, const float* bias, float* y,
+template <typename W>
+void rows_portable(const float* x, int64_t M, int64_t K, const W* weight, const float* bias, float* y,
                    int64_t N, int64_t n_begin, int64_t n_end) {
   for (int64_t n = n_begin; n < n_end; ++n) {
-    const float* w = weight + n * K;
+    const W* w = weight + n * K;
     for (int64_t m = 0; m < M; ++m) {
       const float* xm = x + m * K;
       float part[16] = {};
       int64_t k = 0;
       for (; k + 16 <= K; k += 16)
-        for (int j = 0; j < 16; ++j) part[j] += xm[k + j] * w[k + j];
-      for (int j = 0; k + j < K; ++j) part[j] += xm[k + j] * w[k + j];
+        for (int j = 0; j < 16; ++j) part[j] += xm[k + j] * weight_at(w, k + j);
+      for (int j = 0; k + j < K; ++j) part[j] += xm[k + j] * weight_at(w, k + j);
       for (int width = 8; width >= 1; width /= 2)
         for (int j = 0; j < width; ++j) part[j] += part[j + width];
       y[m * N + n] = bias == nullptr ? part[0] : part[0] + bias[n];
@@ -43,15 +53,22 @@ void rows_portable(const float* x, int64_t M, int64_t K, const float* weight, co
 
 // Prefetch distance along a weight row: 2 KiB, a few hundred nanoseconds of DRAM latency ahead of
 // the FMAs at this kernel's rate.
-constexpr int64_t kPrefetchFloats = 512;
+constexpr int64_t kPrefetchBytes = 2048;
+
+// 16 weights from w as float32: a float load, or 16 bfloat16 widened (zero-extend, shift left 16).
+SPECDEC_AVX512 inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+SPECDEC_AVX512 inline __m512 load16(const uint16_t* w) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
 
 // NB rows of W against MB rows of x, K % 16 == 0. Per 16 input features: NB loads of W (streamed
 // from memory once), then per activation row one load of x (L1 / L2: x is at most 8 * K floats)
 // and NB fused multiply-adds. Registers: MB * NB accumulators + NB weights + 1 activation (NB = 4,
 // MB = 6: 29 of the 32 zmm registers; NB = 3, MB = 8: 28). The NB * MB independent chains hide
 // the FMA latency.
-template <int MB, int NB>
-SPECDEC_AVX512 void block_avx512(const float* x, int64_t K, const float* w, const float* bias, float* y,
+template <int MB, int NB, typename W>
+SPECDEC_AVX512 void block_avx512(const float* x, int64_t K, const W* w, const float* bias, float* y,
                                  int64_t N, int64_t n) {
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
@@ -59,10 +76,10 @@ SPECDEC_AVX512 void block_avx512(const float* x, int64_t K, const float* w, cons
   for (int64_t k = 0; k < K; k += 16) {
     __m512 wv[NB];
     for (int j = 0; j < NB; ++j) {
-      // Each weight row streams from memory once: prefetch it kPrefetchFloats ahead (a prefetch
+      // Each weight row streams from memory once: prefetch it kPrefetchBytes ahead (a prefetch
       // past the row's end reads the next rows, never faults).
-      _mm_prefetch(reinterpret_cast<const char*>(w + j * K + k + kPrefetchFloats), _MM_HINT_T0);
-      wv[j] = _mm512_loadu_ps(w + j * K + k);
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * K + k) + kPrefetchBytes, _MM_HINT_T0);
+      wv[j] = load16(w + j * K + k);
     }
     for (int m = 0; m < MB; ++m) {
       const __m512 xv = _mm512_loadu_ps(x + m * K + k);
@@ -77,8 +94,8 @@ SPECDEC_AVX512 void block_avx512(const float* x, int64_t K, const float* w, cons
 }
 
 // Weight rows per block: 4 up to 6 activation rows, 3 for 7 and 8 (MB * NB + NB + 1 <= 32).
-template <int MB>
-SPECDEC_AVX512 void rows_avx512_mb(const float* x, int64_t K, const float* weight, const float* bias, float* y,
+template <int MB, typename W>
+SPECDEC_AVX512 void rows_avx512_mb(const float* x, int64_t K, const W* weight, const float* bias, float* y,
                                    int64_t N, int64_t n_begin, int64_t n_end) {
   constexpr int NB = MB <= 6 ? 4 : 3;
   int64_t n = n_begin;
@@ -86,7 +103,8 @@ SPECDEC_AVX512 void rows_avx512_mb(const float* x, int64_t K, const float* weigh
   for (; n < n_end; ++n) block_avx512<MB, 1>(x, K, weight + n * K, bias, y, N, n);
 }
 
-void rows_avx512(const float* x, int64_t M, int64_t K, const float* weight, const float* bias, float* y,
+template <typename W>
+void rows_avx512(const float* x, int64_t M, int64_t K, const W* weight, const float* bias, float* y,
                  int64_t N, int64_t n_begin, int64_t n_end) {
   // Blocks of up to kMaxBlockM rows of x; a row's outputs do not depend on its block.
   for (int64_t m0 = 0; m0 < M; m0 += kMaxBlockM) {
@@ -117,10 +135,9 @@ const bool kAvx512 = detect_avx512();
 const bool kAvx512 = false;
 #endif
 
-}  // namespace
-
-void skinny_linear_cpu_rows(const float* x, int64_t M, int64_t K, const float* weight, const float* bias,
-                            float* y, int64_t N, int64_t n_begin, int64_t n_end) {
+template <typename W>
+void rows(const float* x, int64_t M, int64_t K, const W* weight, const float* bias, float* y, int64_t N,
+          int64_t n_begin, int64_t n_end) {
 #ifdef SPECDEC_SKINNY_X86
   if (kAvx512 && K % 16 == 0) {
     rows_avx512(x, M, K, weight, bias, y, N, n_begin, n_end);
@@ -128,6 +145,18 @@ void skinny_linear_cpu_rows(const float* x, int64_t M, int64_t K, const float* w
   }
 #endif
   rows_portable(x, M, K, weight, bias, y, N, n_begin, n_end);
+}
+
+}  // namespace
+
+void skinny_linear_cpu_rows(const float* x, int64_t M, int64_t K, const float* weight, const float* bias,
+                            float* y, int64_t N, int64_t n_begin, int64_t n_end) {
+  rows(x, M, K, weight, bias, y, N, n_begin, n_end);
+}
+
+void skinny_linear_cpu_rows_bf16(const float* x, int64_t M, int64_t K, const uint16_t* weight,
+                                 const float* bias, float* y, int64_t N, int64_t n_begin, int64_t n_end) {
+  rows(x, M, K, weight, bias, y, N, n_begin, n_end);
 }
 
 }  // namespace specdec::skinny

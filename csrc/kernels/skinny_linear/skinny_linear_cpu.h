@@ -20,4 +20,10 @@ inline constexpr int64_t kMaxBlockM = 8;  // activation rows per pass over W (re
 void skinny_linear_cpu_rows(const float* x, int64_t M, int64_t K, const float* weight, const float* bias,
                             float* y, int64_t N, int64_t n_begin, int64_t n_end);
 
+// The same with a bfloat16 weight (raw bits [N, K]), widened exactly to float32 as it streams in:
+// the result equals skinny_linear_cpu_rows on the widened weight, bit for bit. (The fused MTP
+// head's LM-head read, where a bf16 head halves the bytes.)
+void skinny_linear_cpu_rows_bf16(const float* x, int64_t M, int64_t K, const uint16_t* weight,
+                                 const float* bias, float* y, int64_t N, int64_t n_begin, int64_t n_end);
+
 }  // namespace specdec::skinny
