@@ -190,8 +190,10 @@ def test_training_lowers_the_loss(target):
 
 def test_default_drafter_missing_names_the_training_command(target, tmp_path, monkeypatch):
     from specdec_cuda.proposers.dflash import load_drafter
+    from specdec_cuda import zoo
 
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    monkeypatch.setattr(zoo, "shipped_root", lambda: None)  # neither shipped nor cached
     with pytest.raises(FileNotFoundError, match="zoo --dflash"):
         load_drafter(target, None)
 

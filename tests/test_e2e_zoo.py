@@ -124,3 +124,27 @@ def test_zoo_v4_cli_ships_a_finished_run(tmp_path, monkeypatch, capsys):
     check_shipped(tmp_path / "repo-zoo" / TINY.name)
     report = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
     assert report["target_heldout"] == json.loads((run / "report.json").read_text())["target_heldout"]
+
+
+@pytest.mark.skipif(SHIPPED is None or not (SHIPPED / "heads-medusa").exists(),
+                    reason="no heads shipped beside the zoo pair in this checkout")
+def test_the_methods_shipped_beside_the_pair():
+    # Medusa heads, MTP modules, the DFlash drafter and the diffusion LM trained against the
+    # shipped target: they load, fit its width and vocabulary, and the methods' defaults find them.
+    from specdec_cuda import zoo_diffusion
+    from specdec_cuda.models.dflash import DFlashDrafter
+    from specdec_cuda.models.diffusion_lm import load_diffusion
+    from specdec_cuda.models.heads import MedusaHeads, MTPModules, load_heads
+    from specdec_cuda.proposers.medusa import default_heads_dir
+    from specdec_cuda.zoo_dflash import default_drafter_dir
+
+    target = json.loads((SHIPPED / "target" / "config.json").read_text())
+    assert isinstance(load_heads(SHIPPED / "heads-medusa"), MedusaHeads)
+    assert isinstance(load_heads(SHIPPED / "heads-mtp"), MTPModules)
+    assert isinstance(DFlashDrafter.load(SHIPPED / "dflash"), DFlashDrafter)
+    assert default_heads_dir("medusa") == SHIPPED / "heads-medusa" and default_drafter_dir() == SHIPPED / "dflash"
+    diffusion = zoo_diffusion.trained_diffusion_dir(zoo_diffusion.V4_SPEC)
+    assert diffusion == zoo.shipped_root() / zoo_diffusion.V4_SPEC.name
+    model = load_diffusion(diffusion)
+    assert model.config.vocab_size == target["vocab_size"] + 1 and model.config.shifted_logits
+    assert zoo.folder_bytes(SHIPPED) + zoo.folder_bytes(diffusion) <= 2 * zoo.SHIP_LIMIT_BYTES

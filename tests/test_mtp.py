@@ -316,8 +316,10 @@ def test_heads_save_and_load_round_trip(tmp_path, tiny_target):
 
 def test_methods_without_cached_heads_say_how_to_train_them(tiny_target, monkeypatch, tmp_path):
     import specdec_cuda
+    from specdec_cuda import zoo
 
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    monkeypatch.setattr(zoo, "shipped_root", lambda: None)  # neither shipped nor cached
     for method in ("medusa", "mtp"):
         with pytest.raises(FileNotFoundError, match="zoo --heads"):
             specdec_cuda.generate(tiny_target, [[1, 2]], method=method, max_new_tokens=2)

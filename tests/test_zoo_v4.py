@@ -203,6 +203,7 @@ def test_window_sampler_covers_each_epoch_once():
 
 def test_v4_cli_and_get_pair_before_the_run_finishes(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
+    monkeypatch.setattr(zoo, "shipped_root", lambda: None)  # neither shipped nor cached
     with pytest.raises(FileNotFoundError, match="--zoo v4"):
         zoo.get_pair(zoo.SPECS["v4"])
     assert main(["zoo", "--zoo", "v4", "--force"]) == 2
