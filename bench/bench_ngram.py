@@ -254,8 +254,8 @@ def e2e_part(args) -> dict:
 
     from specdec_cuda import e2e, zoo
 
-    # Default: the v3 zoo target ($SPECDEC_ZOO_DIR or the checkout's .cache/zoo), not retrained here.
-    target_dir = args.target or str(zoo.zoo_root() / zoo.SPECS["default"].name / "target")
+    # Default: the demo's zoo target (the shipped v4 pair, else the cached v3 one), not trained here.
+    target_dir = args.target or str(zoo.default_pair_dir() / "target")
     if args.target is None and not os.path.isdir(target_dir):
         print(f"e2e part skipped: no zoo target at {target_dir} (pass --target, or set SPECDEC_ZOO_DIR)")
         return {}
