@@ -13,15 +13,18 @@ import torch
 
 from .api import SpeculativeDecoder
 
+# No prompt ends in a bare newline: the byte-level BPE merges a newline with the next line's
+# indentation ("\n    " is one token), so a prompt cut after "\n" ends on a boundary the model
+# rarely saw in training, and the v4 target answers it with comment lines ("#\n#\n...").
 PROMPTS = [
-    "def fibonacci(n):\n",
-    "import os\nimport sys\n\n\ndef main():\n",
-    "class Stack:\n    def __init__(self):\n",
-    "    for i in range(len(self.items)):\n",
-    "def read_config(path):\n    \"\"\"Read a configuration file.\"\"\"\n",
+    "def fibonacci(n):",
+    "import os\nimport sys\n\n\ndef main():",
+    "class Stack:\n    def __init__(self):",
+    "    for i in range(len(self.items)):",
+    "def read_config(path):\n    \"\"\"Read a configuration file.\"\"\"",
     "        if not isinstance(value, str):\n            raise TypeError(",
     "    def __repr__(self):\n        return ",
-    "try:\n    import threading\nexcept ImportError:\n",
+    "try:\n    import threading\nexcept ImportError:",
 ]
 
 
