@@ -278,9 +278,8 @@ def get_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log: Callable[[str], None]
                   root: Path | None = None) -> Path:
     """The checkpoint folder of the zoo diffusion model: the copy shipped in the repository (when
     ``root`` is not given), else the cached one under ``root``, trained the first time."""
-    shipped = zoo.shipped_root()
-    if root is None and shipped is not None and (shipped / spec.name / "report.json").exists():
-        return shipped / spec.name
+    if root is None and (found := trained_diffusion_dir(spec)) is not None:
+        return found
     root = Path(root or zoo.zoo_root())
     out_dir = root / spec.name
     if not (out_dir / "report.json").exists():

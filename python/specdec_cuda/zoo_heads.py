@@ -201,14 +201,14 @@ def train_heads(target_dir: str | Path, out_root: str | Path | None = None, spec
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
     log(f"[heads] tokenizing the corpus for {target_dir}")
-    _, train_data, eval_data = tokenize_split(tokenizer, training_texts(target_dir), eos_id, DEFAULT_SPEC.eval_tokens)
+    texts = training_texts(target_dir)
+    _, train_data, eval_data = tokenize_split(tokenizer, texts, eos_id, DEFAULT_SPEC.eval_tokens)
 
     def windows(data: torch.Tensor, count: int, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
         starts = torch.randint(0, data.numel() - spec.prompt_len, (count,), generator=g)
         return torch.stack([data[s : s + spec.prompt_len] for s in starts.tolist()])
 
-    texts = training_texts(target_dir)
     held_out_chars = 60000  # the tail that e2e.held_out_prompts draws from: never a training prompt
     train_text = "".join(texts)[:-held_out_chars]
 

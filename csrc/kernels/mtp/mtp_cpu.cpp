@@ -73,6 +73,20 @@ void normalize_row(const T* x, const T* weight, double eps, int64_t H, Acc* out)
   for (int64_t i = 0; i < H; ++i) out[i] = static_cast<Acc>(load(x[i])) * r * static_cast<Acc>(load(weight[i]));
 }
 
+// The epilogue over a block of logits: scores [M, width] (row stride width) for vocabulary ids
+// v0 .. v0 + width - 1; flags non-finite rows, copies into logits [M, V] when asked, keeps the top-k.
+void rank_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
+                int64_t* idx, int* n, uint8_t* nonfinite, float* logits) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < width; ++j) {
+      const float z = scores[m * width + j];
+      if (!std::isfinite(z)) nonfinite[m] = 1;
+      if (logits != nullptr) logits[m * V + v0 + j] = z;
+      topk_insert(vals + m * k, idx + m * k, k, n[m], z, v0 + j);
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T, typename Acc>
@@ -98,14 +112,7 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
         skinny::skinny_linear_cpu_rows_bf16(xn, M, H, reinterpret_cast<const uint16_t*>(lm_head + v0 * H),
                                             nullptr, scratch.data(), width, 0, width);
       }
-      for (int64_t m = 0; m < M; ++m) {
-        for (int64_t j = 0; j < width; ++j) {
-          const float z = scratch[m * width + j];
-          if (!std::isfinite(z)) nonfinite[m] = 1;
-          if (logits != nullptr) logits[m * V + v0 + j] = z;
-          topk_insert(vals + m * k, idx + m * k, k, n[m], z, v0 + j);
-        }
-      }
+      rank_block(scratch.data(), M, width, v0, V, k, vals, idx, n, nonfinite, logits);
     }
   } else {
     for (int64_t v = v_begin; v < v_end; ++v) {
@@ -128,14 +135,7 @@ void head_topk_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* pa
   // The range's tiles as a weight of `width` rows: the tile kernel writes scratch [M, width].
   quant::w4a16_matmul_cpu_tiles(xn, M, H, packed + t0 * (H / 2) * tile, scales + t0 * (H / group) * tile, group,
                                 scratch, width, 0, t1 - t0);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j < width; ++j) {
-      const float z = scratch[m * width + j];
-      if (!std::isfinite(z)) nonfinite[m] = 1;
-      if (logits != nullptr) logits[m * V + v_begin + j] = z;
-      topk_insert(vals + m * k, idx + m * k, k, n[m], z, v_begin + j);
-    }
-  }
+  rank_block(scratch, M, width, v_begin, V, k, vals, idx, n, nonfinite, logits);
 }
 
 template <typename Acc>

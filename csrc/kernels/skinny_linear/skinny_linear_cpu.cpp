@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/common/dtype.h"
+
 #if defined(__x86_64__)
 // GCC 12's own avx512fintrin.h trips -Wmaybe-uninitialized in _mm512_setzero_ps-style helpers.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -20,12 +22,7 @@ namespace {
 
 // A weight element as float: float32 as is, bfloat16 (raw bits) widened exactly.
 inline float weight_at(const float* w, int64_t i) { return w[i]; }
-inline float weight_at(const uint16_t* w, int64_t i) {
-  const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+inline float weight_at(const uint16_t* w, int64_t i) { return bits_to_float(static_cast<uint32_t>(w[i]) << 16); }
 
 // ---- portable: per output, 16 partial sums over K in order (lane k % 16), then a pairwise
 // reduction; the inner loops autovectorise at any width. ----------------------------------------
