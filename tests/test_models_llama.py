@@ -204,3 +204,62 @@ def test_cpu_rope_table_equals_direct_computation(family_pair):
         for g, w in zip(got, want):
             assert torch.equal(g, w)
     assert model._rope_table[0].shape[0] == 8192  # grown to the next power of two past 5000
+
+
+# ---- the packed CPU path (decoder_layer op, packed weights) -------------------------------------
+
+from specdec_cuda.ops.skinny_linear import packed_kernel_available  # noqa: E402
+
+needs_packed = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512: models keep the torch path")
+
+
+@needs_packed
+def test_packed_path_matches_the_torch_path_with_a_tree(family_pair):
+    # Decoding-sized forwards (B * n <= PACKED_MAX_ROWS) take one decoder_layer op per layer; the
+    # torch path (packed_linear = False) is the same model. A tree mask, per-row lengths.
+    from _models_testlib import ancestors_mask
+
+    _, _, model, folder = family_pair
+    torch_path = models.load(folder)
+    torch_path.packed_linear = False
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, VOCAB, (2, 9), generator=g)
+    tree = torch.randint(0, VOCAB, (2, 5), generator=g)
+    mask = ancestors_mask([-1, 0, 0, 1, 1]).expand(2, 5, 5)
+    results = []
+    for m in (model, torch_path):
+        cache = m.new_cache(2, 32)
+        m.forward(prompt, torch.arange(9).expand(2, 9), cache)
+        cache.commit(torch.tensor([9, 6]))  # row 1 keeps fewer tokens
+        positions = cache.lengths[:, None] + torch.tensor([0, 1, 1, 2, 2])
+        out = m.forward(tree, positions, cache, tree_mask=mask, hidden_layers=(0, -1))
+        results.append((out, cache.keys[1].clone()))
+    assert model._head_packed is not None and torch_path._head_packed is None
+    (packed, kp), (plain, kt) = results
+    torch.testing.assert_close(packed.logits, plain.logits, **FP32_TOL)
+    torch.testing.assert_close(packed.hidden_states[0], plain.hidden_states[0], **FP32_TOL)
+    torch.testing.assert_close(packed.hidden_states[-1], plain.hidden_states[-1], **FP32_TOL)
+    torch.testing.assert_close(kp, kt, **FP32_TOL)
+
+
+@needs_packed
+def test_writing_a_weight_in_place_repacks(family_pair):
+    _, _, _, folder = family_pair
+    model, fresh = models.load(folder), models.load(folder)
+    tokens, positions = torch.tensor([[3, 5]]), torch.arange(2)[None]
+    before = model.forward(tokens, positions, model.new_cache(1, 8)).logits
+    for m in (model, fresh):
+        with torch.no_grad():
+            m.layers[0].mlp.down_proj.weight.mul_(-2.0)
+    after = model.forward(tokens, positions, model.new_cache(1, 8)).logits
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, fresh.forward(tokens, positions, fresh.new_cache(1, 8)).logits, rtol=0, atol=0)
+
+
+def test_packed_linear_follows_the_environment(family_pair, monkeypatch):
+    _, _, _, folder = family_pair
+    monkeypatch.setenv("SPECDEC_PACKED_LINEAR", "0")
+    model = models.load(folder)
+    assert model.packed_linear is False
+    model.forward(torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.long), model.new_cache(1, 4))
+    assert model._head_packed is None

@@ -68,3 +68,80 @@ def test_portable_kernel_matches_reference():
     env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
                PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+
+
+# ---- the packed form (skinny_linear_packed) ------------------------------------------------------
+
+from specdec_cuda.ops.skinny_linear import PANEL, pack_weight, skinny_linear_packed  # noqa: E402
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("M,K,N", [(1, 64, 7), (5, 512, 131), (6, 48, 64), (7, 33, 65), (17, 192, 320), (33, 40, 1)])
+def test_packed_matches_reference(M, K, N, bias):
+    g = torch.Generator().manual_seed(M * 1000 + K + N)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    packed = pack_weight(w)
+    assert packed.panels.dtype == torch.float32 and packed.panels.shape == (-(-N // PANEL), K, PANEL)
+    torch.testing.assert_close(ref.unpack_weight(packed.panels, N), w, rtol=0, atol=0)
+    torch.testing.assert_close(skinny_linear_packed(x, packed, b), ref.skinny_linear_packed(x, packed.panels, N, b),
+                               rtol=1e-4, atol=1e-4 * K ** 0.5)
+
+
+def test_packed_bf16_weights_give_the_float32_weights_bits():
+    # A bf16 checkpoint loaded as float32 packs as bf16 (half the bytes) with the same product.
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(9, 96, generator=g), torch.randn(130, 96, generator=g).bfloat16().float()
+    as_bf16, as_f32 = pack_weight(w), pack_weight(w, torch.float32)
+    assert as_bf16.panels.dtype == torch.bfloat16 and as_bf16.nbytes * 2 == as_f32.nbytes
+    assert torch.equal(skinny_linear_packed(x, as_bf16), skinny_linear_packed(x, as_f32))
+    with pytest.raises(ValueError, match="not bfloat16 numbers"):
+        pack_weight(torch.randn(4, 8) / 3, torch.bfloat16)
+
+
+def test_packed_row_gives_the_same_bits_alone_or_in_a_batch():
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(17, 80, generator=g), torch.randn(70, 80, generator=g), torch.randn(70, generator=g)
+    packed = pack_weight(w)
+    together = skinny_linear_packed(x, packed, b)
+    for m in range(17):
+        assert torch.equal(skinny_linear_packed(x[m : m + 1], packed, b)[0], together[m]), m
+        assert torch.equal(skinny_linear_packed(x[: m + 1], packed, b)[m], together[m]), m
+
+
+def test_packed_leading_dims_bad_inputs_and_opcheck():
+    packed = pack_weight(torch.randn(16, 32))
+    assert skinny_linear_packed(torch.randn(2, 3, 32), packed).shape == (2, 3, 16)
+    with pytest.raises(ValueError, match="K=32"):
+        skinny_linear_packed(torch.randn(2, 31), packed)
+    with pytest.raises(TypeError, match="float32"):
+        pack_weight(torch.randn(4, 8, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="panels"):  # out's N does not fit the panel count
+        torch.ops.specdec.skinny_linear_packed(torch.randn(2, 32), packed.panels, None, torch.empty(2, 65))
+    with pytest.raises(RuntimeError, match="bias"):
+        torch.ops.specdec.skinny_linear_packed(torch.randn(2, 32), packed.panels, torch.randn(5), torch.empty(2, 16))
+    torch.library.opcheck(torch.ops.specdec.skinny_linear_packed.default,
+                          (torch.randn(3, 32), packed.panels, torch.randn(16), torch.empty(3, 16)))
+
+
+def test_packed_portable_loop_gives_the_vector_kernels_bits():
+    # Both are one fma chain per output over K in order: the same bits (a fresh process reads
+    # SPECDEC_CPU_ISA at load).
+    g = torch.Generator().manual_seed(11)
+    x, w, b = torch.randn(7, 72, generator=g), torch.randn(90, 72, generator=g), torch.randn(90, generator=g)
+    here = skinny_linear_packed(x, pack_weight(w), b)
+    code = ("import sys, torch; from specdec_cuda._native import _C; "
+            "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
+            "assert _C.skinny_linear_packed_isa() == 'portable'; "
+            "x, w, b = torch.load(sys.argv[1]); torch.save(skinny_linear_packed(x, pack_weight(w), b), sys.argv[1])")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "io.pt")
+        torch.save((x, w, b), path)
+        python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+        env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
+                   PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=120)
+        portable = torch.load(path)
+    assert torch.equal(portable, here)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/common/philox.h"
+#include "kernels/skinny_linear/packed_cpu.h"
 #ifdef SPECDEC_WITH_CUDA
 #include "kernels/quant/w4a16_cuda.h"
 #endif
@@ -81,6 +82,8 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("seed"), pybind11::arg("position"), pybind11::arg("purpose"),
         pybind11::arg("substream"), pybind11::arg("first"), pybind11::arg("count"));
   m.def("philox4x32_10", &philox4x32_10, "one raw Philox4x32-10 block (for known-answer tests)");
+  m.def("skinny_linear_packed_isa", &specdec::skinny::packed_linear_cpu_isa,
+        "'avx512' when skinny_linear_packed runs its vector kernel on this CPU, else 'portable'");
   register_ngram(m);
 #ifdef SPECDEC_WITH_CUDA
   m.def("w4a16_cuda_tunings", &w4a16_cuda_tunings,

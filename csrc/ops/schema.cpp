@@ -100,7 +100,23 @@ TORCH_LIBRARY(specdec, m) {
   // skinny_linear: out = x · weightᵀ (+ bias) in float32 for a few rows of x, each output row
   // computed independently of the others (reference/skinny_linear.py).
   m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()");
+  // skinny_linear_packed: the same product from a weight packed once into column panels
+  // [ceil(N / 64), K, 64] (float32, or bfloat16 widened exactly); x [..., K], out [..., N].
+  m.def("skinny_linear_packed(Tensor x, Tensor packed, Tensor? bias, Tensor(a!) out) -> ()");
   // ---- end family: skinny_linear ----
+
+  // ---- family: decoder_layer (csrc/kernels/decoder_layer, ops/decoder_layer_cpu.cpp; CPU only) ----
+  // decoder_layer: one Llama/Qwen decoder layer (RMSNorm, packed q|k|v projection, q/k norm,
+  // RoPE, K/V to the cache's pending slots lengths[b] + i, attention over the cache with a causal
+  // or tree mask among the new tokens, o projection, residual, RMSNorm, SwiGLU with packed
+  // projections, residual) over x (B, n, hidden); out is written, the caches' pending slots too
+  // (reference/decoder_layer.py).
+  m.def(
+      "decoder_layer(Tensor x, Tensor norm1, Tensor norm2, float norm_eps, Tensor qkv_w, Tensor? qkv_b, "
+      "Tensor o_w, Tensor? o_b, Tensor gate_up_w, Tensor? gate_up_b, Tensor down_w, Tensor? down_b, "
+      "Tensor? q_norm, Tensor? k_norm, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor lengths, Tensor? tree_mask, int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
+  // ---- end family: decoder_layer ----
 
   // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----
   // diffusion_unmask: one step of masked-diffusion generation over a window of positions: a token

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "kernels/skinny_linear/packed_cpu.h"
 #include "kernels/skinny_linear/skinny_linear_cpu.h"
 #include "ops/quant_parallel.h"
 
@@ -38,8 +39,50 @@ void skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std:
   });
 }
 
+void skinny_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              at::Tensor& out) {
+  // x: (..., K) float32; packed: (P, K, kPanel) float32 or bfloat16 with P = ceil(N / kPanel);
+  // bias: (N,) float32 or None; out: (..., N) float32, the same leading dims as x
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "skinny_linear_packed: x must be a contiguous float32 [..., K] tensor; got ", x.scalar_type(), " ",
+              x.sizes());
+  const int64_t K = x.size(-1), M = K == 0 ? 0 : x.numel() / K;
+  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == K && packed.size(2) == skinny::kPanel &&
+                  (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16) &&
+                  packed.is_contiguous(),
+              "skinny_linear_packed: packed must be a contiguous float32 or bfloat16 [panels, K=", K, ", ",
+              skinny::kPanel, "] tensor; got ", packed.scalar_type(), " ", packed.sizes());
+  TORCH_CHECK(out.dim() == x.dim() && out.sizes().slice(0, x.dim() - 1) == x.sizes().slice(0, x.dim() - 1) &&
+                  out.scalar_type() == at::kFloat && out.is_contiguous(),
+              "skinny_linear_packed: out must be a contiguous float32 [..., N] tensor with x's leading dims ",
+              x.sizes().slice(0, x.dim() - 1), "; got ", out.scalar_type(), " ", out.sizes());
+  const int64_t N = out.size(-1), P = packed.size(0);
+  TORCH_CHECK(P == (N + skinny::kPanel - 1) / skinny::kPanel,
+              "skinny_linear_packed: out has N=", N, " columns but packed holds ", P, " panels of ", skinny::kPanel,
+              " (N must be in (", (P - 1) * skinny::kPanel, ", ", P * skinny::kPanel, "])");
+  if (bias.has_value())
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kFloat && bias->is_contiguous(),
+                "skinny_linear_packed: bias must be a contiguous float32 [", N, "] tensor; got ",
+                bias->scalar_type(), " ", bias->sizes());
+  if (M == 0 || N == 0) return;
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  // Panels are independent; 4 of them are 4 * K * 256 bytes of float32 weight (1 MiB at K = 1024).
+  parallel_range(0, P, 4, [&](int64_t begin, int64_t end) {
+    if (packed.scalar_type() == at::kBFloat16)
+      skinny::packed_linear_cpu_panels_bf16(x.data_ptr<float>(), M, K,
+                                            reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), b,
+                                            out.data_ptr<float>(), N, begin, end);
+    else
+      skinny::packed_linear_cpu_panels(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), b,
+                                       out.data_ptr<float>(), N, begin, end);
+  });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("skinny_linear", &skinny_linear_cpu); }
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("skinny_linear", &skinny_linear_cpu);
+  m.impl("skinny_linear_packed", &skinny_linear_packed_cpu);
+}
 
 }  // namespace specdec::ops

@@ -8,7 +8,15 @@ parameters) rather than through ``nn.Module.__call__``: decoding small models on
 per-op overhead, and the module call machinery costs as much as a small matmul. For the same
 reason a layer reads its tensors from a tuple bound on first use (``DecoderLayer.bind``) instead
 of through ``nn.Module.__getattr__`` (about 1 us per access, ~20 per layer per forward);
-``LlamaModel`` drops the binding whenever ``.to()`` / ``to_empty()`` replace the parameters.
+``LlamaModel`` drops the binding whenever ``.to()`` / ``to_empty()`` replace the parameters, and
+whenever a parameter is written in place.
+
+Bound with ``pack=True`` (what ``LlamaModel`` does for a float32 model on a CPU with AVX-512), each
+projection also carries its weight packed for ``skinny_linear_packed`` (bfloat16 when the values
+allow it exactly), and ``forward_packed`` runs the whole layer as one ``decoder_layer`` op: what
+``LlamaModel`` does for decoding and verification forwards of up to ``PACKED_MAX_ROWS`` token rows
+(per-op overhead, about 35 torch ops per layer, is most of a small model's step on a CPU). A
+prefill runs ``forward``, through BLAS.
 """
 
 from __future__ import annotations
@@ -17,8 +25,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.skinny_linear import PackedWeight, pack_weight, skinny_linear_packed
 from .config import LlamaConfig
 from .rope import apply_rope
+
+# Token rows up to which a forward's projections take the packed kernel: a verification of up to
+# 32 drafts plus its root (the kernel's cost grows with the rows like BLAS's, without BLAS's
+# fixed cost per call and with half the bytes for a bf16 weight); prefills go to BLAS.
+PACKED_MAX_ROWS = 33
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            packed: PackedWeight | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, from ``packed`` when there is one and x has at most
+    ``PACKED_MAX_ROWS`` rows. Shape: x [..., K] -> [..., N]."""
+    if packed is not None and x.numel() <= PACKED_MAX_ROWS * x.shape[-1]:
+        out = x.new_empty(*x.shape[:-1], packed.out_features)
+        torch.ops.specdec.skinny_linear_packed(x, packed.panels, bias, out)
+        return out
+    return F.linear(x, weight, bias)
+
+
+def maybe_pack(weight: torch.Tensor | None, pack: bool) -> PackedWeight | None:
+    return pack_weight(weight) if pack and weight is not None else None
 
 
 class RMSNorm(nn.Module):
@@ -77,8 +106,8 @@ class Attention(nn.Module):
         attn_mask [B, 1, n, span] additive (0 or -inf), or None: every slot of ``span`` visible."""
         B, n, _ = x.shape
         H, H_kv = self.num_heads, self.num_kv_heads
-        qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps = weights
-        qkv = F.linear(x, qkv_w, qkv_b).view(B, n, H + 2 * H_kv, self.head_dim)
+        qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps, qkv_p, o_p = weights
+        qkv = project(x, qkv_w, qkv_b, qkv_p).view(B, n, H + 2 * H_kv, self.head_dim)
         if q_norm_w is not None:
             q = rms_norm(qkv[:, :, :H], q_norm_w, eps)
             k = rms_norm(qkv[:, :, H : H + H_kv], k_norm_w, eps)
@@ -93,14 +122,16 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask=attn_mask, enable_gqa=self.enable_gqa
         )
-        return F.linear(out.transpose(1, 2).reshape(B, n, -1), o_w, o_b)
+        return project(out.transpose(1, 2).reshape(B, n, -1), o_w, o_b, o_p)
 
-    def weights(self) -> tuple:
-        """(qkv weight, qkv bias, o weight, o bias, q_norm weight, k_norm weight, eps); Nones where absent."""
+    def weights(self, pack: bool = False) -> tuple:
+        """(qkv weight, qkv bias, o weight, o bias, q_norm weight, k_norm weight, eps, packed qkv,
+        packed o); Nones where absent (the packed ones unless ``pack``)."""
         q_norm = self.q_norm
         return (self.qkv_proj.weight, self.qkv_proj.bias, self.o_proj.weight, self.o_proj.bias,
                 None if q_norm is None else q_norm.weight, None if q_norm is None else self.k_norm.weight,
-                self.q_norm.eps if q_norm is not None else 0.0)
+                self.q_norm.eps if q_norm is not None else 0.0,
+                maybe_pack(self.qkv_proj.weight, pack), maybe_pack(self.o_proj.weight, pack))
 
 
 class MLP(nn.Module):
@@ -115,12 +146,14 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: tuple) -> torch.Tensor:
         """``weights``: ``self.weights()``, bound by the caller."""
-        gate_up_w, gate_up_b, down_w, down_b = weights
-        gate, up = F.linear(x, gate_up_w, gate_up_b).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, down_w, down_b)
+        gate_up_w, gate_up_b, down_w, down_b, gate_up_p, down_p = weights
+        gate, up = project(x, gate_up_w, gate_up_b, gate_up_p).chunk(2, dim=-1)
+        return project(F.silu(gate) * up, down_w, down_b, down_p)
 
-    def weights(self) -> tuple:
-        return self.gate_up_proj.weight, self.gate_up_proj.bias, self.down_proj.weight, self.down_proj.bias
+    def weights(self, pack: bool = False) -> tuple:
+        """(gate|up weight, its bias, down weight, its bias, packed gate|up, packed down)."""
+        return (self.gate_up_proj.weight, self.gate_up_proj.bias, self.down_proj.weight, self.down_proj.bias,
+                maybe_pack(self.gate_up_proj.weight, pack), maybe_pack(self.down_proj.weight, pack))
 
 
 class DecoderLayer(nn.Module):
@@ -134,16 +167,34 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, dtype)
 
         self._bound: tuple | None = None
+        self._packed_args: tuple | None = None  # decoder_layer's weight arguments (bind(pack=True))
 
-    def bind(self) -> tuple:
-        """The tensors forward reads, as one tuple (see the module docstring); call ``unbind`` after
-        replacing parameters."""
+    def bind(self, pack: bool = False) -> tuple:
+        """The tensors forward reads, as one tuple, with packed projection weights if ``pack`` (see
+        the module docstring); call ``unbind`` after replacing or writing parameters."""
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        self._bound = (n1.weight, n1.eps, n2.weight, n2.eps, self.self_attn.weights(), self.mlp.weights())
+        self._bound = (n1.weight, n1.eps, n2.weight, n2.eps, self.self_attn.weights(pack), self.mlp.weights(pack))
+
+        self._packed_args = None
+        if pack:
+            attn, mlp = self._bound[4], self._bound[5]
+            self._packed_args = (n1.weight, n2.weight, n1.eps, attn[7].panels, attn[1], attn[8].panels, attn[3],
+                                 mlp[4].panels, mlp[1], mlp[5].panels, mlp[3], attn[4], attn[5])
         return self._bound
 
     def unbind(self) -> None:
-        self._bound = None
+        self._bound = self._packed_args = None
+
+    def forward_packed(self, x, cos, sin, k_cache, v_cache, lengths, tree_mask) -> torch.Tensor:
+        """The layer as one ``decoder_layer`` op (bound with ``pack=True``). x [B, n, hidden] float32;
+        cos / sin [B, n, head_dim] (``rope_cos_sin``'s, heads dim dropped); k_cache / v_cache
+        [B, H_kv, T_max, D]; lengths [B] int64; tree_mask [B, n, n] bool or None (causal). The new
+        tokens' K/V go to slots ``lengths[b] + i``. One eps serves every norm (the config's)."""
+        attn = self.self_attn
+        out = torch.empty_like(x)
+        torch.ops.specdec.decoder_layer(x, *self._packed_args, cos, sin, k_cache, v_cache, lengths, tree_mask,
+                                        attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
+        return out
 
     def forward(self, x, cos, sin, k_cache, v_cache, slot_index, span, attn_mask) -> torch.Tensor:
         norm1_w, eps1, norm2_w, eps2, attn_w, mlp_w = self._bound or self.bind()

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import os
+
 import torch
 from torch import nn
 
+from ..ops.skinny_linear import packed_kernel_available
 from .cache import StaticKVCache
 from .config import LlamaConfig
-from .layers import DecoderLayer, RMSNorm
+from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, maybe_pack, project
 from .protocol import ModelOutput, check_forward_args
 from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
@@ -34,6 +37,12 @@ class LlamaModel(nn.Module):
         tokens = torch.tensor([[1, 15, 27]])
         out = model.forward(tokens, torch.arange(3)[None], cache)    # logits [1, 3, V]
         cache.commit(torch.tensor([3]))
+
+    ``packed_linear`` (default: on unless the environment sets ``SPECDEC_PACKED_LINEAR=0``): a
+    float32 model on a CPU with AVX-512 runs the projections and the LM head of its decoding and
+    verification forwards through ``skinny_linear_packed`` (``layers.py``), from weights packed on
+    first use (bfloat16 when exact; the packed copy adds half the model's float32 size or all of
+    it). Writing a parameter in place, ``load_hf_state_dict`` and ``.to()`` re-pack.
     """
 
     def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> None:
@@ -56,6 +65,12 @@ class LlamaModel(nn.Module):
         self._mask_scalars: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # CPU: cos, signed sin [P, D]
         self._steps: dict[tuple[int, torch.device], torch.Tensor] = {}  # arange(n) per (n, device)
+        self.packed_linear = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
+        # What the layers were bound with: (pack, sum of the parameters' version counters), and the
+        # packed LM head; None: bind on the next forward.
+        self._binding: tuple[bool, int] | None = None
+        self._head_packed = None
+        self._params: list[torch.Tensor] | None = None  # self.parameters(), listed once per binding
 
     @property
     def device(self) -> torch.device:
@@ -64,13 +79,33 @@ class LlamaModel(nn.Module):
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .to_empty() replace parameter tensors: drop the layers' bound tuples
         # (layers.py) so that no forward reads the old ones.
-        for layer in self.layers:
-            layer.unbind()
+        self._unbind()
         self._inv_freq.clear()
         self._mask_scalars.clear()
         self._rope_table = None
         self._steps.clear()
         return super()._apply(fn, recurse)
+
+    def _unbind(self) -> None:
+        for layer in self.layers:
+            layer.unbind()
+        self._binding, self._head_packed, self._params = None, None, None
+
+    def _bind(self) -> None:
+        """Bind the layers' tensors (layers.py), packed when ``packed_linear`` applies; again after
+        any parameter was replaced or written in place (its version counter moved)."""
+        pack = (self.packed_linear and self.device.type == "cpu" and self.dtype == torch.float32
+                and packed_kernel_available())
+        if self._params is None:
+            self._params = list(self.parameters())
+        versions = sum(p._version for p in self._params)
+        if self._binding == (pack, versions):
+            return
+        for layer in self.layers:
+            layer.bind(pack)
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self._head_packed = maybe_pack(head, pack)
+        self._binding = (pack, versions)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -149,6 +184,9 @@ class LlamaModel(nn.Module):
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers)
         span = cache.begin_forward(n)
         device = self.device
+        self._bind()
+        if self._head_packed is not None and B * n <= PACKED_MAX_ROWS:
+            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
@@ -184,8 +222,28 @@ class LlamaModel(nn.Module):
         if -1 in wanted:
             hidden_states[-1] = x
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = torch.nn.functional.linear(x, weight)
+        logits = project(x, weight, None, self._head_packed)
         return ModelOutput(logits=logits, hidden_states=hidden_states)
+
+    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers) -> ModelOutput:
+        """``forward`` for a few token rows on the CPU: each layer one ``decoder_layer`` op over
+        packed weights, the LM head through ``skinny_linear_packed``."""
+        cos, sin = self._rope(positions)  # [B, n, 1, D]
+        cos, sin = cos.squeeze(2).contiguous(), sin.squeeze(2).contiguous()
+        mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
+        x = torch.nn.functional.embedding(tokens, self.embed_tokens.weight)
+        wanted = set(hidden_layers)
+        hidden_states: dict[int, torch.Tensor] = {}
+        lengths = cache.lengths
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
+            if i in wanted:
+                hidden_states[i] = x
+        x = self.norm.forward(x)
+        if -1 in wanted:
+            hidden_states[-1] = x
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return ModelOutput(logits=project(x, weight, None, self._head_packed), hidden_states=hidden_states)
 
     # -- weights ----------------------------------------------------------------------------------
 
@@ -238,6 +296,7 @@ class LlamaModel(nn.Module):
         ``tensors`` may be any mapping, e.g. a lazy view of safetensors files; each tensor is read
         once and cast to the model's dtype. Missing tensors or wrong shapes raise ValueError.
         """
+        self._unbind()
         layout = self._hf_layout()
         missing = [name for name in layout if name not in tensors]
         if missing:

@@ -349,7 +349,7 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
     hidden_states: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(model.layers):
         norm1_w, eps1, norm2_w, eps2, attn_w, mlp_w = layer._bound or layer.bind()
-        qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps = attn_w
+        qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps = attn_w[:7]  # (packed weights: unused here)
         swap = linears.layers[i] if linears is not None else {}
         h = rms_norm(x, norm1_w, eps1)
         qkv = _linear(h, qkv_w, qkv_b, swap.get("qkv")).view(B, n, H + 2 * H_kv, D)
@@ -361,7 +361,7 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
         cache.write(i, qk[:, H:], qkv[:, :, H + H_kv :].transpose(1, 2))
         att = cache.attend(i, qk[:, :H], quant_len, tree_mask, use_lower)
         x = x + _linear(att.transpose(1, 2).reshape(B, n, H * D), o_w, o_b, swap.get("o"))
-        gate_up_w, gate_up_b, down_w, down_b = mlp_w
+        gate_up_w, gate_up_b, down_w, down_b = mlp_w[:4]
         gate, up = _linear(rms_norm(x, norm2_w, eps2), gate_up_w, gate_up_b, swap.get("gate_up")).chunk(2, dim=-1)
         x = x + _linear(F.silu(gate) * up, down_w, down_b, swap.get("down"))
         if i in wanted:

@@ -13,7 +13,8 @@ from . import ddtree  # noqa: E402,F401  (DDTree: best draft tree under a node b
 from .ddtree import ddtree_build  # noqa: E402,F401
 from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention over the int4 KV cache)
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
-from .skinny_linear import skinny_linear  # noqa: E402,F401  (float32 linear for a few rows, CPU)
+from .skinny_linear import pack_weight, skinny_linear, skinny_linear_packed  # noqa: E402,F401  (few-row linears, CPU)
+from .decoder_layer import decoder_layer  # noqa: E402,F401  (one decoder layer as one op, CPU)
 
 __all__ = [
     *_sampling_all,
@@ -24,5 +25,6 @@ __all__ = [
     "ddtree", "ddtree_build",
     "quant_kv_attention",
     "mtp",
-    "skinny_linear",
+    "skinny_linear", "pack_weight", "skinny_linear_packed",
+    "decoder_layer",
 ]

@@ -1,4 +1,5 @@
-"""A float32 linear layer for a few activation rows on the CPU: ``skinny_linear``.
+"""A float32 linear layer for a few activation rows on the CPU: ``skinny_linear``, and
+``skinny_linear_packed`` from a weight packed once (``pack_weight``).
 
 Decoding and speculative verification multiply 1 .. 16 token rows by every weight matrix. A BLAS
 GEMM at 2 .. 16 rows costs about twice its one-row GEMV on a CPU; this kernel streams each weight
@@ -6,6 +7,15 @@ row once for up to 8 activation rows, so verifying 5 tokens moves the weights on
 token does. Each output row is one fixed sequence of operations on its own input row, so a token's
 result does not depend on the other rows of the batch (verification and one-token decoding give
 the same bits). The reference is ``specdec_cuda.reference.skinny_linear`` (``F.linear``).
+
+The packed form is what a model's decoding forward uses (``models/layers.py``): the weight is
+stored as column panels ``[ceil(N / 64), K, 64]`` so that each input feature is one broadcast
+against 64 contiguous weights, with no horizontal sum per output (which costs as much as the
+multiply-adds at K of a few hundred). A weight whose values are all bfloat16 numbers (a bf16
+checkpoint loaded as float32) is packed as bfloat16: the same values in half the bytes, widened
+exactly, so the product is the float32 model's, read at twice the speed from memory. Each output
+is one fused multiply-add chain over K in order (then + bias): batch-invariant, and the same bits
+from the AVX-512 kernel and the portable loop.
 """
 
 from __future__ import annotations
@@ -13,7 +23,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["skinny_linear", "linear"]
+from dataclasses import dataclass
+
+__all__ = ["skinny_linear", "linear", "PANEL", "PackedWeight", "pack_weight", "skinny_linear_packed",
+           "packed_kernel_available"]
 
 # Rows of x up to which ``linear`` takes the skinny kernel: a verification of up to 32 drafts (the
 # quantised cache's default residual) plus its root, so every decoding-time forward of a model
@@ -59,6 +72,86 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+# Outputs per panel of a packed weight (csrc/kernels/skinny_linear/packed_cpu.h, kPanel).
+PANEL = 64
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A linear weight ``[N, K]`` packed for ``skinny_linear_packed``.
+
+    ``panels``: ``[ceil(N / PANEL), K, PANEL]`` float32 or bfloat16, ``panels[p, k, j] = weight[p *
+    PANEL + j, k]`` (zero past N); ``out_features``: N."""
+
+    panels: torch.Tensor
+    out_features: int
+
+    @property
+    def in_features(self) -> int:
+        return self.panels.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.numel() * self.panels.element_size()
+
+
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> PackedWeight:
+    """Pack a float32 weight ``[N, K]`` into panels.
+
+    ``dtype``: float32 or bfloat16; None picks bfloat16 when that is exact (every value of the
+    weight is a bfloat16 number, as in a bf16 checkpoint loaded as float32), else float32. Packing
+    as bfloat16 a weight that is not exact raises (it would change the model).
+
+    Example
+    -------
+    >>> w = torch.randn(100, 32).bfloat16().float()
+    >>> pack_weight(w).panels.shape, pack_weight(w).panels.dtype
+    (torch.Size([2, 32, 64]), torch.bfloat16)
+    """
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or weight.dim() != 2:
+        raise TypeError(f"pack_weight: weight must be a float32 [N, K] tensor, got "
+                        f"{getattr(weight, 'dtype', type(weight).__name__)} {list(getattr(weight, 'shape', []))}")
+    exact_bf16 = torch.equal(weight.bfloat16().float(), weight)
+    if dtype is None:
+        dtype = torch.bfloat16 if exact_bf16 else torch.float32
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"pack_weight: dtype must be float32 or bfloat16, got {dtype}")
+    if dtype == torch.bfloat16 and not exact_bf16:
+        raise ValueError("pack_weight: the weight holds values that are not bfloat16 numbers; packing it as "
+                         "bfloat16 would change the model (pack as float32)")
+    N, K = weight.shape
+    panels = -(-N // PANEL)
+    padded = torch.zeros(panels * PANEL, K, dtype=torch.float32, device=weight.device)
+    padded[:N] = weight
+    return PackedWeight(padded.view(panels, PANEL, K).transpose(1, 2).to(dtype).contiguous(), N)
+
+
+def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x · weightᵀ + bias`` in float32 from a packed weight (CPU tensors).
+
+    Shape: x ``[..., K]`` float32 (contiguous), bias ``[N]`` float32 or None; returns ``[..., N]``.
+    """
+    if x.dtype != torch.float32 or x.shape[-1] != packed.in_features:
+        raise ValueError(f"skinny_linear_packed: x must be float32 [..., K={packed.in_features}], got "
+                         f"{x.dtype} {list(x.shape)}")
+    out = torch.empty(*x.shape[:-1], packed.out_features, dtype=torch.float32, device=x.device)
+    torch.ops.specdec.skinny_linear_packed(x.contiguous(), packed.panels, bias, out)
+    return out
+
+
+def packed_kernel_available() -> bool:
+    """Whether ``skinny_linear_packed`` runs its vector kernel on this CPU (the portable loop gives
+    the same bits far slower: models then keep BLAS)."""
+    from .._native import _C
+
+    return _C.skinny_linear_packed_isa() == "avx512"
+
+
 @torch.library.register_fake("specdec::skinny_linear")
 def _skinny_linear_fake(x, weight, bias, out):
+    return None
+
+
+@torch.library.register_fake("specdec::skinny_linear_packed")
+def _skinny_linear_packed_fake(x, packed, bias, out):
     return None

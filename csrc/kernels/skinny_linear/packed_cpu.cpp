@@ -1,0 +1,152 @@
+// The packed-panel skinny linear (see packed_cpu.h): an AVX-512 kernel picked at run time (a
+// default build targets baseline x86-64) and a portable loop giving the same bits.
+#include "kernels/skinny_linear/packed_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/common/dtype.h"
+
+#if defined(__x86_64__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#define SPECDEC_PACKED_X86 1
+#endif
+
+namespace specdec::skinny {
+namespace {
+
+inline float weight_at(const float* w, int64_t i) { return w[i]; }
+inline float weight_at(const uint16_t* w, int64_t i) { return bits_to_float(static_cast<uint32_t>(w[i]) << 16); }
+
+// ---- portable: one std::fma chain per output, in the order the vector kernel uses ----------------
+template <typename W>
+void panels_portable(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y,
+                     int64_t N, int64_t p_begin, int64_t p_end) {
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const W* panel = packed + p * K * kPanel;
+    const int64_t width = std::min(kPanel, N - p * kPanel);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < width; ++j) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], weight_at(panel, k * kPanel + j), acc);
+        const int64_t n = p * kPanel + j;
+        y[m * N + n] = bias == nullptr ? acc : acc + bias[n];
+      }
+  }
+}
+
+#ifdef SPECDEC_PACKED_X86
+#define SPECDEC_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+
+// Rows of x per pass over a panel: 6 rows x 4 accumulators + 4 weights + 1 broadcast = 29 of the
+// 32 zmm registers. Longer inputs take several passes; a panel (K * 256 bytes as float32) is then
+// re-read from L1 / L2, not from memory.
+constexpr int kBlockM = 6;
+
+// Prefetch distance along the packed stream: 1 KiB, a few k-steps ahead; past a panel's end it
+// reaches into the next panel, which is what runs next.
+constexpr int64_t kPrefetchBytes = 1024;
+
+SPECDEC_AVX512 inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+SPECDEC_AVX512 inline __m512 load16(const uint16_t* w) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// One panel against MB rows of x: y[m, n0 + j] for j < width (width <= kPanel).
+template <int MB, typename W>
+SPECDEC_AVX512 void panel_block(const float* x, int64_t K, const W* panel, const float* bias, float* y,
+                                int64_t N, int64_t n0, int64_t width) {
+  constexpr int64_t kLineElems = 64 / sizeof(W);  // weights per cache line
+  __m512 acc[MB][4];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const W* w = panel + k * kPanel;
+    for (int64_t e = 0; e < kPanel; e += kLineElems)
+      _mm_prefetch(reinterpret_cast<const char*>(w + e) + kPrefetchBytes, _MM_HINT_T0);
+    const __m512 w0 = load16(w), w1 = load16(w + 16), w2 = load16(w + 32), w3 = load16(w + 48);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+      acc[m][0] = _mm512_fmadd_ps(xb, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(xb, w1, acc[m][1]);
+      acc[m][2] = _mm512_fmadd_ps(xb, w2, acc[m][2]);
+      acc[m][3] = _mm512_fmadd_ps(xb, w3, acc[m][3]);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const int64_t lanes = std::clamp<int64_t>(width - 16 * j, 0, 16);
+    if (lanes == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1u);
+    const __m512 b = bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias + n0 + 16 * j);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 out = bias == nullptr ? acc[m][j] : _mm512_add_ps(acc[m][j], b);
+      _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, mask, out);
+    }
+  }
+}
+
+template <typename W>
+SPECDEC_AVX512 void panels_avx512(const float* x, int64_t M, int64_t K, const W* packed, const float* bias,
+                                  float* y, int64_t N, int64_t p_begin, int64_t p_end) {
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const W* panel = packed + p * K * kPanel;
+    const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
+    for (int64_t m0 = 0; m0 < M; m0 += kBlockM) {
+      const float* xb = x + m0 * K;
+      float* yb = y + m0 * N;
+      switch (std::min<int64_t>(kBlockM, M - m0)) {
+        case 1: panel_block<1>(xb, K, panel, bias, yb, N, n0, width); break;
+        case 2: panel_block<2>(xb, K, panel, bias, yb, N, n0, width); break;
+        case 3: panel_block<3>(xb, K, panel, bias, yb, N, n0, width); break;
+        case 4: panel_block<4>(xb, K, panel, bias, yb, N, n0, width); break;
+        case 5: panel_block<5>(xb, K, panel, bias, yb, N, n0, width); break;
+        default: panel_block<6>(xb, K, panel, bias, yb, N, n0, width); break;
+      }
+    }
+  }
+}
+
+// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (as for the other CPU kernels).
+bool detect_avx512() {
+  const char* cap = std::getenv("SPECDEC_CPU_ISA");
+  if (cap != nullptr && std::strcmp(cap, "avx512") != 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+}
+const bool kAvx512 = detect_avx512();
+#else
+const bool kAvx512 = false;
+#endif
+
+template <typename W>
+void panels(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y, int64_t N,
+            int64_t p_begin, int64_t p_end) {
+#ifdef SPECDEC_PACKED_X86
+  if (kAvx512) {
+    panels_avx512(x, M, K, packed, bias, y, N, p_begin, p_end);
+    return;
+  }
+#endif
+  panels_portable(x, M, K, packed, bias, y, N, p_begin, p_end);
+}
+
+}  // namespace
+
+void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
+                              float* y, int64_t N, int64_t p_begin, int64_t p_end) {
+  panels(x, M, K, packed, bias, y, N, p_begin, p_end);
+}
+
+void packed_linear_cpu_panels_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed,
+                                   const float* bias, float* y, int64_t N, int64_t p_begin, int64_t p_end) {
+  panels(x, M, K, packed, bias, y, N, p_begin, p_end);
+}
+
+const char* packed_linear_cpu_isa() { return kAvx512 ? "avx512" : "portable"; }
+
+}  // namespace specdec::skinny

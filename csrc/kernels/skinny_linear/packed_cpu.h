@@ -1,0 +1,36 @@
+// y = x · Wᵀ (+ bias) in float32 for the few activation rows of decoding and speculative
+// verification, from a weight packed once into column panels, torch-free.
+//
+// Why a second skinny kernel: a small model's decoding step is bound by streaming its weights
+// from the last-level cache. The row-major kernel (skinny_linear_cpu.h) ends each output with a
+// horizontal reduction, which costs as much as the multiply-adds when K is a few hundred. Here W
+// is stored as panels of kPanel outputs, [ceil(N / kPanel)][K][kPanel]: a panel streams in order,
+// each input feature k broadcasts x[m, k] against kPanel weights, and every output keeps its own
+// accumulator (no reduction). Panels may hold bfloat16 weights (a bf16 checkpoint's exact values,
+// half the bytes), widened exactly to float32 as they stream in.
+//
+// Batch invariance and portability of bits: y[m, n] is the fused multiply-add chain
+// acc = fma(x[m, k], W[n, k], acc) over k = 0 .. K-1 from acc = 0, then + bias[n], whatever the
+// other rows of x are and whichever of the two kernels runs (AVX-512, or the portable loop with
+// std::fma). One-token decoding and a verification forward give a token the same bits.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec::skinny {
+
+inline constexpr int64_t kPanel = 64;  // outputs per panel: four 16-lane registers per activation row
+
+// Output panels [p_begin, p_end) of y [M, N] (row-major float32) from x [M, K] and the packed
+// weight [ceil(N / kPanel), K, kPanel] (float32, or bfloat16 as raw bits); bias [N] or nullptr.
+// Outputs past N in the last panel (its zero padding) are not written.
+void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
+                              float* y, int64_t N, int64_t p_begin, int64_t p_end);
+void packed_linear_cpu_panels_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed,
+                                   const float* bias, float* y, int64_t N, int64_t p_begin, int64_t p_end);
+
+// "avx512" when the vector kernel runs on this machine, else "portable" (std::fma per output:
+// the same bits, far slower; callers use BLAS instead).
+const char* packed_linear_cpu_isa();
+
+}  // namespace specdec::skinny

@@ -1,0 +1,50 @@
+"""Reference for ``decoder_layer``: the Llama/Qwen decoder layer in plain torch, one batch row at a
+time, with unpacked ``[N, K]`` weights (the kernel's sums differ from it by rounding only)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # x [n, heads, D]; cos / signed_sin [n, 1, D]: x * cos + roll(x, D / 2) * signed sin.
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def decoder_layer(x, norm1, norm2, eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_up_b, down_w, down_b,
+                  q_norm, k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, sm_scale=None):
+    """Shape: x [B, n, hidden]; weights [N, K] (biases [N] or None); q_norm / k_norm [D] or None;
+    cos / sin [B, n, D]; k_cache / v_cache [B, Hkv, T, D] (slots lengths[b] + i are written);
+    lengths [B]; tree_mask [B, n, n] bool or None. Returns [B, n, hidden]."""
+    B, n, _ = x.shape
+    Hkv, D = k_cache.shape[1], k_cache.shape[-1]
+    Hq = num_heads
+    scale = D ** -0.5 if sm_scale is None else sm_scale
+    out = torch.empty_like(x)
+    for b in range(B):
+        L = int(lengths[b])
+        h = _rms(x[b], norm1, eps)
+        qkv = F.linear(h, qkv_w, qkv_b).view(n, Hq + 2 * Hkv, D)
+        q, k, v = qkv[:, :Hq], qkv[:, Hq : Hq + Hkv], qkv[:, Hq + Hkv :]
+        if q_norm is not None:
+            q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
+        q, k = _rope(q, cos[b, :, None], sin[b, :, None]), _rope(k, cos[b, :, None], sin[b, :, None])
+        k_cache[b, :, L : L + n] = k.transpose(0, 1)
+        v_cache[b, :, L : L + n] = v.transpose(0, 1)
+        # Visibility [n, L + n]: the committed prefix, each new token itself, and j < i or the tree mask.
+        new = torch.ones(n, n, dtype=torch.bool).tril() if tree_mask is None else tree_mask[b] | torch.eye(n, dtype=torch.bool)
+        seen = torch.cat((torch.ones(n, L, dtype=torch.bool), new), dim=1)
+        keys = k_cache[b, :, : L + n].repeat_interleave(Hq // Hkv, dim=0)  # [Hq, L + n, D]
+        values = v_cache[b, :, : L + n].repeat_interleave(Hq // Hkv, dim=0)
+        scores = torch.einsum("ihd,htd->hit", q, keys) * scale
+        scores = scores.masked_fill(~seen[None], float("-inf"))
+        attn = torch.einsum("hit,htd->ihd", scores.softmax(-1), values).reshape(n, Hq * D)
+        y = x[b] + F.linear(attn, o_w, o_b)
+        gate, up = F.linear(_rms(y, norm2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
+        out[b] = y + F.linear(F.silu(gate) * up, down_w, down_b)
+    return out

@@ -1,0 +1,141 @@
+"""``decoder_layer`` (one Llama/Qwen layer as one CPU op) against its reference, the caches it
+writes, its batch invariance, and the model's fused path against its torch path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdec_cuda.ops.decoder_layer import decoder_layer
+from specdec_cuda.ops.skinny_linear import pack_weight
+from specdec_cuda.reference import decoder_layer as ref
+
+HIDDEN, I, T = 48, 40, 24
+
+
+def make_layer(Hq, Hkv, D, bias, qk_norm, seed=0, bf16=False):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        t = torch.randn(*shape, generator=g) * 0.3
+        return t.bfloat16().float() if bf16 else t
+
+    w = dict(qkv_w=rand((Hq + 2 * Hkv) * D, HIDDEN), o_w=rand(HIDDEN, Hq * D), gate_up_w=rand(2 * I, HIDDEN),
+             down_w=rand(HIDDEN, I), norm1=1 + rand(HIDDEN), norm2=1 + rand(HIDDEN))
+    for name, n in (("qkv_b", (Hq + 2 * Hkv) * D), ("o_b", HIDDEN), ("gate_up_b", 2 * I), ("down_b", HIDDEN)):
+        w[name] = rand(n) if bias else None
+    w["q_norm"], w["k_norm"] = (1 + rand(D), 1 + rand(D)) if qk_norm else (None, None)
+    return w
+
+
+def rope(B, n, D, lengths, seed=1):
+    pos = lengths[:, None] + torch.arange(n)
+    angles = pos[..., None].float() * torch.cat([torch.linspace(0.02, 1.0, D // 2)] * 2)
+    sin = angles.sin()
+    sin[..., : D // 2].neg_()
+    return angles.cos().contiguous(), sin.contiguous()
+
+
+def run_op(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask=None, pack=pack_weight):
+    return decoder_layer(x, w["norm1"], w["norm2"], 1e-5, pack(w["qkv_w"]), pack(w["o_w"]), pack(w["gate_up_w"]),
+                         pack(w["down_w"]), cos, sin, kc, vc, lengths, Hq,
+                         biases=(w["qkv_b"], w["o_b"], w["gate_up_b"], w["down_b"]),
+                         qk_norm=None if w["q_norm"] is None else (w["q_norm"], w["k_norm"]), tree_mask=tree_mask)
+
+
+def run_ref(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask=None):
+    return ref.decoder_layer(x, w["norm1"], w["norm2"], 1e-5, w["qkv_w"], w["qkv_b"], w["o_w"], w["o_b"],
+                             w["gate_up_w"], w["gate_up_b"], w["down_w"], w["down_b"], w["q_norm"], w["k_norm"],
+                             cos, sin, kc, vc, lengths, tree_mask, Hq)
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,bias,qk_norm", [(4, 2, 16, False, False), (4, 4, 8, True, False),
+                                                   (4, 1, 16, True, False), (2, 2, 24, False, True)])
+@pytest.mark.parametrize("n,tree", [(1, False), (3, False), (6, True)])
+def test_matches_reference_and_writes_the_cache(Hq, Hkv, D, bias, qk_norm, n, tree):
+    B = 2
+    w = make_layer(Hq, Hkv, D, bias, qk_norm)
+    g = torch.Generator().manual_seed(n)
+    lengths = torch.tensor([5, 9])
+    x = torch.randn(B, n, HIDDEN, generator=g)
+    kc, vc = torch.randn(B, Hkv, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
+    tree_mask = torch.rand(B, n, n, generator=g) < 0.5 if tree else None
+    cos, sin = rope(B, n, D, lengths)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    out = run_op(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask)
+    expected = run_ref(w, x, cos, sin, kc_ref, vc_ref, lengths, Hq, tree_mask)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kc, kc_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vc, vc_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_token_gets_the_same_bits_alone_or_verified_with_others():
+    Hq, Hkv, D, n = 4, 2, 16, 5
+    w = make_layer(Hq, Hkv, D, True, False, seed=3)
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([7])
+    x = torch.randn(1, n, HIDDEN, generator=g)
+    kc, vc = torch.randn(1, Hkv, T, D, generator=g), torch.randn(1, Hkv, T, D, generator=g)
+    cos, sin = rope(1, n, D, lengths)
+    together = run_op(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq)
+    for i in range(n):  # one token at a time, each on top of the previous ones' cache slots
+        alone = run_op(w, x[:, i : i + 1], cos[:, i : i + 1].contiguous(), sin[:, i : i + 1].contiguous(), kc, vc,
+                       lengths + i, Hq)
+        assert torch.equal(alone[0, 0], together[0, i]), i
+
+
+def test_bf16_packed_weights_give_the_float32_bits():
+    Hq, Hkv, D = 4, 2, 16
+    w = make_layer(Hq, Hkv, D, False, False, seed=5, bf16=True)
+    lengths = torch.tensor([3])
+    x = torch.randn(1, 2, HIDDEN)
+    kc, vc = torch.randn(1, Hkv, T, D), torch.randn(1, Hkv, T, D)
+    cos, sin = rope(1, 2, D, lengths)
+    as_bf16 = run_op(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq)
+    as_f32 = run_op(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq, pack=lambda t: pack_weight(t, torch.float32))
+    assert torch.equal(as_bf16, as_f32)
+
+
+def test_bad_inputs_raise_naming_the_input():
+    Hq, Hkv, D = 4, 2, 16
+    w = make_layer(Hq, Hkv, D, False, False)
+    x, kc, vc = torch.randn(1, 2, HIDDEN), torch.zeros(1, Hkv, T, D), torch.zeros(1, Hkv, T, D)
+    cos, sin = rope(1, 2, D, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="cache slots"):
+        run_op(w, x, cos, sin, kc, vc, torch.tensor([T - 1]), Hq)
+    with pytest.raises(RuntimeError, match="query heads"):
+        run_op(w, x, cos, sin, kc, vc, torch.tensor([0]), 3)
+    with pytest.raises(RuntimeError, match="cos"):
+        run_op(w, x, cos[:, :1].contiguous(), sin, kc, vc, torch.tensor([0]), Hq)
+    with pytest.raises(RuntimeError, match="tree_mask"):
+        run_op(w, x, cos, sin, kc, vc, torch.tensor([0]), Hq, tree_mask=torch.ones(1, 3, 3, dtype=torch.bool))
+    bad = dict(w, o_w=torch.randn(HIDDEN, Hq * D + 1))  # K does not match the attention width
+    with pytest.raises(RuntimeError, match="o must be a packed"):
+        run_op(bad, x, cos, sin, kc, vc, torch.tensor([0]), Hq)
+
+
+def test_opcheck():
+    Hq, Hkv, D = 4, 2, 16
+    w = make_layer(Hq, Hkv, D, True, True)
+    p = {k: pack_weight(w[k]).panels for k in ("qkv_w", "o_w", "gate_up_w", "down_w")}
+    cos, sin = rope(1, 2, D, torch.tensor([1]))
+    torch.library.opcheck(torch.ops.specdec.decoder_layer.default, (
+        torch.randn(1, 2, HIDDEN), w["norm1"], w["norm2"], 1e-5, p["qkv_w"], w["qkv_b"], p["o_w"], w["o_b"],
+        p["gate_up_w"], w["gate_up_b"], p["down_w"], w["down_b"], w["q_norm"], w["k_norm"], cos, sin,
+        torch.zeros(1, Hkv, T, D), torch.zeros(1, Hkv, T, D), torch.tensor([1]), None, Hq, Hkv, D ** -0.5,
+        torch.empty(1, 2, HIDDEN)))
+
+
+def test_portable_kernels_match_reference():
+    # SPECDEC_CPU_ISA=baseline picks the portable loops (read once at load: a fresh process).
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_decoder_layer as t; "
+            "from specdec_cuda._native import _C; assert _C.skinny_linear_packed_isa() == 'portable'; "
+            "t.test_matches_reference_and_writes_the_cache(4, 2, 16, True, True, 3, True)")
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
+               PYTHONPATH=os.pathsep.join([os.path.join(tests_dir, "..", "python"), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", code, tests_dir], env=env, check=True, timeout=120)
