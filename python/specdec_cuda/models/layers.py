@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.skinny_linear import PackedWeight, pack_weight, skinny_linear_packed
+from ..ops.skinny_linear import PackedWeight, pack_weight
 from .config import LlamaConfig
 from .rope import apply_rope
 
@@ -47,6 +47,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def maybe_pack(weight: torch.Tensor | None, pack: bool) -> PackedWeight | None:
+    """``pack_weight(weight)`` when ``pack`` (bfloat16 panels when exact), else None."""
     return pack_weight(weight) if pack and weight is not None else None
 
 

@@ -7,9 +7,8 @@ with batched tensor ops only (no per-row Python loop, no host sync).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 import os
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -39,10 +38,11 @@ class LlamaModel(nn.Module):
         cache.commit(torch.tensor([3]))
 
     ``packed_linear`` (default: on unless the environment sets ``SPECDEC_PACKED_LINEAR=0``): a
-    float32 model on a CPU with AVX-512 runs the projections and the LM head of its decoding and
-    verification forwards through ``skinny_linear_packed`` (``layers.py``), from weights packed on
-    first use (bfloat16 when exact; the packed copy adds half the model's float32 size or all of
-    it). Writing a parameter in place, ``load_hf_state_dict`` and ``.to()`` re-pack.
+    float32 model on a CPU with AVX-512 runs its decoding and verification forwards (up to
+    ``layers.PACKED_MAX_ROWS`` token rows) as one ``decoder_layer`` op per layer and the LM head
+    through ``skinny_linear_packed``, from weights packed on first use (bfloat16 when exact; the
+    packed copy adds half the model's float32 size, or all of it). Writing a parameter in place,
+    ``load_hf_state_dict`` and ``.to()`` re-pack. Prefills stay on the torch path (BLAS).
     """
 
     def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> None:
