@@ -29,10 +29,11 @@ from ..ops.skinny_linear import PackedWeight, pack_weight
 from .config import LlamaConfig
 from .rope import apply_rope
 
-# Token rows up to which a forward's projections take the packed kernel: a verification of up to
-# 32 drafts plus its root (the kernel's cost grows with the rows like BLAS's, without BLAS's
-# fixed cost per call and with half the bytes for a bf16 weight); prefills go to BLAS.
-PACKED_MAX_ROWS = 33
+# Token rows up to which a forward runs the packed path: one-token decoding, a verification of a
+# chain or tree, a batch of 8 verifying 4 drafts each (40 rows). bench/bench_cpu_layer.py on the v4
+# target: 3.1x the torch path at 1 row, 1.33x at 33, 1.10x at 48, 0.94x at 64 (past that the
+# packed kernel's fixed order of multiply-adds loses to BLAS's blocking); prefills go to BLAS.
+PACKED_MAX_ROWS = 48
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
