@@ -145,7 +145,7 @@ class LookaheadProposer(Proposer):
         self.adaptive = bool(adaptive) and drafter is not None and self.window > 0
         self.explore_every = max(2, int(explore_every))
         self.arm = "all"
-        self.arm_steps = {arm: collections.deque(maxlen=8) for arm in self.ARMS}  # (tokens, seconds)
+        self.arm_steps = {arm: collections.deque(maxlen=32) for arm in self.ARMS}  # (tokens, seconds)
         self.steps_taken = 0
         self._step_start: float | None = None
 
