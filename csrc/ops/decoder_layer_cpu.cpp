@@ -10,6 +10,7 @@
 
 #include "kernels/decoder_layer/decoder_layer_cpu.h"
 #include "kernels/skinny_linear/packed_cpu.h"
+#include "ops/packed_linear.h"
 #include "ops/quant_parallel.h"
 
 namespace specdec::ops {
@@ -35,17 +36,10 @@ void check_packed(const at::Tensor& packed, const std::optional<at::Tensor>& bia
   if (bias.has_value()) check_f32(*bias, "a bias", {N});
 }
 
-// y [M, N] = x [M, K] · Wᵀ + bias, panels split over torch's threads.
+// y [M, N] = x [M, K] · Wᵀ + bias.
 void linear(const float* x, int64_t M, int64_t K, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
             float* y, int64_t N) {
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  parallel_range(0, packed.size(0), 4, [&](int64_t begin, int64_t end) {
-    if (packed.scalar_type() == at::kBFloat16)
-      skinny::packed_linear_cpu_panels_bf16(x, M, K, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
-                                            b, y, N, begin, end);
-    else
-      skinny::packed_linear_cpu_panels(x, M, K, packed.data_ptr<float>(), b, y, N, begin, end);
-  });
+  packed_linear(x, M, K, packed, bias.has_value() ? bias->data_ptr<float>() : nullptr, y, N);
 }
 
 void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double norm_eps,

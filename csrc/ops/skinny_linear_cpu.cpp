@@ -6,6 +6,7 @@
 
 #include "kernels/skinny_linear/packed_cpu.h"
 #include "kernels/skinny_linear/skinny_linear_cpu.h"
+#include "ops/packed_linear.h"
 #include "ops/quant_parallel.h"
 
 namespace specdec::ops {
@@ -65,17 +66,8 @@ void skinny_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, con
                 "skinny_linear_packed: bias must be a contiguous float32 [", N, "] tensor; got ",
                 bias->scalar_type(), " ", bias->sizes());
   if (M == 0 || N == 0) return;
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  // Panels are independent; 4 of them are 4 * K * 256 bytes of float32 weight (1 MiB at K = 1024).
-  parallel_range(0, P, 4, [&](int64_t begin, int64_t end) {
-    if (packed.scalar_type() == at::kBFloat16)
-      skinny::packed_linear_cpu_panels_bf16(x.data_ptr<float>(), M, K,
-                                            reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), b,
-                                            out.data_ptr<float>(), N, begin, end);
-    else
-      skinny::packed_linear_cpu_panels(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), b,
-                                       out.data_ptr<float>(), N, begin, end);
-  });
+  packed_linear(x.data_ptr<float>(), M, K, packed, bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                out.data_ptr<float>(), N);
 }
 
 }  // namespace
