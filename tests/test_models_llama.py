@@ -263,3 +263,13 @@ def test_packed_linear_follows_the_environment(family_pair, monkeypatch):
     assert model.packed_linear is False
     model.forward(torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.long), model.new_cache(1, 4))
     assert model._head_packed is None
+
+
+@needs_packed
+def test_a_model_too_large_for_the_packed_copy_keeps_the_torch_path(family_pair, monkeypatch):
+    _, _, _, folder = family_pair
+    monkeypatch.setenv("SPECDEC_PACKED_LINEAR_MAX_MB", "0.001")
+    model = models.load(folder)
+    with pytest.warns(UserWarning, match="SPECDEC_PACKED_LINEAR_MAX_MB"):
+        model.forward(torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.long), model.new_cache(1, 4))
+    assert model._head_packed is None and model.packed_linear

@@ -8,6 +8,7 @@ with batched tensor ops only (no per-row Python loop, no host sync).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Mapping, Sequence
 
 import torch
@@ -41,7 +42,8 @@ class LlamaModel(nn.Module):
     float32 model on a CPU with AVX-512 runs its decoding and verification forwards (up to
     ``layers.PACKED_MAX_ROWS`` token rows) as one ``decoder_layer`` op per layer and the LM head
     through ``skinny_linear_packed``, from weights packed on first use (bfloat16 when exact; the
-    packed copy adds half the model's float32 size, or all of it). Writing a parameter in place,
+    packed copy adds half the model's float32 size, or all of it, and is made only while that
+    stays within ``SPECDEC_PACKED_LINEAR_MAX_MB``, default 1024). Writing a parameter in place,
     ``load_hf_state_dict`` and ``.to()`` re-pack. Prefills stay on the torch path (BLAS).
     """
 
@@ -71,6 +73,7 @@ class LlamaModel(nn.Module):
         self._binding: tuple[bool, int] | None = None
         self._head_packed = None
         self._params: list[torch.Tensor] | None = None  # self.parameters(), listed once per binding
+        self._warned_packed_size = False
 
     @property
     def device(self) -> torch.device:
@@ -94,18 +97,39 @@ class LlamaModel(nn.Module):
     def _bind(self) -> None:
         """Bind the layers' tensors (layers.py), packed when ``packed_linear`` applies; again after
         any parameter was replaced or written in place (its version counter moved)."""
-        pack = (self.packed_linear and self.device.type == "cpu" and self.dtype == torch.float32
-                and packed_kernel_available())
+        wanted = (self.packed_linear and self.device.type == "cpu" and self.dtype == torch.float32
+                  and packed_kernel_available())
         if self._params is None:
             self._params = list(self.parameters())
         versions = sum(p._version for p in self._params)
-        if self._binding == (pack, versions):
+        if self._binding == (wanted, versions):
             return
+        pack = wanted and self._packed_copy_fits()
         for layer in self.layers:
             layer.bind(pack)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self._head_packed = maybe_pack(head, pack)
-        self._binding = (pack, versions)
+        self._binding = (wanted, versions)
+
+    def _packed_copy_fits(self) -> bool:
+        """Whether the packed copy (at most the projections' and LM head's float32 size) stays
+        within ``SPECDEC_PACKED_LINEAR_MAX_MB`` (default 1024): a large model keeps the torch path
+        rather than risk running out of memory; its matmuls outweigh per-op overhead anyway."""
+        limit_mb = float(os.environ.get("SPECDEC_PACKED_LINEAR_MAX_MB", "1024"))
+        weights = [layer.self_attn.qkv_proj.weight for layer in self.layers]
+        weights += [layer.self_attn.o_proj.weight for layer in self.layers]
+        weights += [layer.mlp.gate_up_proj.weight for layer in self.layers]
+        weights += [layer.mlp.down_proj.weight for layer in self.layers]
+        weights.append(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
+        size_mb = sum(w.numel() for w in weights) * 4 / 2**20
+        if size_mb <= limit_mb:
+            return True
+        if not self._warned_packed_size:
+            self._warned_packed_size = True
+            warnings.warn(f"LlamaModel: the packed CPU decoding path would copy {size_mb:.0f} MB of weights, more "
+                          f"than SPECDEC_PACKED_LINEAR_MAX_MB={limit_mb:.0f}; this model keeps the torch path",
+                          stacklevel=3)
+        return False
 
     @property
     def dtype(self) -> torch.dtype:
