@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from _models_testlib import FAMILIES, VOCAB, make_hf_model, save_checkpoint
+from _models_testlib import FAMILIES, VOCAB, ancestors_mask, make_hf_model, save_checkpoint
 
 from specdec_cuda import models
 from specdec_cuda.models import CausalLM, KVCache, LlamaModel, StaticKVCache
+from specdec_cuda.ops.skinny_linear import packed_kernel_available
 
 # fp32 logits of the built-in model and transformers differ only by summation order (fused q|k|v
 # and gate|up matmuls, SDPA over a static cache); observed differences are 0 to ~1e-6 on logits
@@ -208,8 +209,6 @@ def test_cpu_rope_table_equals_direct_computation(family_pair):
 
 # ---- the packed CPU path (decoder_layer op, packed weights) -------------------------------------
 
-from specdec_cuda.ops.skinny_linear import packed_kernel_available  # noqa: E402
-
 needs_packed = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512: models keep the torch path")
 
 
@@ -217,8 +216,6 @@ needs_packed = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-
 def test_packed_path_matches_the_torch_path_with_a_tree(family_pair):
     # Decoding-sized forwards (B * n <= PACKED_MAX_ROWS) take one decoder_layer op per layer; the
     # torch path (packed_linear = False) is the same model. A tree mask, per-row lengths.
-    from _models_testlib import ancestors_mask
-
     _, _, model, folder = family_pair
     torch_path = models.load(folder)
     torch_path.packed_linear = False

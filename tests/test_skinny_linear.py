@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
 
-from specdec_cuda.ops.skinny_linear import MAX_ROWS, linear, skinny_linear
+from specdec_cuda.ops.skinny_linear import MAX_ROWS, PANEL, linear, pack_weight, skinny_linear, skinny_linear_packed
 from specdec_cuda.reference import skinny_linear as ref
 
 
@@ -72,8 +73,6 @@ def test_portable_kernel_matches_reference():
 
 # ---- the packed form (skinny_linear_packed) ------------------------------------------------------
 
-from specdec_cuda.ops.skinny_linear import PANEL, pack_weight, skinny_linear_packed  # noqa: E402
-
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("M,K,N", [(1, 64, 7), (5, 512, 131), (6, 48, 64), (7, 33, 65), (17, 192, 320), (33, 40, 1)])
@@ -134,8 +133,6 @@ def test_packed_portable_loop_gives_the_vector_kernels_bits():
             "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
             "assert _C.skinny_linear_packed_isa() == 'portable'; "
             "x, w, b = torch.load(sys.argv[1]); torch.save(skinny_linear_packed(x, pack_weight(w), b), sys.argv[1])")
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "io.pt")
         torch.save((x, w, b), path)

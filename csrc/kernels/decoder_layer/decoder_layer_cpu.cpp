@@ -6,9 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "kernels/common/cpu_isa.h"
 
 #define SPECDEC_INLINE inline __attribute__((always_inline))
 
@@ -139,13 +140,8 @@ SPECDEC_AVX512 void silu_mul_avx512(const float* gate_up, int64_t M, int64_t I, 
   silu_mul_body(gate_up, M, I, act);
 }
 
-bool detect_avx512() {
-  const char* cap = std::getenv("SPECDEC_CPU_ISA");
-  if (cap != nullptr && std::strcmp(cap, "avx512") != 0) return false;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
-const bool kAvx512 = detect_avx512();
+// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (kernels/common/cpu_isa.h).
+const bool kAvx512 = cpu_avx512_fma_enabled();
 #else
 const bool kAvx512 = false;
 #endif

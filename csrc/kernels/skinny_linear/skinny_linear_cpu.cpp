@@ -4,9 +4,8 @@
 #include "kernels/skinny_linear/skinny_linear_cpu.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
+#include "kernels/common/cpu_isa.h"
 #include "kernels/common/dtype.h"
 
 #if defined(__x86_64__)
@@ -120,14 +119,8 @@ void rows_avx512(const float* x, int64_t M, int64_t K, const W* weight, const fl
   }
 }
 
-// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (as for the W4 kernels).
-bool detect_avx512() {
-  const char* cap = std::getenv("SPECDEC_CPU_ISA");
-  if (cap != nullptr && std::strcmp(cap, "avx512") != 0) return false;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
-const bool kAvx512 = detect_avx512();
+// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (kernels/common/cpu_isa.h).
+const bool kAvx512 = cpu_avx512_fma_enabled();
 #else
 const bool kAvx512 = false;
 #endif

@@ -242,12 +242,7 @@ class LlamaModel(nn.Module):
             x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
-        x = self.norm.forward(x)
-        if -1 in wanted:
-            hidden_states[-1] = x
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = project(x, weight, None, self._head_packed)
-        return ModelOutput(logits=logits, hidden_states=hidden_states)
+        return self._output(x, wanted, hidden_states)
 
     def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers) -> ModelOutput:
         """``forward`` for a few token rows on the CPU: each layer one ``decoder_layer`` op over
@@ -263,6 +258,11 @@ class LlamaModel(nn.Module):
             x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
             if i in wanted:
                 hidden_states[i] = x
+        return self._output(x, wanted, hidden_states)
+
+    def _output(self, x: torch.Tensor, wanted: set, hidden_states: dict) -> ModelOutput:
+        """The final norm (kept as hidden state -1 when wanted) and the LM head (packed when bound
+        so; ``project`` sends more rows to BLAS) after the last layer's output x [B, n, hidden]."""
         x = self.norm.forward(x)
         if -1 in wanted:
             hidden_states[-1] = x
