@@ -88,6 +88,49 @@ def test_a_token_gets_the_same_bits_alone_or_verified_with_others():
         assert torch.equal(alone[0, 0], together[0, i]), i
 
 
+@pytest.mark.parametrize("D", [16, 48, 64, 128])  # head dims of the AVX-512 attention (tiles of 4 or 2 queries)
+@pytest.mark.parametrize("n,tree", [(1, False), (6, False), (9, True)])
+def test_longer_caches_match_reference(D, n, tree):
+    # Caches longer than a few 16-slot blocks, so the masked tails of the vector softmax run.
+    Hq, Hkv, B, slots = 4, 2, 2, 140
+    w = make_layer(Hq, Hkv, D, False, False, seed=D)
+    g = torch.Generator().manual_seed(D + n)
+    lengths = torch.tensor([37, 101])
+    x = torch.randn(B, n, HIDDEN, generator=g)
+    kc, vc = torch.randn(B, Hkv, slots, D, generator=g), torch.randn(B, Hkv, slots, D, generator=g)
+    tree_mask = torch.rand(B, n, n, generator=g) < 0.5 if tree else None
+    cos, sin = rope(B, n, D, lengths)
+    expected = run_ref(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq, tree_mask)
+    torch.testing.assert_close(run_op(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain():
+    # After a tree verification the accepted path is compacted to contiguous cache slots; decoding
+    # the path's tokens as a chain on top must give each the bits it had as a tree node.
+    Hq, Hkv, D, slots = 4, 2, 64, 80
+    w = make_layer(Hq, Hkv, D, True, False, seed=7)
+    g = torch.Generator().manual_seed(8)
+    parents = [-1, 0, 0, 1, 2, 2]  # nodes in topological order; the path 0 -> 2 -> 5
+    n = len(parents)
+    mask = torch.zeros(1, n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[0, i, j], j = True, parents[j]
+    lengths = torch.tensor([45])
+    x = torch.randn(1, n, HIDDEN, generator=g)
+    kc, vc = torch.randn(1, Hkv, slots, D, generator=g), torch.randn(1, Hkv, slots, D, generator=g)
+    depth = torch.tensor([0, 1, 1, 2, 2, 2])
+    angles = (lengths + depth)[None, :, None].float() * torch.cat([torch.linspace(0.02, 1.0, D // 2)] * 2)
+    sin = angles.sin()
+    sin[..., : D // 2].neg_()
+    cos = angles.cos().contiguous()
+    tree = run_op(w, x, cos, sin.contiguous(), kc.clone(), vc.clone(), lengths, Hq, mask)
+    path = [0, 2, 5]
+    chain = run_op(w, x[:, path], cos[:, path].contiguous(), sin[:, path].contiguous(), kc, vc, lengths, Hq)
+    assert torch.equal(chain, tree[:, path])
+
+
 def test_bf16_packed_weights_give_the_float32_bits():
     Hq, Hkv, D = 4, 2, 16
     w = make_layer(Hq, Hkv, D, False, False, seed=5, bf16=True)

@@ -199,9 +199,10 @@ def test_every_forward_carries_the_window_as_laid_out_by_the_kernel(pair):
         def __getattr__(self, name):
             return getattr(self.model, name)
 
-        def forward(self, tokens, positions, cache, tree_mask=None, hidden_layers=()):
+        def forward(self, tokens, positions, cache, tree_mask=None, hidden_layers=(), logits_at=None):
             seen.append((tokens.shape[1], positions.clone(), None if tree_mask is None else tree_mask.clone()))
-            return self.model.forward(tokens, positions, cache, tree_mask=tree_mask, hidden_layers=hidden_layers)
+            return self.model.forward(tokens, positions, cache, tree_mask=tree_mask, hidden_layers=hidden_layers,
+                                      logits_at=logits_at)
 
     W, N = 3, 3
     proposer = LookaheadProposer(window=W, ngram=N, num_guesses=2)

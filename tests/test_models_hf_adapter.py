@@ -52,6 +52,16 @@ def test_logits_equal_raw_model_prefill_and_decode(hf):
     assert cache.dynamic.get_seq_length() == 24
 
 
+def test_logits_at_keeps_one_row_per_sequence(hf):
+    model = HFCausalLM(hf)
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(input_ids=tokens).logits
+    at = torch.tensor([11, 4])
+    out = model.forward(tokens, torch.arange(12).expand(2, 12), model.new_cache(2, 16), logits_at=at)
+    torch.testing.assert_close(out.logits[:, 0], ref[torch.arange(2), at], **FP32_TOL)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_tree_forward_equals_raw_model_on_paths(hf, attn):
     model = HFCausalLM(hf, attn_implementation=attn)

@@ -239,6 +239,23 @@ def test_packed_path_matches_the_torch_path_with_a_tree(family_pair):
     torch.testing.assert_close(kp, kt, **FP32_TOL)
 
 
+@pytest.mark.parametrize("width", [9, 60])  # the packed path (B * n <= PACKED_MAX_ROWS) and the torch one
+def test_logits_at_returns_those_rows_of_the_full_logits(family_pair, width):
+    _, _, model, _ = family_pair
+    tokens = torch.randint(0, VOCAB, (2, width), generator=torch.Generator().manual_seed(width))
+    positions = torch.arange(width).expand(2, width)
+    full = model.forward(tokens, positions, model.new_cache(2, 64), hidden_layers=(-1,))
+    at = torch.tensor([width - 1, 3])
+    some = model.forward(tokens, positions, model.new_cache(2, 64), hidden_layers=(-1,), logits_at=at)
+    assert some.logits.shape == (2, 1, VOCAB)
+    torch.testing.assert_close(some.logits[:, 0], full.logits[torch.arange(2), at], **FP32_TOL)
+    assert torch.equal(some.hidden_states[-1], full.hidden_states[-1])  # hidden states of every token
+    with pytest.raises(ValueError, match="logits_at"):
+        model.forward(tokens, positions, model.new_cache(2, 64), logits_at=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="logits_at"):
+        model.forward(tokens, positions, model.new_cache(2, 64), logits_at=torch.tensor([1]))
+
+
 @needs_packed
 def test_writing_a_weight_in_place_repacks(family_pair):
     _, _, _, folder = family_pair

@@ -217,10 +217,12 @@ class _Loop:
         pending = self.proposer.max_pending_tokens() if self.proposer is not None else 0
         max_length = width + self.rows.max_new_tokens + pending + 2
         self.cache = target.new_cache(batch, max_length)
+        # Logits of each prompt's last token only: the LM head over the whole prompt would cost
+        # about a seventh of the zoo target's prefill.
         out = target.forward(padded, torch.arange(width, device=device).expand(batch, width), self.cache,
-                             hidden_layers=self.hidden_layers)
+                             hidden_layers=self.hidden_layers, logits_at=prompt_lens - 1)
         self.cache.commit(prompt_lens)
-        first = ops.sample(out.logits[self.row_index, prompt_lens - 1], **self.params.kwargs(), position=prompt_lens)
+        first = ops.sample(out.logits[:, 0], **self.params.kwargs(), position=prompt_lens)
         raise_for(first.status.tolist(), "sampling the first token", exc=RuntimeError)
         self.last, self.lengths = first.tokens, prompt_lens.clone()
         for b, t in enumerate(self.last.tolist()):

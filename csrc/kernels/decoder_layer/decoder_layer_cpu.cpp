@@ -1,7 +1,10 @@
 // The decoder layer's row kernels (see decoder_layer_cpu.h). Each is written once as an inline
 // body with explicit 16-lane partial sums (so the compiler vectorises it without reassociating
 // floating-point sums) and compiled twice: for baseline x86-64 and, picked at run time, for
-// AVX-512 (SPECDEC_CPU_ISA caps it, as for the other CPU kernels).
+// AVX-512 (SPECDEC_CPU_ISA caps it, as for the other CPU kernels). Two are hand-vectorised on
+// AVX-512 instead, because libm's scalar expf dominated them: attention (attention_avx512.h) and
+// SiLU. Their bits differ from the portable loops' within float32 rounding; each still gives a row
+// the same bits whatever the other rows are.
 #include "kernels/decoder_layer/decoder_layer_cpu.h"
 
 #include <algorithm>
@@ -9,7 +12,15 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers trip these on the masked and reduce intrinsics' undefined operands.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 #include "kernels/common/cpu_isa.h"
+#include "kernels/common/exp_avx512.h"
+#include "kernels/decoder_layer/attention_avx512.h"
 
 #define SPECDEC_INLINE inline __attribute__((always_inline))
 
@@ -131,13 +142,26 @@ SPECDEC_AVX512 void rope_and_store_avx512(float* qkv, const float* cos, const fl
                                           const AttentionShape& s) {
   rope_and_store_body(qkv, cos, sin, qn, kn, eps, kc, vc, lengths, s);
 }
-SPECDEC_AVX512 void attend_avx512(const float* qkv, const float* kc, const float* vc, const int64_t* lengths,
-                                  const bool* tree_mask, float scale, const AttentionShape& s, float* out,
-                                  int64_t begin, int64_t end) {
+// Head dims the vector attention (attention_avx512.h) does not take.
+SPECDEC_AVX512 void attend_loop_avx512(const float* qkv, const float* kc, const float* vc, const int64_t* lengths,
+                                       const bool* tree_mask, float scale, const AttentionShape& s, float* out,
+                                       int64_t begin, int64_t end) {
   attend_body(qkv, kc, vc, lengths, tree_mask, scale, s, out, begin, end);
 }
+// silu(g) * u = g / (1 + e^-g) * u, 16 lanes at a time with the vector exp; the tail masked.
 SPECDEC_AVX512 void silu_mul_avx512(const float* gate_up, int64_t M, int64_t I, float* act) {
-  silu_mul_body(gate_up, M, I, act);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* gate = gate_up + m * 2 * I;
+    const float* up = gate + I;
+    for (int64_t j = 0; j < I; j += 16) {
+      const __mmask16 mask = static_cast<__mmask16>(I - j >= 16 ? 0xFFFF : (1u << (I - j)) - 1u);
+      const __m512 g = _mm512_maskz_loadu_ps(mask, gate + j);
+      const __m512 e = exp16_avx512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+      _mm512_mask_storeu_ps(act + m * I + j, mask, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mask, up + j)));
+    }
+  }
 }
 
 // AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (kernels/common/cpu_isa.h).
@@ -168,7 +192,9 @@ void attend(const float* qkv, const float* k_cache, const float* v_cache, const 
             const bool* tree_mask, float sm_scale, const AttentionShape& s, float* out, int64_t begin,
             int64_t end) {
 #if defined(__x86_64__)
-  if (kAvx512) return attend_avx512(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
+  if (attend_avx512_supports(s.D))
+    return attend_avx512(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
+  if (kAvx512) return attend_loop_avx512(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
 #endif
   attend_body(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
 }

@@ -27,7 +27,7 @@ from torch import nn
 
 from .config import UnsupportedModelError, eos_token_ids
 from ..ops.tree import compact_kv
-from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args
+from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args, logits_rows
 
 _MASKABLE = ("sdpa", "eager")
 
@@ -211,13 +211,15 @@ class HFCausalLM:
         cache: HFCache,
         tree_mask: torch.Tensor | None = None,
         hidden_layers: Sequence[int] = (),
+        logits_at: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache``; see ``CausalLM.forward``.
 
         Shape: tokens [B, n]; positions [B, n]; tree_mask [B, n, n] bool or None (a token always
-        sees itself); returns logits [B, n, V] and hidden_states {layer: [B, n, hidden]}.
+        sees itself); returns logits [B, n, V] (or [B, 1, V] at ``logits_at`` [B]: ``transformers``
+        computes them all, and the adapter keeps those) and hidden_states {layer: [B, n, hidden]}.
         """
-        B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers)
+        B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
         cache.begin_forward(n)
         mask = None if (tree_mask is None and cache.uniform) else self._attention_mask(cache, n, tree_mask)
 
@@ -255,7 +257,7 @@ class HFCausalLM:
                 hidden_states[i] = captured[last]
             else:
                 hidden_states[i] = out.hidden_states[i + 1]  # [0] is the embedding output
-        return ModelOutput(logits=out.logits, hidden_states=hidden_states)
+        return ModelOutput(logits=logits_rows(out.logits, logits_at), hidden_states=hidden_states)
 
 
 def _find_decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList | None:

@@ -18,7 +18,7 @@ from ..ops.skinny_linear import packed_kernel_available
 from .cache import StaticKVCache
 from .config import LlamaConfig
 from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, maybe_pack, project
-from .protocol import ModelOutput, check_forward_args
+from .protocol import ModelOutput, check_forward_args, logits_rows
 from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
 
@@ -191,6 +191,7 @@ class LlamaModel(nn.Module):
         cache: StaticKVCache,
         tree_mask: torch.Tensor | None = None,
         hidden_layers: Sequence[int] = (),
+        logits_at: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache`` (see ``CausalLM.forward``).
 
@@ -202,15 +203,15 @@ class LlamaModel(nn.Module):
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():
-                return self.forward(tokens, positions, cache, tree_mask, hidden_layers)
+                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at)
         if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
-            return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers)
-        B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers)
+            return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at=logits_at)
+        B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
         span = cache.begin_forward(n)
         device = self.device
         self._bind()
         if self._head_packed is not None and B * n <= PACKED_MAX_ROWS:
-            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers)
+            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
@@ -242,9 +243,9 @@ class LlamaModel(nn.Module):
             x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
-        return self._output(x, wanted, hidden_states)
+        return self._output(x, wanted, hidden_states, logits_at)
 
-    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers) -> ModelOutput:
+    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at) -> ModelOutput:
         """``forward`` for a few token rows on the CPU: each layer one ``decoder_layer`` op over
         packed weights, the LM head through ``skinny_linear_packed``."""
         cos, sin = self._rope(positions)  # [B, n, 1, D]
@@ -258,16 +259,18 @@ class LlamaModel(nn.Module):
             x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
             if i in wanted:
                 hidden_states[i] = x
-        return self._output(x, wanted, hidden_states)
+        return self._output(x, wanted, hidden_states, logits_at)
 
-    def _output(self, x: torch.Tensor, wanted: set, hidden_states: dict) -> ModelOutput:
+    def _output(self, x: torch.Tensor, wanted: set, hidden_states: dict, logits_at) -> ModelOutput:
         """The final norm (kept as hidden state -1 when wanted) and the LM head (packed when bound
-        so; ``project`` sends more rows to BLAS) after the last layer's output x [B, n, hidden]."""
+        so; ``project`` sends more rows to BLAS) after the last layer's output x [B, n, hidden],
+        on every row or at ``logits_at`` only."""
         x = self.norm.forward(x)
         if -1 in wanted:
             hidden_states[-1] = x
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return ModelOutput(logits=project(x, weight, None, self._head_packed), hidden_states=hidden_states)
+        return ModelOutput(logits=project(logits_rows(x, logits_at), weight, None, self._head_packed),
+                           hidden_states=hidden_states)
 
     # -- weights ----------------------------------------------------------------------------------
 

@@ -36,6 +36,13 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 
+def logits_rows(x: torch.Tensor, logits_at: torch.Tensor | None) -> torch.Tensor:
+    """x [B, n, H] -> the rows the LM head runs on: all, or [B, 1, H] at ``logits_at`` [B]."""
+    if logits_at is None:
+        return x
+    return x[torch.arange(x.shape[0], device=x.device), logits_at.to(x.device)][:, None]
+
+
 @dataclass
 class ModelOutput:
     """What ``forward`` returns.
@@ -77,12 +84,18 @@ class CausalLM(Protocol):
         cache: KVCache,
         tree_mask: torch.Tensor | None = None,
         hidden_layers: Sequence[int] = (),
+        logits_at: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at absolute ``positions`` [B, n] (RoPE) on top of ``cache``.
 
         ``tree_mask`` [B, n, n] bool: entry (i, j) says new token i may attend to new token j; the
         committed prefix is always visible, and so is the token itself (whatever the diagonal
         says). None means causal among the new tokens.
+
+        ``logits_at`` [B] int64: when given, only new token ``logits_at[b]`` of each row gets
+        logits (``logits`` is then [B, 1, V]): a prefill needs the last prompt token's only, and
+        the LM head over every prompt token is a large share of its cost. Hidden states are
+        returned for every new token either way.
 
         Both implementations also expose ``eos_token_ids`` (a tuple, from the checkpoint's config
         and generation config); it is not part of this protocol.
@@ -102,11 +115,13 @@ def as_index_tensor(value, name: str, device: torch.device) -> torch.Tensor:
     return t.to(torch.int64)
 
 
-def check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, num_layers: int) -> tuple[int, int]:
+def check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, num_layers: int,
+                       logits_at=None) -> tuple[int, int]:
     """The argument checks of ``CausalLM.forward`` that every model shares; returns (B, n).
 
     Shape: tokens [B, n]; positions [B, n]; tree_mask [B, n, n] or None; ``cache`` made for B rows;
-    each of ``hidden_layers`` in [-1, num_layers).
+    each of ``hidden_layers`` in [-1, num_layers); logits_at [B] integer or None (its values are
+    checked by the indexing that reads them, without a host sync here).
     """
     B, n = tokens.shape
     if positions.shape != (B, n):
@@ -115,6 +130,10 @@ def check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, num_l
         raise ValueError(f"tokens has {B} rows but the cache was made for {cache.batch_size}")
     if tree_mask is not None and tree_mask.shape != (B, n, n):
         raise ValueError(f"tree_mask must have shape {(B, n, n)}, got {tuple(tree_mask.shape)}")
+    if logits_at is not None and (logits_at.shape != (B,) or logits_at.dtype.is_floating_point
+                                  or logits_at.dtype == torch.bool):
+        raise ValueError(f"logits_at must be an integer tensor of shape ({B},), got {logits_at.dtype} "
+                         f"{tuple(logits_at.shape)}")
     for i in hidden_layers:
         if not -1 <= i < num_layers:
             raise ValueError(f"hidden_layers: {i} is not a layer index in [-1, {num_layers - 1}]")

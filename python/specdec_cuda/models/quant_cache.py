@@ -35,7 +35,7 @@ from ..ops import kv_quant as kvops
 from ..ops.quant_attention import quant_kv_attention
 from ..ops.skinny_linear import linear as skinny_or_blas_linear
 from .layers import rms_norm
-from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args
+from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args, logits_rows
 from .rope import apply_rope
 
 
@@ -326,7 +326,8 @@ def _linear(x: torch.Tensor, weight, bias, w4) -> torch.Tensor:
 
 def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cache: QuantKVCache,
                       tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (), *,
-                      use_lower: bool = True, linears: DraftLinears | None = None) -> ModelOutput:
+                      use_lower: bool = True, linears: DraftLinears | None = None,
+                      logits_at: torch.Tensor | None = None) -> ModelOutput:
     """``LlamaModel.forward`` over a ``QuantKVCache``: the attention reads the codes (upper + lower,
     or upper only with ``use_lower=False``) and the buffer through ``quant_kv_attention``;
     ``linears`` swaps in 4-bit weights (a QuantSpec draft pass). Same shapes as ``LlamaModel.forward``.
@@ -334,8 +335,8 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
     if torch.is_grad_enabled():
         with torch.no_grad():
             return quantized_forward(model, tokens, positions, cache, tree_mask, hidden_layers,
-                                     use_lower=use_lower, linears=linears)
-    B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, model.num_layers)
+                                     use_lower=use_lower, linears=linears, logits_at=logits_at)
+    B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, model.num_layers, logits_at)
     c = model.config
     if (cache.num_layers, cache.num_kv_heads, cache.head_dim) != (c.num_hidden_layers, c.num_key_value_heads, c.head_dim):
         raise ValueError(f"the cache ({cache.num_layers} layers, {cache.num_kv_heads} KV heads, head_dim "
@@ -371,7 +372,7 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
         hidden_states[-1] = x
     weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     head = linears.lm_head if linears is not None else None
-    return ModelOutput(logits=_linear(x, weight, None, head), hidden_states=hidden_states)
+    return ModelOutput(logits=_linear(logits_rows(x, logits_at), weight, None, head), hidden_states=hidden_states)
 
 
 class QuantKVModel:
@@ -410,7 +411,7 @@ class QuantKVModel:
                             self.device, key_group=self.key_group, value_group=self.value_group,
                             residual=self.residual)
 
-    def forward(self, tokens, positions, cache, tree_mask=None, hidden_layers=()) -> ModelOutput:
+    def forward(self, tokens, positions, cache, tree_mask=None, hidden_layers=(), logits_at=None) -> ModelOutput:
         if not isinstance(cache, QuantKVCache):
             raise TypeError(f"QuantKVModel.forward needs a QuantKVCache (from new_cache), got {type(cache).__name__}")
-        return quantized_forward(self.model, tokens, positions, cache, tree_mask, hidden_layers)
+        return quantized_forward(self.model, tokens, positions, cache, tree_mask, hidden_layers, logits_at=logits_at)

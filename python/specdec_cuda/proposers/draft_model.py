@@ -78,7 +78,6 @@ class DraftModelProposer(Proposer):
     def propose(self, state: StepState) -> Draft | None:
         lengths, active = state.lengths, state.active
         batch, device = lengths.shape[0], lengths.device
-        rows = torch.arange(batch, device=device)
         limit = torch.where(active, torch.minimum(self.k_row, state.max_draft), 0)  # [B]
         k_step = int(limit.max())
         if k_step == 0:
@@ -89,9 +88,9 @@ class DraftModelProposer(Proposer):
         width = int(behind.max())
         idx = self.cache.lengths[:, None] + torch.arange(width, device=device)
         idx = idx.clamp(max=self.seq.shape[1] - 1)
-        logits = self.draft.forward(self.seq.gather(1, idx), idx, self.cache).logits
-        self.cache.commit(behind)
-        cur = logits[rows, (behind - 1).clamp(min=0)]  # [B, V]: the drafter's view of position lengths+1
+        last = (behind - 1).clamp(min=0)
+        cur = self.draft.forward(self.seq.gather(1, idx), idx, self.cache, logits_at=last).logits[:, 0]
+        self.cache.commit(behind)  # cur [B, V]: the drafter's view of position lengths + 1
 
         tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
         keep_logits = self.keep_logits
