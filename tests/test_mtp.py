@@ -381,3 +381,43 @@ def test_cost_policy_keeps_the_output(tiny_target, method):
         assert dec.policy is not None
         for _ in range(2):  # the policy's measurements carry over between calls
             assert dec.generate(prompts, **kw).tokens == ar
+
+
+def test_mtp_blocks_take_the_packed_cpu_path_and_still_train(tmp_path, monkeypatch):
+    """A float32 target's MTP blocks run as one ``decoder_layer`` op each at inference (as the
+    target's own layers do), matching the torch path; a training step afterwards gets gradients."""
+    from decoding_models import make_checkpoint
+
+    from specdec_cuda import models
+    from specdec_cuda.models.heads import random_heads, target_head
+    from specdec_cuda.ops.skinny_linear import packed_kernel_available
+    from specdec_cuda.zoo_heads import mtp_hiddens
+
+    if not packed_kernel_available():
+        pytest.skip("the packed path needs the AVX-512 kernel")
+    target = models.load(make_checkpoint(tmp_path / "target", seed=0))
+    head, modules = target_head(target), random_heads(target, "mtp", 1, seed=3)
+    g = torch.Generator().manual_seed(1)
+    H = head.norm_weight.shape[0]
+    h_prev, tokens = torch.randn(2, 7, H, generator=g), torch.randint(0, target.vocab_size, (2, 7), generator=g)
+    positions = torch.arange(7).expand(2, 7)
+
+    def run():
+        cache = modules.new_cache(2, 16)[0]
+        first = modules(0, h_prev[:, :4], tokens[:, :4], positions[:, :4], cache, head)
+        cache.commit(torch.tensor([4, 4]))
+        return torch.cat([first, modules(0, h_prev[:, 4:], tokens[:, 4:], positions[:, 4:], cache, head)], 1)
+
+    with torch.no_grad():
+        packed = run()
+        assert modules._binding is not None
+        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", "0")
+        plain = run()
+    torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+    monkeypatch.delenv("SPECDEC_PACKED_LINEAR")
+    with torch.no_grad():
+        run()  # bound packed again
+    modules.requires_grad_(True)
+    mtp_hiddens(modules, head, h_prev, tokens)[0].square().sum().backward()  # the trainer's path
+    assert modules._binding is None
+    assert all(p.grad is not None for p in modules.modules_[0].block.parameters())

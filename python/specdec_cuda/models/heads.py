@@ -175,6 +175,10 @@ class MTPModules(nn.Module):
         self.modules_ = nn.ModuleList(MTPModule(config, dtype, device) for _ in range(num_modules))
         self._inv_freq: dict = {}
         self.topk_accuracy: list[list[float]] | None = None
+        # What the blocks were bound with, as LlamaModel keeps it: (pack, sum of the parameters'
+        # version counters); None: bind on the next inference forward.
+        self._binding: tuple[bool, int] | None = None
+        self._params: list[torch.Tensor] | None = None  # self.parameters(), listed once per binding
 
     def _apply(self, fn, recurse=True):
         # The decoder blocks bind their tensors on first use: drop the bindings when .to() /
@@ -183,7 +187,29 @@ class MTPModules(nn.Module):
         for m in self.modules_:
             m.block.unbind()
         self._inv_freq = {}
+        self._binding = self._params = None
         return result
+
+    def _packed_blocks(self, rows: int, device: torch.device) -> bool:
+        """Whether an inference forward of ``rows`` token rows runs each block as one
+        ``decoder_layer`` op (LlamaModel's CPU decoding path: float32, AVX-512, at most
+        ``PACKED_MAX_ROWS`` rows, ``SPECDEC_PACKED_LINEAR`` not 0); (re)binds the blocks, packed,
+        after any parameter was replaced or written in place (training steps write them)."""
+        from ..ops.skinny_linear import packed_kernel_available
+        from .layers import PACKED_MAX_ROWS
+
+        wanted = (device.type == "cpu" and self.modules_[0].eh_proj.dtype == torch.float32
+                  and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available())
+        if not wanted:
+            return False
+        if self._params is None:
+            self._params = list(self.parameters())
+        versions = sum(p._version for p in self._params)
+        if self._binding != (True, versions):
+            for m in self.modules_:
+                m.block.bind(pack=True)
+            self._binding = (True, versions)
+        return rows <= PACKED_MAX_ROWS
 
     def config_dict(self) -> dict[str, Any]:
         c = self.config
@@ -237,6 +263,17 @@ class MTPModules(nn.Module):
         B, n, _ = h_prev.shape
         x = self.module_input(depth, h_prev, tokens, head)
         span = cache.begin_forward(n)
+        block = self.modules_[depth].block
+        training = torch.is_grad_enabled() and block.input_layernorm.weight.requires_grad
+        if not training and self._packed_blocks(B * n, x.device):
+            cos, sin = self._rope(positions)  # [B, n, 1, D]
+            return block.forward_packed(x.contiguous(), cos.squeeze(2).contiguous(), sin.squeeze(2).contiguous(),
+                                        cache.keys[0], cache.values[0], cache.lengths, None)
+        if training and self._binding is not None:
+            # The packed copies carry no gradient (and go stale with each step): plain bindings.
+            for m in self.modules_:
+                m.block.unbind()
+            self._binding = None
         steps = torch.arange(n, device=x.device)
         slot_index = (cache.lengths[:, None] + steps)[:, None, :, None].expand(
             B, self.config.num_key_value_heads, n, self.config.head_dim)
@@ -245,8 +282,7 @@ class MTPModules(nn.Module):
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
         attn_mask = torch.where(visible[:, None], zero, torch.full((), float("-inf"), dtype=x.dtype, device=x.device))
         cos, sin = self._rope(positions)
-        return self.modules_[depth].block.forward(x, cos, sin, cache.keys[0], cache.values[0], slot_index, span,
-                                                  attn_mask)
+        return block.forward(x, cos, sin, cache.keys[0], cache.values[0], slot_index, span, attn_mask)
 
 
 def save_heads(folder: str | os.PathLike, heads: MedusaHeads | MTPModules, extra: dict | None = None) -> Path:
