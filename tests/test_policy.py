@@ -43,6 +43,20 @@ def test_flat_cost_and_high_acceptance_draft_the_most():
     assert sum(k >= 7 for k in late) >= 0.8 * len(late)
 
 
+def test_a_cold_first_measurement_does_not_lock_out_drafting():
+    # The first step at K = 1 pays one-time costs (5x a warm step); drafting is cheap and usually
+    # right afterwards, so the policy must still end up drafting.
+    calls = {}
+
+    def seconds_of(rows, k):
+        calls[k] = calls.get(k, 0) + 1
+        return 5.0 if (k == 1 and calls[k] == 1) else 1.0 + 0.02 * k
+
+    granted = _drive(CostAwarePolicy(), 40, 1, 8, seconds_of, lambda b: 0.9)
+    late = [g[0] for g in granted[10:]]
+    assert sum(k >= 4 for k in late) >= 0.8 * len(late)
+
+
 def test_steep_cost_and_low_acceptance_stop_drafting():
     # A large batch whose forward cost grows with every fed token, and a drafter that is rarely right.
     policy = CostAwarePolicy()

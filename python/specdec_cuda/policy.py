@@ -21,8 +21,11 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   is, so the policy picks the ``K`` in ``0 .. max``, ``0`` (plain decoding) included, with the
   least expected time to finish: ``cost(B, K) * max_b(remaining_b / E_b(K))``. (Summing tokens
   instead would reward rows that finish early while the slowest one sets the batch's time.) A batch
-  size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, which fixes the
-  line; larger lengths are predicted from it and measured when chosen. Every run drafts one token
+  size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, each twice, which
+  fixes the line; larger lengths are predicted from it and measured when chosen. The first
+  measurements of a (rows, K) keep their minimum before the moving average starts: the first step
+  of a new shape pays one-time costs (allocations, tables), and a length that looked dear once
+  would otherwise never be chosen, so never measured again. Every run drafts one token
   on its second step, so that its rows show their acceptance, unless no length could win at this
   batch size even at the average acceptance seen so far. Every ``probe_every`` steps it measures the next length above (or below) the best one
   again, but only when that length is predicted to come within ``probe_margin`` of the best (a
@@ -94,6 +97,8 @@ class CostAwarePolicy:
     adapt_sampled : also adapt rows that sample (see the module docstring on reproducibility).
     """
 
+    WARM_SAMPLES = 2  # measurements of a (rows, K) combined by their minimum
+
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
                  prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3,
                  min_gain: float = 0.1) -> None:
@@ -111,6 +116,7 @@ class CostAwarePolicy:
         self.decay, self.probe_every, self.probe_margin, self.prior = decay, probe_every, probe_margin, prior
         self.adapt_sampled, self.smoothing, self.min_gain = adapt_sampled, smoothing, min_gain
         self.cost: dict[tuple[int, int], float] = {}  # (active rows, K) -> EMA of the step's seconds
+        self.samples: dict[tuple[int, int], int] = {}  # (active rows, K) -> measurements taken
         self.seen_success = self.seen_failure = 0.0  # acceptance counts over earlier runs (decayed)
         self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
         self.start(0)
@@ -180,8 +186,8 @@ class CostAwarePolicy:
         fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
         # Lengths measured for this batch size, or tried often enough (a proposer may feed less than
         # it was granted, so a grant need not produce its own measurement).
-        untried = [k for k in (0, 1) if (len(rows), max(k, fixed)) not in self.cost
-                   and self.explored.get((len(rows), max(k, fixed)), 0) < 3]
+        untried = [k for k in (0, 1) if self.samples.get((len(rows), max(k, fixed)), 0) < self.WARM_SAMPLES
+                   and self.explored.get((len(rows), max(k, fixed)), 0) < self.WARM_SAMPLES + 2]
         if untried:  # a new batch size: two cheap lengths fix its cost line
             k = untried[0]
         elif self.steps == 1 and self._may_pay(rows, limits, adapt, k_max, fixed, remaining):
@@ -252,8 +258,14 @@ class CostAwarePolicy:
             # K that plan() chooses: for chains it is the fed width less the root, for trees and
             # extra rows the width is larger (nodes, window) but grows with the same K.
             key = (rows, max((d for d, a in zip(drafted, active) if a), default=0))
-            old = self.cost.get(key)
-            self.cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+            old, taken = self.cost.get(key), self.samples.get(key, 0)
+            if old is None:
+                self.cost[key] = seconds
+            elif taken < self.WARM_SAMPLES:  # a first, possibly cold, measurement: keep the least
+                self.cost[key] = min(old, seconds)
+            else:
+                self.cost[key] = old + self.smoothing * (seconds - old)
+            self.samples[key] = taken + 1
         for b, (a, d, n) in enumerate(zip(active, drafted, accepted)):
             if a and d > 0:
                 # Decay per draft of the row, not per step: a row that showed it is hard to draft
