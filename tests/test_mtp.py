@@ -119,6 +119,38 @@ def test_head_topk_w4_opcheck_and_shape_errors():
         mtp_ops.mtp_head_topk_w4(x[:, :32].contiguous(), w[:32].contiguous(), q, 2, 1e-6)
 
 
+@pytest.mark.parametrize("M,H,V,k", [(1, 64, 111, 1), (7, 48, 1000, 5), (17, 32, 300, 64)])
+@pytest.mark.parametrize("bf16", [True, False])  # bfloat16 panels (a bf16 checkpoint's values) or float32
+def test_head_topk_packed_matches_reference(M, H, V, k, bf16):
+    from specdec_cuda import ops
+
+    x, w, lm = _head_inputs(M, H, V, torch.float32, seed=M + V)
+    lm = lm.bfloat16().float() if bf16 else lm
+    packed = ops.pack_weight(lm)
+    assert packed.panels.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    values, indices, logits, _ = ref.mtp_head_topk(x, w, lm, k, 1e-5)
+    out = mtp_ops.mtp_head_topk_packed(x, w, packed, k, 1e-5, return_logits=True)
+    torch.testing.assert_close(out.logits, logits, rtol=1e-4, atol=1e-4)
+    _assert_same_topk(out, values, indices)
+    plain = mtp_ops.mtp_head_topk_packed(x, w, packed, k, 1e-5)
+    assert plain.logits is None and torch.equal(plain.indices, out.indices)
+
+
+def test_head_topk_packed_opcheck_and_shape_errors():
+    from specdec_cuda import ops
+
+    x, w, lm = _head_inputs(3, 64, 70, torch.float32)
+    packed = ops.pack_weight(lm)
+    outs = (torch.empty(3, 4), torch.empty(3, 4, dtype=torch.int64), torch.empty(3, 70), torch.empty(3, dtype=torch.int32))
+    torch.library.opcheck(torch.ops.specdec.mtp_head_topk_packed.default, (x, w, packed.panels, 70, 1e-6, *outs))
+    with pytest.raises(RuntimeError, match="panels must be"):
+        torch.ops.specdec.mtp_head_topk_packed(x, w, packed.panels, 200, 1e-6, *outs[:2], None, outs[3])
+    with pytest.raises(RuntimeError, match="x must be a contiguous float32"):
+        torch.ops.specdec.mtp_head_topk_packed(x.double(), w, packed.panels, 70, 1e-6, *outs)
+    with pytest.raises(ValueError, match="takes 64 features"):
+        mtp_ops.mtp_head_topk_packed(x[:, :32].contiguous(), w[:32].contiguous(), packed, 2, 1e-6)
+
+
 def _input_inputs(M, H, V, dtype, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(M, H, generator=g)

@@ -12,11 +12,12 @@
 #include "ops/quant_common.h"
 #include "ops/quant_parallel.h"
 #include "kernels/quant/w4_cpu.h"
+#include "kernels/skinny_linear/packed_cpu.h"
 
 namespace specdec::ops {
 namespace {
 
-// Vocabulary rows per range (a multiple of the 4-bit weight's 16-row tile): 256 rows x H = 4096 x 4 B = 4 MiB of lm_head, tens of microseconds;
+// Vocabulary rows per range (a multiple of the 4-bit weight's 16-row tile and the packed head's 64-row panel): 256 rows x H = 4096 x 4 B = 4 MiB of lm_head, tens of microseconds;
 // small vocabularies run as one range.
 constexpr int64_t kVocabRange = 256;
 
@@ -123,6 +124,60 @@ void normalize_to_float(const at::Tensor& x, const at::Tensor& w, double eps, at
                                     eps, x.size(0), x.size(1), xn.data_ptr<float>());
 }
 
+// The output checks of the float32 heads (4-bit and packed): values / indices [M, k], logits
+// [M, V] or none, status [M]. Returns k.
+int64_t check_float_topk_outputs(int64_t M, int64_t V, const at::Tensor& values, const at::Tensor& indices,
+                                 const std::optional<at::Tensor>& logits, const at::Tensor& status) {
+  TORCH_CHECK(values.dim() == 2 && values.size(0) == M && values.scalar_type() == at::kFloat && values.is_contiguous(),
+              "values must be a contiguous [", M, ", k] float32 tensor; got ", values.scalar_type(), " ",
+              values.sizes());
+  const int64_t k = values.size(1);
+  TORCH_CHECK(k >= 1 && k <= 64 && k <= V, "k must lie in [1, min(64, V=", V, ")]; got ", k);
+  TORCH_CHECK(indices.sizes() == values.sizes() && indices.scalar_type() == at::kLong && indices.is_contiguous(),
+              "indices must be a contiguous int64 [", M, ", ", k, "] tensor; got ", indices.sizes());
+  if (logits.has_value())
+    TORCH_CHECK(logits->dim() == 2 && logits->size(0) == M && logits->size(1) == V &&
+                    logits->scalar_type() == at::kFloat && logits->is_contiguous(),
+                "logits must be a contiguous [", M, ", ", V, "] float32 tensor; got ", logits->sizes());
+  TORCH_CHECK(status.dim() == 1 && status.size(0) == M && status.scalar_type() == at::kInt,
+              "status must be [", M, "] int32; got ", status.sizes());
+  return k;
+}
+
+// Scan the vocabulary in ranges of kVocabRange rows split over threads, each range's logits
+// [M, range] written by `range_logits(v_begin, v_end, scratch)` into a scratch that stays in cache
+// while it is ranked (never [M, V]); merge the ranges' top-k lists and set the status per row.
+template <typename RangeLogits>
+void rank_vocab_ranges(int64_t M, int64_t V, int64_t k, at::Tensor& values, at::Tensor& indices,
+                       std::optional<at::Tensor>& logits, at::Tensor& status, const RangeLogits& range_logits) {
+  const int64_t parts = (V + kVocabRange - 1) / kVocabRange;
+  at::Tensor part_vals = at::empty({parts, M, k}, values.options());
+  at::Tensor part_idx = at::empty({parts, M, k}, indices.options());
+  at::Tensor part_n = at::zeros({parts, M}, status.options());
+  at::Tensor part_bad = at::zeros({parts, M}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor scratch = at::empty({parts, M, kVocabRange}, values.options());
+  float* out_logits = logits ? logits->data_ptr<float>() : nullptr;
+  parallel_range(0, parts, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const int64_t v0 = p * kVocabRange, v1 = std::min(V, v0 + kVocabRange);
+      float* block = scratch.data_ptr<float>() + p * M * kVocabRange;  // [M, v1 - v0]
+      range_logits(v0, v1, block);
+      mtp::rank_logits_block(block, M, v1 - v0, v0, V, static_cast<int>(k), part_vals.data_ptr<float>() + p * M * k,
+                             part_idx.data_ptr<int64_t>() + p * M * k, part_n.data_ptr<int>() + p * M,
+                             part_bad.data_ptr<uint8_t>() + p * M, out_logits);
+    }
+  });
+  mtp::merge_topk<float>(part_vals.data_ptr<float>(), part_idx.data_ptr<int64_t>(), part_n.data_ptr<int>(), parts, M,
+                         static_cast<int>(k), values.data_ptr<float>(), indices.data_ptr<int64_t>());
+  const uint8_t* bad = part_bad.data_ptr<uint8_t>();
+  int* st = status.data_ptr<int>();
+  for (int64_t m = 0; m < M; ++m) {
+    st[m] = kStatusOk;
+    for (int64_t p = 0; p < parts; ++p)
+      if (bad[p * M + m]) st[m] = kStatusNonFiniteLogits;
+  }
+}
+
 void mtp_head_topk_w4_cpu(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& packed,
                           const at::Tensor& scales, int64_t group_size, int64_t vocab_size, double eps,
                           at::Tensor& values, at::Tensor& indices, std::optional<at::Tensor> logits,
@@ -146,56 +201,50 @@ void mtp_head_topk_w4_cpu(const at::Tensor& x, const at::Tensor& norm_weight, co
                   scales.size(1) == H / group && scales.size(2) == quant::kCpuTileN && scales.is_contiguous(),
               "scales must be a contiguous float32 tensor [", tiles, ", ", H / group, ", 16]; got ",
               scales.scalar_type(), " ", scales.sizes());
-  TORCH_CHECK(values.dim() == 2 && values.size(0) == M && values.scalar_type() == at::kFloat && values.is_contiguous(),
-              "values must be a contiguous [", M, ", k] float32 tensor; got ", values.scalar_type(), " ",
-              values.sizes());
-  const int64_t k = values.size(1);
-  TORCH_CHECK(k >= 1 && k <= 64 && k <= V, "k must lie in [1, min(64, V=", V, ")]; got ", k);
-  TORCH_CHECK(indices.sizes() == values.sizes() && indices.scalar_type() == at::kLong && indices.is_contiguous(),
-              "indices must be a contiguous int64 [", M, ", ", k, "] tensor; got ", indices.sizes());
-  if (logits.has_value())
-    TORCH_CHECK(logits->dim() == 2 && logits->size(0) == M && logits->size(1) == V &&
-                    logits->scalar_type() == at::kFloat && logits->is_contiguous(),
-                "logits must be a contiguous [", M, ", ", V, "] float32 tensor; got ", logits->sizes());
-  TORCH_CHECK(status.dim() == 1 && status.size(0) == M && status.scalar_type() == at::kInt,
-              "status must be [", M, "] int32; got ", status.sizes());
+  const int64_t k = check_float_topk_outputs(M, V, values, indices, logits, status);
   if (M == 0) return;
   at::Tensor xn = at::empty({M, H}, values.options());
   if (dtype == at::kFloat) normalize_to_float<float>(x, norm_weight, eps, xn);
   else if (dtype == at::kBFloat16) normalize_to_float<BFloat16>(x, norm_weight, eps, xn);
   else normalize_to_float<Half16>(x, norm_weight, eps, xn);
-  const int64_t parts = (V + kVocabRange - 1) / kVocabRange;
-  at::Tensor part_vals = at::empty({parts, M, k}, values.options());
-  at::Tensor part_idx = at::empty({parts, M, k}, indices.options());
-  at::Tensor part_n = at::zeros({parts, M}, status.options());
-  at::Tensor part_bad = at::zeros({parts, M}, at::TensorOptions().dtype(at::kByte));
-  // One [M, kVocabRange] logit scratch per range (in cache while it is ranked; never [M, V]).
-  at::Tensor scratch = at::empty({parts, M, kVocabRange}, values.options());
-  float* out_logits = logits ? logits->data_ptr<float>() : nullptr;
-  parallel_range(0, parts, 1, [&](int64_t b, int64_t e) {
-    for (int64_t p = b; p < e; ++p) {
-      mtp::head_topk_w4_range(xn.data_ptr<float>(), M, H, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), group,
-                              V, p * kVocabRange, std::min(V, (p + 1) * kVocabRange), static_cast<int>(k),
-                              part_vals.data_ptr<float>() + p * M * k, part_idx.data_ptr<int64_t>() + p * M * k,
-                              part_n.data_ptr<int>() + p * M, part_bad.data_ptr<uint8_t>() + p * M, out_logits,
-                              scratch.data_ptr<float>() + p * M * kVocabRange);
-    }
+  rank_vocab_ranges(M, V, k, values, indices, logits, status, [&](int64_t v0, int64_t v1, float* block) {
+    mtp::head_logits_w4_range(xn.data_ptr<float>(), M, H, packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), group,
+                              v0, v1, block);
   });
-  mtp::merge_topk<float>(part_vals.data_ptr<float>(), part_idx.data_ptr<int64_t>(), part_n.data_ptr<int>(), parts, M,
-                         static_cast<int>(k), values.data_ptr<float>(), indices.data_ptr<int64_t>());
-  const uint8_t* bad = part_bad.data_ptr<uint8_t>();
-  int* st = status.data_ptr<int>();
-  for (int64_t m = 0; m < M; ++m) {
-    st[m] = kStatusOk;
-    for (int64_t p = 0; p < parts; ++p)
-      if (bad[p * M + m]) st[m] = kStatusNonFiniteLogits;
-  }
+}
+
+void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& panels,
+                              int64_t vocab_size, double eps, at::Tensor& values, at::Tensor& indices,
+                              std::optional<at::Tensor> logits, at::Tensor& status) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "x must be a contiguous float32 [M, H] tensor for a packed LM head; got ", x.scalar_type(), " ",
+              x.sizes());
+  const int64_t M = x.size(0), H = x.size(1), V = vocab_size;
+  TORCH_CHECK(V >= 1, "vocab_size must be >= 1; got ", V);
+  check_mtp_float(norm_weight, "norm_weight", at::kFloat);
+  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == H, "norm_weight must be [", H, "]; got ",
+              norm_weight.sizes());
+  const int64_t count = (V + skinny::kPanel - 1) / skinny::kPanel;
+  TORCH_CHECK((panels.scalar_type() == at::kFloat || panels.scalar_type() == at::kBFloat16) && panels.dim() == 3 &&
+                  panels.size(0) == count && panels.size(1) == H && panels.size(2) == skinny::kPanel &&
+                  panels.is_contiguous(),
+              "panels must be a contiguous float32 or bfloat16 packed LM head [", count, ", ", H, ", ", skinny::kPanel,
+              "] (ops.pack_weight of a [", V, ", ", H, "] weight); got ", panels.scalar_type(), " ", panels.sizes());
+  const int64_t k = check_float_topk_outputs(M, V, values, indices, logits, status);
+  if (M == 0) return;
+  at::Tensor xn = at::empty({M, H}, values.options());
+  normalize_to_float<float>(x, norm_weight, eps, xn);
+  const bool bf16 = panels.scalar_type() == at::kBFloat16;
+  rank_vocab_ranges(M, V, k, values, indices, logits, status, [&](int64_t v0, int64_t v1, float* block) {
+    mtp::head_logits_packed_range(xn.data_ptr<float>(), M, H, panels.data_ptr(), bf16, V, v0, v1, block);
+  });
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("mtp_head_topk_w4", &mtp_head_topk_w4_cpu);
+  m.impl("mtp_head_topk_packed", &mtp_head_topk_packed_cpu);
   m.impl("mtp_head_topk", &mtp_head_topk_cpu);
   m.impl("mtp_input", &mtp_input_cpu);
 }

@@ -150,6 +150,11 @@ TORCH_LIBRARY(specdec, m) {
       "mtp_head_topk_w4(Tensor x, Tensor norm_weight, Tensor packed, Tensor scales, int group_size, "
       "int vocab_size, float eps, Tensor(a!) values, Tensor(b!) indices, Tensor(c!)? logits, "
       "Tensor(d!) status) -> ()");
+  // mtp_head_topk_packed: the same over an LM head packed for the CPU decoding path
+  // (skinny_linear_packed's panels [ceil(vocab_size/64), H, 64], float32 or bfloat16). CPU only.
+  m.def(
+      "mtp_head_topk_packed(Tensor x, Tensor norm_weight, Tensor panels, int vocab_size, float eps, "
+      "Tensor(a!) values, Tensor(b!) indices, Tensor(c!)? logits, Tensor(d!) status) -> ()");
   // mtp_input: eh_proj[:, :H] . enorm(embed[tokens]) + eh_proj[:, H:] . hnorm(h), the DeepSeek-V3
   // MTP module's input, without building the [M, 2H] concatenation.
   m.def(

@@ -13,6 +13,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/mtp/topk.h"
 #include "kernels/quant/w4_cpu.h"
+#include "kernels/skinny_linear/packed_cpu.h"
 #include "kernels/skinny_linear/skinny_linear_cpu.h"
 
 namespace specdec::mtp {
@@ -73,20 +74,6 @@ void normalize_row(const T* x, const T* weight, double eps, int64_t H, Acc* out)
   for (int64_t i = 0; i < H; ++i) out[i] = static_cast<Acc>(load(x[i])) * r * static_cast<Acc>(load(weight[i]));
 }
 
-// The epilogue over a block of logits: scores [M, width] (row stride width) for vocabulary ids
-// v0 .. v0 + width - 1; flags non-finite rows, copies into logits [M, V] when asked, keeps the top-k.
-void rank_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
-                int64_t* idx, int* n, uint8_t* nonfinite, float* logits) {
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j < width; ++j) {
-      const float z = scores[m * width + j];
-      if (!std::isfinite(z)) nonfinite[m] = 1;
-      if (logits != nullptr) logits[m * V + v0 + j] = z;
-      topk_insert(vals + m * k, idx + m * k, k, n[m], z, v0 + j);
-    }
-  }
-}
-
 }  // namespace
 
 template <typename T, typename Acc>
@@ -112,7 +99,7 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
         skinny::skinny_linear_cpu_rows_bf16(xn, M, H, reinterpret_cast<const uint16_t*>(lm_head + v0 * H),
                                             nullptr, scratch.data(), width, 0, width);
       }
-      rank_block(scratch.data(), M, width, v0, V, k, vals, idx, n, nonfinite, logits);
+      rank_logits_block(scratch.data(), M, width, v0, V, k, vals, idx, n, nonfinite, logits);
     }
   } else {
     for (int64_t v = v_begin; v < v_end; ++v) {
@@ -127,15 +114,36 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
   }
 }
 
-void head_topk_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* packed, const float* scales,
-                        int64_t group, int64_t V, int64_t v_begin, int64_t v_end, int k, float* vals,
-                        int64_t* idx, int* n, uint8_t* nonfinite, float* logits, float* scratch) {
+void rank_logits_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
+                int64_t* idx, int* n, uint8_t* nonfinite, float* logits) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < width; ++j) {
+      const float z = scores[m * width + j];
+      if (!std::isfinite(z)) nonfinite[m] = 1;
+      if (logits != nullptr) logits[m * V + v0 + j] = z;
+      topk_insert(vals + m * k, idx + m * k, k, n[m], z, v0 + j);
+    }
+  }
+}
+
+void head_logits_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* packed, const float* scales,
+                          int64_t group, int64_t v_begin, int64_t v_end, float* scratch) {
   constexpr int64_t tile = quant::kCpuTileN;
   const int64_t t0 = v_begin / tile, t1 = (v_end + tile - 1) / tile, width = v_end - v_begin;
   // The range's tiles as a weight of `width` rows: the tile kernel writes scratch [M, width].
   quant::w4a16_matmul_cpu_tiles(xn, M, H, packed + t0 * (H / 2) * tile, scales + t0 * (H / group) * tile, group,
                                 scratch, width, 0, t1 - t0);
-  rank_block(scratch, M, width, v_begin, V, k, vals, idx, n, nonfinite, logits);
+}
+
+void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void* panels, bool bf16, int64_t V,
+                              int64_t v_begin, int64_t v_end, float* scratch) {
+  constexpr int64_t panel = skinny::kPanel;
+  const int64_t p0 = v_begin / panel, p1 = (v_end + panel - 1) / panel, width = v_end - v_begin;
+  if (bf16)
+    skinny::packed_linear_cpu_panels_into_bf16(xn, M, H, static_cast<const uint16_t*>(panels), scratch, width, V, p0,
+                                               p1);
+  else
+    skinny::packed_linear_cpu_panels_into(xn, M, H, static_cast<const float*>(panels), scratch, width, V, p0, p1);
 }
 
 template <typename Acc>

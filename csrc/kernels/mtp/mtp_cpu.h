@@ -33,13 +33,24 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
                      int64_t v_begin, int64_t v_end, int k, Acc* vals, int64_t* idx, int* n,
                      uint8_t* nonfinite, Acc* logits);
 
-// The same over a 4-bit LM head in the quant family's LAYOUT_CPU (kernels/quant/w4_cpu.h;
-// packed [ceil(V/16), H/2, 16] uint8, scales [ceil(V/16), H/group, 16] float32): the range's
-// logits go through the W4A16 tile kernel into `scratch` [M, v_end - v_begin] (stays in cache)
-// and are ranked there. v_begin must be a multiple of 16 (a weight tile).
-void head_topk_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* packed, const float* scales,
-                        int64_t group, int64_t V, int64_t v_begin, int64_t v_end, int k, float* vals,
-                        int64_t* idx, int* n, uint8_t* nonfinite, float* logits, float* scratch);
+// Logits of vocabulary rows [v_begin, v_end) into scratch [M, v_end - v_begin] (kept in cache
+// while rank_logits_block ranks them), from a 4-bit LM head in the quant family's LAYOUT_CPU
+// (kernels/quant/w4_cpu.h; packed [ceil(V/16), H/2, 16] uint8, scales [ceil(V/16), H/group, 16]
+// float32) through the W4A16 tile kernel. v_begin must be a multiple of 16 (a weight tile).
+void head_logits_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* packed, const float* scales,
+                          int64_t group, int64_t v_begin, int64_t v_end, float* scratch);
+
+// The same from an LM head packed in column panels for the CPU decoding path (the layout of
+// kernels/skinny_linear/packed_cpu.h: [ceil(V/64), H, 64], float32, or bfloat16 raw bits when
+// `bf16`) through the packed kernel. v_begin must be a multiple of the 64-row panel.
+void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void* panels, bool bf16, int64_t V,
+                              int64_t v_begin, int64_t v_end, float* scratch);
+
+// The epilogue over a block of logits, scores [M, width] for vocabulary ids v0 .. v0 + width - 1:
+// flags non-finite rows in nonfinite [M], copies into logits [M, V] when not null, and keeps each
+// row's top-k in vals / idx [M, k] (n [M] entries held).
+void rank_logits_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
+                       int64_t* idx, int* n, uint8_t* nonfinite, float* logits);
 
 // Merge `parts` partial lists (part p: vals/idx [M, k], n [M], laid out [parts, M, ...]) into
 // out_vals / out_idx [M, k]; rows with fewer than k candidates (V < k cannot happen: checked by

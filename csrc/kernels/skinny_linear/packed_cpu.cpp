@@ -24,7 +24,7 @@ inline float weight_at(const uint16_t* w, int64_t i) { return bits_to_float(stat
 // ---- portable: one std::fma chain per output, in the order the vector kernel uses ----------------
 template <typename W>
 void panels_portable(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y,
-                     int64_t N, int64_t p_begin, int64_t p_end) {
+                     int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
   for (int64_t p = p_begin; p < p_end; ++p) {
     const W* panel = packed + p * K * kPanel;
     const int64_t width = std::min(kPanel, N - p * kPanel);
@@ -33,7 +33,7 @@ void panels_portable(const float* x, int64_t M, int64_t K, const W* packed, cons
         float acc = 0.0f;
         for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], weight_at(panel, k * kPanel + j), acc);
         const int64_t n = p * kPanel + j;
-        y[m * N + n] = bias == nullptr ? acc : acc + bias[n];
+        y[m * ldy + n - y_col0] = bias == nullptr ? acc : acc + bias[n];
       }
   }
 }
@@ -56,10 +56,10 @@ SPECDEC_AVX512 inline __m512 load16(const uint16_t* w) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-// One panel against MB rows of x: y[m, n0 + j] for j < width (width <= kPanel).
+// One panel (outputs n0 .. n0 + width - 1, width <= kPanel) against MB rows of x: y[m * ldy + j].
 template <int MB, typename W>
 SPECDEC_AVX512 void panel_block(const float* x, int64_t K, const W* panel, const float* bias, float* y,
-                                int64_t N, int64_t n0, int64_t width) {
+                                int64_t ldy, int64_t n0, int64_t width) {
   constexpr int64_t kLineElems = 64 / sizeof(W);  // weights per cache line
   __m512 acc[MB][4];
   for (int m = 0; m < MB; ++m)
@@ -84,27 +84,28 @@ SPECDEC_AVX512 void panel_block(const float* x, int64_t K, const W* panel, const
     const __m512 b = bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias + n0 + 16 * j);
     for (int m = 0; m < MB; ++m) {
       const __m512 out = bias == nullptr ? acc[m][j] : _mm512_add_ps(acc[m][j], b);
-      _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, mask, out);
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, mask, out);
     }
   }
 }
 
 template <typename W>
 SPECDEC_AVX512 void panels_avx512(const float* x, int64_t M, int64_t K, const W* packed, const float* bias,
-                                  float* y, int64_t N, int64_t p_begin, int64_t p_end) {
+                                  float* y, int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin,
+                                  int64_t p_end) {
   for (int64_t p = p_begin; p < p_end; ++p) {
     const W* panel = packed + p * K * kPanel;
     const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
     for (int64_t m0 = 0; m0 < M; m0 += kBlockM) {
       const float* xb = x + m0 * K;
-      float* yb = y + m0 * N;
+      float* yb = y + m0 * ldy + n0 - y_col0;
       switch (std::min<int64_t>(kBlockM, M - m0)) {
-        case 1: panel_block<1>(xb, K, panel, bias, yb, N, n0, width); break;
-        case 2: panel_block<2>(xb, K, panel, bias, yb, N, n0, width); break;
-        case 3: panel_block<3>(xb, K, panel, bias, yb, N, n0, width); break;
-        case 4: panel_block<4>(xb, K, panel, bias, yb, N, n0, width); break;
-        case 5: panel_block<5>(xb, K, panel, bias, yb, N, n0, width); break;
-        default: panel_block<6>(xb, K, panel, bias, yb, N, n0, width); break;
+        case 1: panel_block<1>(xb, K, panel, bias, yb, ldy, n0, width); break;
+        case 2: panel_block<2>(xb, K, panel, bias, yb, ldy, n0, width); break;
+        case 3: panel_block<3>(xb, K, panel, bias, yb, ldy, n0, width); break;
+        case 4: panel_block<4>(xb, K, panel, bias, yb, ldy, n0, width); break;
+        case 5: panel_block<5>(xb, K, panel, bias, yb, ldy, n0, width); break;
+        default: panel_block<6>(xb, K, panel, bias, yb, ldy, n0, width); break;
       }
     }
   }
@@ -117,27 +118,37 @@ const bool kAvx512 = false;
 #endif
 
 template <typename W>
-void panels(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y, int64_t N,
-            int64_t p_begin, int64_t p_end) {
+void panels(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y, int64_t ldy,
+            int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
 #ifdef SPECDEC_PACKED_X86
   if (kAvx512) {
-    panels_avx512(x, M, K, packed, bias, y, N, p_begin, p_end);
+    panels_avx512(x, M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
     return;
   }
 #endif
-  panels_portable(x, M, K, packed, bias, y, N, p_begin, p_end);
+  panels_portable(x, M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
 }
 
 }  // namespace
 
 void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
                               float* y, int64_t N, int64_t p_begin, int64_t p_end) {
-  panels(x, M, K, packed, bias, y, N, p_begin, p_end);
+  panels(x, M, K, packed, bias, y, N, 0, N, p_begin, p_end);
 }
 
 void packed_linear_cpu_panels_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed,
                                    const float* bias, float* y, int64_t N, int64_t p_begin, int64_t p_end) {
-  panels(x, M, K, packed, bias, y, N, p_begin, p_end);
+  panels(x, M, K, packed, bias, y, N, 0, N, p_begin, p_end);
+}
+
+void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const float* packed, float* y, int64_t ldy,
+                                   int64_t N, int64_t p_begin, int64_t p_end) {
+  panels(x, M, K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin, p_end);
+}
+
+void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, float* y,
+                                        int64_t ldy, int64_t N, int64_t p_begin, int64_t p_end) {
+  panels(x, M, K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin, p_end);
 }
 
 const char* packed_linear_cpu_isa() { return kAvx512 ? "avx512" : "portable"; }

@@ -29,6 +29,13 @@ void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float*
 void packed_linear_cpu_panels_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed,
                                    const float* bias, float* y, int64_t N, int64_t p_begin, int64_t p_end);
 
+// The same without bias into a block of columns: y[m * ldy + n - p_begin * kPanel] for the outputs n
+// of panels [p_begin, p_end) (a caller ranking a vocabulary range keeps [M, range] in cache).
+void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const float* packed, float* y, int64_t ldy,
+                                   int64_t N, int64_t p_begin, int64_t p_end);
+void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, float* y,
+                                        int64_t ldy, int64_t N, int64_t p_begin, int64_t p_end);
+
 // "avx512" when the vector kernel runs on this machine, else "portable" (std::fma per output:
 // the same bits, far slower; callers use BLAS instead).
 const char* packed_linear_cpu_isa();

@@ -53,6 +53,9 @@ class TargetHead:
     config: LlamaConfig
 
     lm_head_w4: Any = None  # the LM head as 4-bit weights (ops.quant.PackedW4), when asked for
+    # The LM head packed for the CPU decoding path (ops.pack_weight), made on the first float32
+    # CPU draft: the fused op then streams bfloat16 panels of a bf16 checkpoint's weights.
+    lm_head_packed: Any = None
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``lm_head(final_norm(h))``. Shape: h [..., H] -> [..., V]."""
@@ -78,7 +81,21 @@ class TargetHead:
             w = self.norm_weight if h.dtype != torch.float64 else self.norm_weight.float()
             return mtp_ops.mtp_head_topk_w4(h if h.dtype != torch.float64 else h.float(), w, self.lm_head_w4, k,
                                             self.eps, return_logits)
+        if self._use_packed(h):
+            return mtp_ops.mtp_head_topk_packed(h, self.norm_weight, self.lm_head_packed, k, self.eps, return_logits)
         return mtp_ops.mtp_head_topk(h, self.norm_weight, self.lm_head, k, self.eps, return_logits)
+
+    def _use_packed(self, h: torch.Tensor) -> bool:
+        """A float32 CPU head on an AVX-512 machine (``SPECDEC_PACKED_LINEAR`` not 0), as for the
+        target's own LM head; packs it on first use."""
+        if self.lm_head_packed is None:
+            from ..ops.skinny_linear import pack_weight, packed_kernel_available
+
+            if not (h.device.type == "cpu" and h.dtype == torch.float32 and self.lm_head.dtype == torch.float32
+                    and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available()):
+                return False
+            self.lm_head_packed = pack_weight(self.lm_head)
+        return h.dtype == torch.float32 and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
 
 
 def target_head(target) -> TargetHead:

@@ -7,6 +7,9 @@
 * ``mtp_head_topk_w4(x, norm_weight, lm_head_w4, k, eps)``: the same over a 4-bit LM head
   (``ops.quant.quantize_w4(lm_head, device="cpu")``, LAYOUT_CPU; CPU only), for heads whose LM
   head read dominates: a quarter of the bytes of bfloat16.
+* ``mtp_head_topk_packed(x, norm_weight, lm_head_packed, k, eps)``: the same over an LM head packed
+  for the CPU decoding path (``ops.pack_weight``: column panels, bfloat16 when the weight's values
+  are bfloat16 numbers; float32 activations), the layout the built-in model's own LM head uses there.
 * ``mtp_input(h, tokens, embed, enorm_weight, hnorm_weight, eh_proj, eps)``: the DeepSeek-V3 MTP
   module input ``eh_proj[:, :H] · enorm(embed[tokens]) + eh_proj[:, H:] · hnorm(h)``, the
   concatenation never built.
@@ -24,7 +27,7 @@ import torch
 from .. import _native  # noqa: F401  (loads the library that defines torch.ops.specdec.*)
 from .status import raise_for
 
-__all__ = ["HeadTopK", "mtp_head_topk", "mtp_head_topk_w4", "mtp_input", "MAX_K"]
+__all__ = ["HeadTopK", "mtp_head_topk", "mtp_head_topk_packed", "mtp_head_topk_w4", "mtp_input", "MAX_K"]
 
 MAX_K = 64
 
@@ -92,11 +95,43 @@ def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int
         >>> ops.mtp.mtp_head_topk_w4(torch.randn(2, 64), torch.ones(64), q, k=4, eps=1e-6).indices.shape
         torch.Size([2, 4])
     """
+    def call(x, values, indices, logits, status):
+        torch.ops.specdec.mtp_head_topk_w4(x, norm_weight, lm_head.packed, lm_head.scales, lm_head.group_size,
+                                           lm_head.out_features, float(eps), values, indices, logits, status)
+
+    return _float_head_topk("mtp_head_topk_w4", call, x, lm_head.in_features, lm_head.out_features, k, return_logits)
+
+
+def mtp_head_topk_packed(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int, eps: float,
+                         return_logits: bool = False) -> HeadTopK:
+    """``mtp_head_topk`` with the LM head packed in column panels (a ``PackedWeight`` from
+    ``ops.pack_weight``): the CPU decoding path's layout, bfloat16 panels for a bf16 checkpoint's
+    weights (half the bytes of its float32 copy, the same values). CPU only.
+
+    Shape:
+        x: [M, H] float32; norm_weight: [H] float32; lm_head: ``PackedWeight`` of a [V, H] weight.
+        Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None.
+
+    Example:
+        >>> import torch, specdec_cuda.ops as ops
+        >>> packed = ops.pack_weight(torch.randn(100, 64).bfloat16().float())
+        >>> ops.mtp.mtp_head_topk_packed(torch.randn(2, 64), torch.ones(64), packed, k=4, eps=1e-6).indices.shape
+        torch.Size([2, 4])
+    """
+    def call(x, values, indices, logits, status):
+        torch.ops.specdec.mtp_head_topk_packed(x, norm_weight, lm_head.panels, lm_head.out_features, float(eps),
+                                               values, indices, logits, status)
+
+    return _float_head_topk("mtp_head_topk_packed", call, x, lm_head.in_features, lm_head.out_features, k,
+                            return_logits)
+
+
+def _float_head_topk(name: str, call, x: torch.Tensor, H: int, V: int, k: int, return_logits: bool) -> HeadTopK:
+    """The float32-output head ops' argument checks, output tensors and status check around ``call``."""
     if x.dim() != 2:
         raise ValueError(f"x must be [M, H], got shape {tuple(x.shape)}")
-    V = lm_head.out_features
-    if lm_head.in_features != x.shape[1]:
-        raise ValueError(f"the LM head takes {lm_head.in_features} features but x has {x.shape[1]}")
+    if H != x.shape[1]:
+        raise ValueError(f"the LM head takes {H} features but x has {x.shape[1]}")
     if not 1 <= k <= min(MAX_K, V):
         raise ValueError(f"k must lie in [1, min({MAX_K}, V={V})], got {k}")
     x = x.contiguous()
@@ -105,10 +140,9 @@ def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int
     indices = torch.empty(M, k, dtype=torch.int64, device=x.device)
     logits = torch.empty(M, V, dtype=torch.float32, device=x.device) if return_logits else None
     status = torch.empty(M, dtype=torch.int32, device=x.device)
-    torch.ops.specdec.mtp_head_topk_w4(x, norm_weight, lm_head.packed, lm_head.scales, lm_head.group_size, V,
-                                       float(eps), values, indices, logits, status)
+    call(x, values, indices, logits, status)
     if not torch.compiler.is_compiling():
-        raise_for(status.tolist(), "mtp_head_topk_w4", exc=RuntimeError)
+        raise_for(status.tolist(), name, exc=RuntimeError)
     return HeadTopK(values, indices, logits)
 
 
@@ -152,6 +186,11 @@ def _mtp_head_topk_fake(x, norm_weight, lm_head, eps, values, indices, logits, s
 @torch.library.register_fake("specdec::mtp_head_topk_w4")
 def _mtp_head_topk_w4_fake(x, norm_weight, packed, scales, group_size, vocab_size, eps, values, indices, logits,
                            status):
+    return None
+
+
+@torch.library.register_fake("specdec::mtp_head_topk_packed")
+def _mtp_head_topk_packed_fake(x, norm_weight, panels, vocab_size, eps, values, indices, logits, status):
     return None
 
 
