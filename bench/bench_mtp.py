@@ -3,7 +3,9 @@
 Kernel part: ``ops.mtp.mtp_head_topk`` (final RMSNorm + LM head + top-k, no [M, V] logits) against
 ``torch.topk(F.linear(F.rms_norm(x), lm_head), k)`` (argmax for k = 1) at the zoo target's shapes
 (H = 192, V = 2048) and at Llama-3-8B's (H = 4096, V = 128256), M = 1..16; interleaved repeats,
-medians, the speedup as a ratio of the same run, and the LM-head read bandwidth.
+medians, the speedup as a ratio of the same run, and the LM-head read bandwidth. On the CPU also
+``mtp_head_topk_packed`` (the LM head packed for the CPU decoding path: float32 panels of a float32
+head, bfloat16 panels of a bfloat16 one, float32 activations) and ``mtp_head_topk_w4``.
 
 End-to-end part (CPU, zoo target, heads from ``python -m specdec_cuda zoo --heads``): tokens/s, tau
 and speedup over this engine's autoregressive decoding for Medusa chain, Medusa tree (each budget),
@@ -68,6 +70,9 @@ def bench_kernel(args) -> list[dict]:
             w = torch.ones(H, dtype=dtype, device=args.device)
             # The 4-bit LM head (CPU layout, group 128, or 64 where H is not a multiple of 128), built once per shape and dtype.
             w4 = ops.quantize_w4(lm.float(), group_size=128 if H % 128 == 0 else 64, device="cpu") if args.device == "cpu" else None
+            # The packed LM head of the CPU decoding path (float32 activations): float32 panels of a
+            # float32 head, bfloat16 panels of a bfloat16 one (the same values, widened exactly).
+            packed = ops.pack_weight(lm.float()) if args.device == "cpu" else None
             for M in Ms:
                 x = torch.randn(M, H, generator=g).to(dtype).to(args.device)
                 for k in (1, 8):
@@ -82,6 +87,13 @@ def bench_kernel(args) -> list[dict]:
                         big = shape != "zoo"
                         reps = (3 if args.quick else 7) if big else (30 if args.quick else 100)
                         fns = {"fused": fused, "unfused": unfused}
+                        if packed is not None:
+                            xf, wf = x.float(), w.float()
+
+                            def fused_packed():
+                                return mtp_ops.mtp_head_topk_packed(xf, wf, packed, k, eps).indices
+
+                            fns.update(fused_packed=fused_packed)
                         if w4 is not None:
                             def fused_w4():
                                 return mtp_ops.mtp_head_topk_w4(x, w, w4, k, eps).indices
@@ -98,17 +110,21 @@ def bench_kernel(args) -> list[dict]:
                                          speedup=t["unfused"] / t["fused"], lm_head_GBps=gbps))
                         r = rows[-1]
                         w4_note = ""
+                        if packed is not None:
+                            r.update(fused_packed_s=t["fused_packed"], speedup_packed=t["unfused"] / t["fused_packed"])
+                            w4_note += (f"  | packed ({str(packed.panels.dtype).replace('torch.', '')} panels) "
+                                        f"{1e3 * t['fused_packed']:8.3f} ms: {r['speedup_packed']:5.2f}x")
                         if w4 is not None:
                             r.update(fused_w4_s=t["fused_w4"], unfused_w4_s=t["unfused_w4"],
                                      speedup_w4_vs_unfused_dense=t["unfused"] / t["fused_w4"],
                                      speedup_w4_vs_unfused_w4=t["unfused_w4"] / t["fused_w4"])
-                            w4_note = (f"  | 4-bit fused {1e3 * t['fused_w4']:8.3f} ms: "
+                            w4_note += (f"  | 4-bit fused {1e3 * t['fused_w4']:8.3f} ms: "
                                        f"{r['speedup_w4_vs_unfused_dense']:5.2f}x unfused dense, "
                                        f"{r['speedup_w4_vs_unfused_w4']:5.2f}x unfused 4-bit")
                         print(f"{shape:10s} {r['dtype']:9s} M={M:2d} k={k}  fused {1e3 * r['fused_s']:8.3f} ms  "
                               f"unfused {1e3 * r['unfused_s']:8.3f} ms  speedup {r['speedup']:5.2f}x  "
                               f"lm_head read {gbps:7.1f} GB/s{w4_note}", flush=True)
-            del lm, w4
+            del lm, w4, packed
     return rows
 
 
