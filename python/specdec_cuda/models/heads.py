@@ -88,14 +88,16 @@ class TargetHead:
     def _use_packed(self, h: torch.Tensor) -> bool:
         """A float32 CPU head on an AVX-512 machine (``SPECDEC_PACKED_LINEAR`` not 0), as for the
         target's own LM head; packs it on first use."""
+        if not (h.device.type == "cpu" and h.dtype == torch.float32 and self.lm_head.dtype == torch.float32
+                and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"):
+            return False
         if self.lm_head_packed is None:
             from ..ops.skinny_linear import pack_weight, packed_kernel_available
 
-            if not (h.device.type == "cpu" and h.dtype == torch.float32 and self.lm_head.dtype == torch.float32
-                    and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available()):
+            if not packed_kernel_available():
                 return False
             self.lm_head_packed = pack_weight(self.lm_head)
-        return h.dtype == torch.float32 and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
+        return True
 
 
 def target_head(target) -> TargetHead:
@@ -207,17 +209,22 @@ class MTPModules(nn.Module):
         self._binding = self._params = None
         return result
 
-    def _packed_blocks(self, rows: int, device: torch.device) -> bool:
-        """Whether an inference forward of ``rows`` token rows runs each block as one
-        ``decoder_layer`` op (LlamaModel's CPU decoding path: float32, AVX-512, at most
-        ``PACKED_MAX_ROWS`` rows, ``SPECDEC_PACKED_LINEAR`` not 0); (re)binds the blocks, packed,
-        after any parameter was replaced or written in place (training steps write them)."""
+    def _packed_blocks(self, rows: int, device: torch.device, training: bool) -> bool:
+        """Whether a forward of ``rows`` token rows runs each block as one ``decoder_layer`` op
+        (LlamaModel's CPU decoding path: inference, float32, AVX-512, at most ``PACKED_MAX_ROWS``
+        rows, ``SPECDEC_PACKED_LINEAR`` not 0); (re)binds the blocks, packed, after any parameter
+        was replaced or written in place, and plainly when the packed path does not apply (packed
+        copies carry no gradient, and training steps make them stale)."""
         from ..ops.skinny_linear import packed_kernel_available
         from .layers import PACKED_MAX_ROWS
 
-        wanted = (device.type == "cpu" and self.modules_[0].eh_proj.dtype == torch.float32
+        wanted = (not training and device.type == "cpu" and self.modules_[0].eh_proj.dtype == torch.float32
                   and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available())
         if not wanted:
+            if self._binding is not None:
+                for m in self.modules_:
+                    m.block.unbind()
+                self._binding = None
             return False
         if self._params is None:
             self._params = list(self.parameters())
@@ -282,15 +289,10 @@ class MTPModules(nn.Module):
         span = cache.begin_forward(n)
         block = self.modules_[depth].block
         training = torch.is_grad_enabled() and block.input_layernorm.weight.requires_grad
-        if not training and self._packed_blocks(B * n, x.device):
+        if self._packed_blocks(B * n, x.device, training):
             cos, sin = self._rope(positions)  # [B, n, 1, D]
             return block.forward_packed(x.contiguous(), cos.squeeze(2).contiguous(), sin.squeeze(2).contiguous(),
                                         cache.keys[0], cache.values[0], cache.lengths, None)
-        if training and self._binding is not None:
-            # The packed copies carry no gradient (and go stale with each step): plain bindings.
-            for m in self.modules_:
-                m.block.unbind()
-            self._binding = None
         steps = torch.arange(n, device=x.device)
         slot_index = (cache.lengths[:, None] + steps)[:, None, :, None].expand(
             B, self.config.num_key_value_heads, n, self.config.head_dim)
