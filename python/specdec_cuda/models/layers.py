@@ -30,10 +30,12 @@ from .config import LlamaConfig
 from .rope import apply_rope
 
 # Token rows up to which a forward runs the packed path: one-token decoding, a verification of a
-# chain or tree, a batch of 8 verifying 4 drafts each (40 rows). bench/bench_cpu_layer.py on the v4
-# target: 3.1x the torch path at 1 row, 1.33x at 33, 1.10x at 48, 0.94x at 64 (past that the
-# packed kernel's fixed order of multiply-adds loses to BLAS's blocking); prefills go to BLAS.
-PACKED_MAX_ROWS = 48
+# chain or tree (Medusa's 64-node trees), a batch of 8 verifying up to 11 drafts each, a short
+# prompt's prefill. bench/bench_cpu_layer.py on the v4 target, 200 tokens of context: 3.1x the torch
+# path at 1 row, 1.7x at 33, 1.45x at 64, 1.22x at 96, 1.11x at 128 (the packed kernel's fixed order
+# of multiply-adds, one chain per output, gives way to BLAS's blocking as rows grow); longer
+# prefills go to BLAS.
+PACKED_MAX_ROWS = 96
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
