@@ -68,11 +68,13 @@ class LlamaModel(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # CPU: cos, signed sin [P, D]
         self._steps: dict[tuple[int, torch.device], torch.Tensor] = {}  # arange(n) per (n, device)
         self.packed_linear = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
-        # What the layers were bound with: (pack, sum of the parameters' version counters), and the
-        # packed LM head; None: bind on the next forward.
+        # What the layers were bound with: (pack, sum of the packed weights' version counters), and
+        # the packed LM head; None: bind on the next forward.
         self._binding: tuple[bool, int] | None = None
         self._head_packed = None
-        self._params: list[torch.Tensor] | None = None  # self.parameters(), listed once per binding
+        # The weights that have packed copies (projections, LM head): the only tensors whose
+        # in-place writes a forward must look for. Everything else is bound by reference.
+        self._packed_sources: list[torch.Tensor] = []
         self._warned_packed_size = False
 
     @property
@@ -92,16 +94,18 @@ class LlamaModel(nn.Module):
     def _unbind(self) -> None:
         for layer in self.layers:
             layer.unbind()
-        self._binding, self._head_packed, self._params = None, None, None
+        self._binding, self._head_packed, self._packed_sources = None, None, []
 
     def _bind(self) -> None:
         """Bind the layers' tensors (layers.py), packed when ``packed_linear`` applies; again after
-        any parameter was replaced or written in place (its version counter moved)."""
+        a packed weight was written in place (its version counter moved). The bound tuples hold
+        every other tensor by reference, so writes to those need no rebinding; replaced parameters
+        (``.to()``, ``load_hf_state_dict``) drop the binding where they happen."""
         wanted = (self.packed_linear and self.device.type == "cpu" and self.dtype == torch.float32
                   and packed_kernel_available())
-        if self._params is None:
-            self._params = list(self.parameters())
-        versions = sum(p._version for p in self._params)
+        # About 50 packed weights for a 12-layer model: a few tens of microseconds per forward,
+        # where every parameter would be twice that.
+        versions = sum(p._version for p in self._packed_sources)
         if self._binding == (wanted, versions):
             return
         pack = wanted and self._packed_copy_fits()
@@ -109,17 +113,23 @@ class LlamaModel(nn.Module):
             layer.bind(pack)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self._head_packed = maybe_pack(head, pack)
-        self._binding = (wanted, versions)
+        self._packed_sources = self._packed_weights() + [head] if pack else []
+        self._binding = (wanted, sum(p._version for p in self._packed_sources))
+
+    def _packed_weights(self) -> list[torch.Tensor]:
+        """The decoder layers' projection weights (what ``bind(pack=True)`` packs)."""
+        weights = [layer.self_attn.qkv_proj.weight for layer in self.layers]
+        weights += [layer.self_attn.o_proj.weight for layer in self.layers]
+        weights += [layer.mlp.gate_up_proj.weight for layer in self.layers]
+        weights += [layer.mlp.down_proj.weight for layer in self.layers]
+        return weights
 
     def _packed_copy_fits(self) -> bool:
         """Whether the packed copy (at most the projections' and LM head's float32 size) stays
         within ``SPECDEC_PACKED_LINEAR_MAX_MB`` (default 1024): a large model keeps the torch path
         rather than risk running out of memory; its matmuls outweigh per-op overhead anyway."""
         limit_mb = float(os.environ.get("SPECDEC_PACKED_LINEAR_MAX_MB", "1024"))
-        weights = [layer.self_attn.qkv_proj.weight for layer in self.layers]
-        weights += [layer.self_attn.o_proj.weight for layer in self.layers]
-        weights += [layer.mlp.gate_up_proj.weight for layer in self.layers]
-        weights += [layer.mlp.down_proj.weight for layer in self.layers]
+        weights = self._packed_weights()
         weights.append(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
         size_mb = sum(w.numel() for w in weights) * 4 / 2**20
         if size_mb <= limit_mb:
