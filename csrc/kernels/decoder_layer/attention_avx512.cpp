@@ -100,7 +100,8 @@ SPECDEC_AVX512 void attend_items(const float* qkv, const float* k_cache, const f
     new_slots.resize(n * n);
     new_counts.resize(n);
     auto query = [&](int64_t i) { return qkv + (b * n + i) * width + h * D; };
-    // The committed prefix: every query sees every slot; each key is loaded once for all of them.
+    // The committed prefix: every query sees every slot; each key row is used by all n queries
+    // while it is in L1, so the prefix streams from L2 once per item.
     for (int64_t t = 0; t < len; ++t)
       for (int64_t i = 0; i < n; ++i) scores[i * stride + t] = dot<C>(query(i), keys + t * D) * sm_scale;
     for (int64_t i = 0; i < n; ++i) {

@@ -10,7 +10,7 @@
 //   tokens j it may see (j <= i causal, or tree_mask[b, i, j], and itself), in increasing j;
 //   s_r = (q_i · k_slot(r)) * sm_scale, one 16-lane fma chain over D and a fixed reduction;
 //   p_r = exp(s_r - max_r s_r) (vector exp), total = sum_r p_r in 16 lane partial sums by r % 16;
-//   out_i = (sum_r p_r v_slot(r), one fma chain per output lane in rank order) / total.
+//   out_i = (sum_r p_r v_slot(r), one fma chain per output lane in rank order) * (1 / total).
 // Each query's arithmetic depends only on its own visible (k, v) sequence in rank order: the same
 // bits whether a token is decoded alone, verified with others in a chain, or verified as a tree node
 // whose accepted ancestors were compacted to contiguous slots afterwards. The committed prefix is
