@@ -17,8 +17,9 @@
 namespace specdec::ops {
 namespace {
 
-// Vocabulary rows per range (a multiple of the 4-bit weight's 16-row tile and the packed head's 64-row panel): 256 rows x H = 4096 x 4 B = 4 MiB of lm_head, tens of microseconds;
-// small vocabularies run as one range.
+// Vocabulary rows per range, a multiple of the 4-bit weight's 16-row tile and of the packed head's
+// 64-row panel: 256 rows x H = 4096 x 4 B = 4 MiB of lm_head, tens of microseconds; small
+// vocabularies run as one range.
 constexpr int64_t kVocabRange = 256;
 
 template <typename T, typename Acc>

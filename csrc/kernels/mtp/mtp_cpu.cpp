@@ -1,8 +1,8 @@
-// CPU MTP-head kernels (see mtp_cpu.h). The LM-head read of a float32 / bf16 head goes through
-// the skinny-linear kernel (AVX-512 picked at run time); the other dot products are `omp simd`
-// reductions compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
-// (target_clones): the default build targets baseline x86-64, and these loops are bound by
-// reading lm_head / eh_proj.
+// CPU MTP-head kernels (see mtp_cpu.h). The LM-head read of a row-major float32 / bf16 head goes
+// through the skinny-linear kernel, that of a packed head through the packed-panel kernel (both
+// pick AVX-512 at run time); the other dot products are `omp simd` reductions compiled for
+// AVX-512, AVX2 and baseline x86-64 and picked at load time (target_clones): the default build
+// targets baseline x86-64, and these loops are bound by reading lm_head / eh_proj.
 #include "kernels/mtp/mtp_cpu.h"
 
 #include <algorithm>
@@ -115,7 +115,7 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
 }
 
 void rank_logits_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
-                int64_t* idx, int* n, uint8_t* nonfinite, float* logits) {
+                       int64_t* idx, int* n, uint8_t* nonfinite, float* logits) {
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t j = 0; j < width; ++j) {
       const float z = scores[m * width + j];
