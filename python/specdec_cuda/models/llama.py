@@ -176,6 +176,15 @@ class LlamaModel(nn.Module):
         values, computed once; two lookups instead of a dozen small ops per forward)."""
         if positions.device.type != "cpu" or positions.numel() == 0:
             return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
+        if positions.shape[0] == 1 and positions.shape[1] <= 16:
+            # One sequence's decoding step or chain (a drafter's inner loop): consecutive positions
+            # are a slice of the table, a view, where two gathers would copy.
+            steps = positions[0].tolist()
+            lowest, highest = steps[0], steps[-1]
+            if self._rope_table is not None and lowest >= 0 and highest < self._rope_table[0].shape[0] \
+                    and steps == list(range(lowest, highest + 1)):
+                cos, sin = self._rope_table
+                return cos[lowest : highest + 1][None, :, None], sin[lowest : highest + 1][None, :, None]
         lowest, highest = (int(v) for v in torch.aminmax(positions))
         if lowest < 0:  # not a table row: compute them
             return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)

@@ -20,6 +20,8 @@ from the AVX-512 kernel and the portable loop.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -139,9 +141,11 @@ def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tens
     return out
 
 
+@functools.cache
 def packed_kernel_available() -> bool:
     """Whether ``skinny_linear_packed`` runs its vector kernel on this CPU (the portable loop gives
-    the same bits far slower: models then keep BLAS)."""
+    the same bits far slower: models then keep BLAS). Fixed when the library loads (the ISA and
+    ``SPECDEC_CPU_ISA`` are read then), so asked once per process."""
     from .._native import _C
 
     return _C.skinny_linear_packed_isa() == "avx512"
