@@ -25,6 +25,8 @@
 
 #include "kernels/quant_attention/quant_attention_cpu.h"
 
+#include "kernels/common/exp_avx512.h"
+
 #if defined(__x86_64__)
 // GCC 12's own avx512fintrin.h trips -Wmaybe-uninitialized in _mm512_setzero_ps-style helpers.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -177,27 +179,11 @@ SPECDEC_AVX512 void scores(int rows, const float* const* q, const float* kt, int
   }
 }
 
-// exp(s - m) for scores s <= m (the running max), s = -inf (masked) -> 0: x = s - m = n ln2 + r,
-// exp(r) by its Taylor series to r^7 (relative error < 2e-7 there), times 2^n by vscalefps (which
-// underflows to 0 below 2^-149 and never produces garbage exponents).
+// exp(s - m) for scores s <= m (the running max), s = -inf (masked) -> 0 (exp16_avx512 of
+// kernels/common/exp_avx512.h, then the masked lanes zeroed).
 SPECDEC_AVX512 inline __m512 exp_shifted16(__m512 s, __m512 m) {
-  const __m512 x = _mm512_sub_ps(s, m);
-  const __m512 clamped = _mm512_max_ps(x, _mm512_set1_ps(-104.f));  // exp(-104) is 0 in float32
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n * ln2 in two steps (ln2's high part has few enough bits that n * hi is exact).
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), clamped);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  const __m512 e = _mm512_scalef_ps(p, n);
-  // -inf (masked) -> 0; NaN stays NaN (a NaN score makes the row's output NaN, as in the reference).
+  const __m512 e = exp16_avx512(_mm512_sub_ps(s, m));
+  // -inf (masked) -> 0.
   const __mmask16 masked = _mm512_cmp_ps_mask(s, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
   return _mm512_mask_blend_ps(masked, e, _mm512_setzero_ps());
 }
