@@ -15,21 +15,11 @@ inline void check_mtp_float(const at::Tensor& t, const char* name, at::ScalarTyp
 
 // x: (M, H); norm_weight: (H,); lm_head: (V, H); values / indices: (M, k); logits: (M, V) or
 // undefined; status: (M,) int32. Returns k.
-inline int64_t check_head_topk(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& lm_head,
-                               const at::Tensor& values, const at::Tensor& indices,
-                               const std::optional<at::Tensor>& logits, const at::Tensor& status) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
-              "x must be float32, float64, float16 or bfloat16; got ", dtype);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, H] tensor; got ", x.sizes());
-  const int64_t M = x.size(0), H = x.size(1);
-  check_mtp_float(norm_weight, "norm_weight", dtype);
-  check_mtp_float(lm_head, "lm_head", dtype);
-  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == H, "norm_weight must be [", H, "]; got ",
-              norm_weight.sizes());
-  TORCH_CHECK(lm_head.dim() == 2 && lm_head.size(1) == H, "lm_head must be [V, ", H, "]; got ", lm_head.sizes());
-  const int64_t V = lm_head.size(0);
-  const auto acc = mtp_acc_type(dtype);
+// The outputs of the head top-k ops: values [M, k] of `acc` (1 <= k <= min(64, V)), indices
+// [M, k] int64, logits [M, V] of `acc` or none, status [M] int32. Returns k.
+inline int64_t check_topk_outputs(int64_t M, int64_t V, at::ScalarType acc, const at::Tensor& values,
+                                  const at::Tensor& indices, const std::optional<at::Tensor>& logits,
+                                  const at::Tensor& status) {
   TORCH_CHECK(values.dim() == 2 && values.size(0) == M && values.scalar_type() == acc && values.is_contiguous(),
               "values must be a contiguous [", M, ", k] ", acc, " tensor; got ", values.scalar_type(), " ",
               values.sizes());
@@ -46,6 +36,24 @@ inline int64_t check_head_topk(const at::Tensor& x, const at::Tensor& norm_weigh
   }
   TORCH_CHECK(status.dim() == 1 && status.size(0) == M && status.scalar_type() == at::kInt,
               "status must be [", M, "] int32; got ", status.scalar_type(), " ", status.sizes());
+  return k;
+}
+
+inline int64_t check_head_topk(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& lm_head,
+                               const at::Tensor& values, const at::Tensor& indices,
+                               const std::optional<at::Tensor>& logits, const at::Tensor& status) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
+              "x must be float32, float64, float16 or bfloat16; got ", dtype);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, H] tensor; got ", x.sizes());
+  const int64_t M = x.size(0), H = x.size(1);
+  check_mtp_float(norm_weight, "norm_weight", dtype);
+  check_mtp_float(lm_head, "lm_head", dtype);
+  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == H, "norm_weight must be [", H, "]; got ",
+              norm_weight.sizes());
+  TORCH_CHECK(lm_head.dim() == 2 && lm_head.size(1) == H, "lm_head must be [V, ", H, "]; got ", lm_head.sizes());
+  const int64_t V = lm_head.size(0);
+  const int64_t k = check_topk_outputs(M, V, mtp_acc_type(dtype), values, indices, logits, status);
   for (const at::Tensor* t : {&norm_weight, &lm_head, &values, &indices, &status})
     TORCH_CHECK(t->device() == x.device(), "every tensor must be on x's device ", x.device());
   if (logits.has_value()) TORCH_CHECK(logits->device() == x.device(), "logits must be on x's device");

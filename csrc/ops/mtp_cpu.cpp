@@ -125,26 +125,6 @@ void normalize_to_float(const at::Tensor& x, const at::Tensor& w, double eps, at
                                     eps, x.size(0), x.size(1), xn.data_ptr<float>());
 }
 
-// The output checks of the float32 heads (4-bit and packed): values / indices [M, k], logits
-// [M, V] or none, status [M]. Returns k.
-int64_t check_float_topk_outputs(int64_t M, int64_t V, const at::Tensor& values, const at::Tensor& indices,
-                                 const std::optional<at::Tensor>& logits, const at::Tensor& status) {
-  TORCH_CHECK(values.dim() == 2 && values.size(0) == M && values.scalar_type() == at::kFloat && values.is_contiguous(),
-              "values must be a contiguous [", M, ", k] float32 tensor; got ", values.scalar_type(), " ",
-              values.sizes());
-  const int64_t k = values.size(1);
-  TORCH_CHECK(k >= 1 && k <= 64 && k <= V, "k must lie in [1, min(64, V=", V, ")]; got ", k);
-  TORCH_CHECK(indices.sizes() == values.sizes() && indices.scalar_type() == at::kLong && indices.is_contiguous(),
-              "indices must be a contiguous int64 [", M, ", ", k, "] tensor; got ", indices.sizes());
-  if (logits.has_value())
-    TORCH_CHECK(logits->dim() == 2 && logits->size(0) == M && logits->size(1) == V &&
-                    logits->scalar_type() == at::kFloat && logits->is_contiguous(),
-                "logits must be a contiguous [", M, ", ", V, "] float32 tensor; got ", logits->sizes());
-  TORCH_CHECK(status.dim() == 1 && status.size(0) == M && status.scalar_type() == at::kInt,
-              "status must be [", M, "] int32; got ", status.sizes());
-  return k;
-}
-
 // Scan the vocabulary in ranges of kVocabRange rows split over threads, each range's logits
 // [M, range] written by `range_logits(v_begin, v_end, scratch)` into a scratch that stays in cache
 // while it is ranked (never [M, V]); merge the ranges' top-k lists and set the status per row.
@@ -202,7 +182,7 @@ void mtp_head_topk_w4_cpu(const at::Tensor& x, const at::Tensor& norm_weight, co
                   scales.size(1) == H / group && scales.size(2) == quant::kCpuTileN && scales.is_contiguous(),
               "scales must be a contiguous float32 tensor [", tiles, ", ", H / group, ", 16]; got ",
               scales.scalar_type(), " ", scales.sizes());
-  const int64_t k = check_float_topk_outputs(M, V, values, indices, logits, status);
+  const int64_t k = check_topk_outputs(M, V, at::kFloat, values, indices, logits, status);
   if (M == 0) return;
   at::Tensor xn = at::empty({M, H}, values.options());
   if (dtype == at::kFloat) normalize_to_float<float>(x, norm_weight, eps, xn);
@@ -231,7 +211,7 @@ void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight
                   panels.is_contiguous(),
               "panels must be a contiguous float32 or bfloat16 packed LM head [", count, ", ", H, ", ", skinny::kPanel,
               "] (ops.pack_weight of a [", V, ", ", H, "] weight); got ", panels.scalar_type(), " ", panels.sizes());
-  const int64_t k = check_float_topk_outputs(M, V, values, indices, logits, status);
+  const int64_t k = check_topk_outputs(M, V, at::kFloat, values, indices, logits, status);
   if (M == 0) return;
   at::Tensor xn = at::empty({M, H}, values.options());
   normalize_to_float<float>(x, norm_weight, eps, xn);
