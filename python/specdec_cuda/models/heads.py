@@ -32,7 +32,7 @@ from torch import nn
 
 from .cache import StaticKVCache
 from .config import LlamaConfig
-from .layers import DecoderLayer, rms_norm
+from .layers import PACKED_MAX_ROWS, DecoderLayer, packed_path_wanted, rms_norm
 from .rope import inverse_frequencies, rope_cos_sin
 
 HEADS_FORMAT = 1
@@ -88,14 +88,11 @@ class TargetHead:
     def _use_packed(self, h: torch.Tensor) -> bool:
         """A float32 CPU head on an AVX-512 machine (``SPECDEC_PACKED_LINEAR`` not 0), as for the
         target's own LM head; packs it on first use."""
-        if not (h.device.type == "cpu" and h.dtype == torch.float32 and self.lm_head.dtype == torch.float32
-                and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"):
+        if not (packed_path_wanted(h.device, h.dtype) and self.lm_head.dtype == torch.float32):
             return False
         if self.lm_head_packed is None:
-            from ..ops.skinny_linear import pack_weight, packed_kernel_available
+            from ..ops.skinny_linear import pack_weight
 
-            if not packed_kernel_available():
-                return False
             self.lm_head_packed = pack_weight(self.lm_head)
         return True
 
@@ -215,11 +212,7 @@ class MTPModules(nn.Module):
         rows, ``SPECDEC_PACKED_LINEAR`` not 0); (re)binds the blocks, packed, after any parameter
         was replaced or written in place, and plainly when the packed path does not apply (packed
         copies carry no gradient, and training steps make them stale)."""
-        from ..ops.skinny_linear import packed_kernel_available
-        from .layers import PACKED_MAX_ROWS
-
-        wanted = (not training and device.type == "cpu" and self.modules_[0].eh_proj.dtype == torch.float32
-                  and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available())
+        wanted = not training and packed_path_wanted(device, self.modules_[0].eh_proj.dtype)
         if not wanted:
             if self._binding is not None:
                 for m in self.modules_:

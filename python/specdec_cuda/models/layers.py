@@ -21,11 +21,13 @@ prefill runs ``forward``, through BLAS.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.skinny_linear import PackedWeight, pack_weight
+from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available
 from .config import LlamaConfig
 from .rope import apply_rope
 
@@ -47,6 +49,14 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         torch.ops.specdec.skinny_linear_packed(x, packed.panels, bias, out)
         return out
     return F.linear(x, weight, bias)
+
+
+def packed_path_wanted(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether tensors on ``device`` of ``dtype`` take the packed CPU decoding path: float32 on a
+    CPU whose packed kernel is vectorised, unless the environment sets ``SPECDEC_PACKED_LINEAR=0``
+    (read on each call, so a test or a user can switch it while a process runs)."""
+    return (device.type == "cpu" and dtype == torch.float32 and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
+            and packed_kernel_available())
 
 
 def maybe_pack(weight: torch.Tensor | None, pack: bool) -> PackedWeight | None:
