@@ -126,6 +126,29 @@ def test_zoo_v4_cli_ships_a_finished_run(tmp_path, monkeypatch, capsys):
     assert report["target_heldout"] == json.loads((run / "report.json").read_text())["target_heldout"]
 
 
+def test_zoo_v4_cli_refines_and_ships_a_finished_pair(tmp_path, monkeypatch, capsys):
+    from specdec_cuda import zoo_v4
+
+    from test_zoo_v4 import TINY, TINY_PLAIN, _corpus
+
+    zoo_v4.train_v4(tmp_path / "run", TINY_PLAIN, corpus=_corpus(), log=lambda _: None)
+    monkeypatch.setitem(zoo.SPECS, "v4", TINY)
+    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(zoo, "shipped_root", lambda: tmp_path / "repo-zoo")
+    monkeypatch.setattr(zoo_v4, "code_corpus", lambda spec, log: _corpus())
+    assert main(["zoo", "--zoo", "v4", "--unlikelihood"]) == 2  # nothing shipped or cached yet
+    zoo_v4.copy_export(tmp_path / "run" / "export", tmp_path / "cache" / TINY.name)
+    assert main(["zoo", "--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood", "--ship"]) == 0
+    assert "shipped to" in capsys.readouterr().out
+    check_shipped(tmp_path / "repo-zoo" / TINY.name)
+    report = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
+    first = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["refined_from"]["target_heldout"] == first["target_heldout"] and "unlikelihood" in report
+    # The shipped pair is refined now: refining it again is refused with a message.
+    assert main(["zoo", "--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood"]) == 2
+    assert "unlikelihood phase already" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(SHIPPED is None or not (SHIPPED / "heads-medusa").exists(),
                     reason="no heads shipped beside the zoo pair in this checkout")
 def test_the_methods_shipped_beside_the_pair():

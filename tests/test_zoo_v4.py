@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,7 +16,7 @@ from specdec_cuda.__main__ import main
 TINY = zoo.V4Spec(
     name="tiny-v4", vocab_size=300, max_position=64, seq_len=16, batch_size=4, micro_batch=2,
     target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 32, 64, 2, 1),
-    target_steps=6, draft_steps=4, warmup_steps=2, eval_every=3, quick_eval_chars=400,
+    target_steps=6, unlikelihood_steps=2, draft_steps=4, warmup_steps=2, eval_every=3, quick_eval_chars=400,
     checkpoint_seconds=0.0, log_every=1, prompts=2, prompt_new_tokens=8)
 
 
@@ -39,10 +40,14 @@ def uninterrupted(tmp_path_factory):
 
 def test_resumed_run_matches_uninterrupted_run(uninterrupted, tmp_path):
     run, report, _ = uninterrupted
-    # Stop in the middle of the target's training, then in the middle of the draft's.
+    # Stop in the middle of the target's training, at the start of the unlikelihood phase (which
+    # then restarts from the target's weights), then in the middle of the draft's training.
     first = zoo_v4.train_v4(tmp_path, TINY, corpus=_corpus(), log=lambda _: None, stop_after=4)
     assert first == {"phase": "target", "step": 4, "pos": 16, "tokens": 4 * 4 * 16}
-    second = zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None, stop_after=TINY.target_steps + 2)
+    between = zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None, stop_after=TINY.target_steps)
+    assert between["phase"] == "unlikelihood" and between["step"] == 0
+    second = zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None,
+                             stop_after=TINY.target_steps + TINY.unlikelihood_steps + 2)
     assert second["phase"] == "draft" and second["step"] == 2
     final = zoo_v4.train_v4(tmp_path, TINY, log=lambda _: None)
     ours, theirs = _weights(tmp_path), _weights(run)
@@ -68,6 +73,11 @@ def test_run_reports_progress_and_exports_loadable_folders(uninterrupted, tmp_pa
     assert 0 <= report["agreement"]["greedy"] <= 1
     quality = report["greedy_quality"]
     assert quality["prompts"] == 2 and 0 < quality["distinct_4_corpus"] <= 1
+    # The unlikelihood phase ran between the target and the draft, judged before and after.
+    assert any("unlikelihood step" in line for line in lines)
+    assert [e["step"] for e in report["unlikelihood"]["evals"]] == [0, 1, 2]
+    assert report["target_heldout_before_unlikelihood"]["chars"] == report["target_heldout"]["chars"]
+    assert report["target_heldout_before_unlikelihood"] != report["target_heldout"]
     hf = AutoModelForCausalLM.from_pretrained(run / "export" / "target")
     assert hf.config.num_hidden_layers == 2
     assert json.loads((run / "export" / "report.json").read_text())["params"] == report["params"]
@@ -177,8 +187,32 @@ def test_heldout_prompts_come_from_the_heldout_split():
     assert len(prompts) == 6 and len(set(prompts)) == 6
     for p in prompts:
         last = p.splitlines()[-1].lstrip()
-        assert last.startswith(("def ", "class ")) and last.endswith(":")
+        assert last.startswith(("def ", "class ")) and last.endswith(":") and not p.endswith("\n")
         assert any(p in text for _, text in held)
+
+
+def test_opening_cases_end_before_the_newline_and_prefixes_take_the_last_tokens():
+    text = "import os\n# a header comment, long enough to count as context\n\ndef first(a, b):\n    return a + b\n" + \
+        "# filler line of text\n" * 8 + \
+        "class Second:\n    x = 1\n" + "# more filler text\n" * 8
+    cases = zoo_v4.opening_cases([text], None, max_prompt_chars=200)
+    assert [p.splitlines()[-1] for p, _ in cases] == ["def first(a, b):", "class Second:"]
+    for prompt, continuation in cases:
+        # The newline (merged with the next line's indentation by the BPE) starts the continuation.
+        assert continuation.startswith("\n    ") and (prompt + continuation) in text
+    assert zoo_v4.opening_cases([text], 1, max_prompt_chars=200) == cases[:1]
+    with pytest.raises(ValueError, match="no def/class line"):
+        zoo_v4.opening_cases(["x = 1\n"], None)
+
+    class Chars:  # one token per character
+        def __call__(self, texts):
+            return {"input_ids": [[ord(c) for c in t] for t in texts]}
+
+    prefixes = zoo_v4.opening_prefixes([text], Chars(), 10)
+    assert prefixes.shape == (2, 10) and prefixes.dtype == torch.int64
+    assert "".join(map(chr, prefixes[0].tolist())) == "rst(a, b):"
+    with pytest.raises(ValueError, match="no code opening of 1000 tokens"):
+        zoo_v4.opening_prefixes([text], Chars(), 1000)
 
 
 def test_lr_schedule_and_repetition_metrics():
@@ -227,3 +261,28 @@ def test_methods_trained_against_a_v4_target_never_see_its_heldout_split(tmp_pat
         texts = zoo.training_texts(folder / "target")
         assert held and not held & set(texts)
         assert set(texts) <= set(everything) and len(everything) - len(texts) >= len(held)
+
+
+# A finished run from before the unlikelihood phase existed (the shipped v4 pair is one).
+TINY_PLAIN = dataclasses.replace(TINY, unlikelihood_steps=0)
+
+
+def test_refine_pair_fine_tunes_a_finished_pair(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "plain"
+    report = zoo_v4.train_v4(run, TINY_PLAIN, corpus=_corpus(), log=lambda _: None)
+    assert "unlikelihood" not in report
+    lines = []
+    refined = zoo_v4.refine_pair(run / "export", tmp_path, TINY, corpus=_corpus(), draft_steps=2,
+                                 log=lines.append)
+    assert refined["refined_from"]["target_heldout"] == report["target_heldout"]
+    assert refined["refined_from"]["draft_steps"] == 2
+    assert refined["target_heldout"] != report["target_heldout"]
+    assert any("draft step" in line for line in lines) and (tmp_path / "train.log").is_file()
+    old = AutoModelForCausalLM.from_pretrained(run / "export" / "draft")
+    new = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "draft")
+    assert any(not torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values()))
+    assert json.loads((tmp_path / "export" / "report.json").read_text())["unlikelihood"] == refined["unlikelihood"]
+    with pytest.raises(ValueError, match="unlikelihood phase already"):
+        zoo_v4.refine_pair(tmp_path / "export", tmp_path / "again", TINY, corpus=_corpus(), draft_steps=2)

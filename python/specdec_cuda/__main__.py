@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
                           "configs; <= 40 MB) to DIR (default: <repo>/zoo/<pair name>)")
     zoo.add_argument("--run-dir", default=None,
                      help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
+    zoo.add_argument("--unlikelihood", action="store_true",
+                     help="v4: fine-tune the finished pair (the shipped one, else the trained cache) against greedy "
+                          "loops and distil its draft again (about 22 minutes on one core; zoo_v4.refine_pair); the "
+                          "result goes to RUN_DIR/unlikelihood and the zoo cache, and with --ship to the repository "
+                          "(then retrain the heads and the DFlash drafter: shipping replaces the pair's folder)")
     zoo.add_argument("--dflash", action="store_true",
                      help="train (once) the DFlash drafter of --target (default: the zoo target), cached beside it")
     zoo.add_argument("--target", default=None, help="--dflash / --heads: the target checkpoint folder (default: the zoo target)")
@@ -120,11 +125,20 @@ def main(argv=None) -> int:
             if args.force:
                 print("error: --force does not apply to v4 (delete its run folder to restart)", file=sys.stderr)
                 return 2
-            try:
-                result = zoo_v4.train_v4(run_dir, spec, export_to=zoo.zoo_root() / spec.name)
-            except RuntimeError as exc:  # the run folder is locked by a running process
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
+            if args.unlikelihood:
+                source = next((p / spec.name for p in (zoo.shipped_root(), zoo.zoo_root())
+                               if p is not None and (p / spec.name / "report.json").is_file()), None)
+                if source is None:
+                    print("error: no finished v4 pair to refine (shipped or cached)", file=sys.stderr)
+                    return 2
+                result = zoo_v4.refine_pair(source, run_dir / "unlikelihood", spec)
+                zoo_v4.copy_export(run_dir / "unlikelihood" / "export", zoo.zoo_root() / spec.name)
+            else:
+                try:
+                    result = zoo_v4.train_v4(run_dir, spec, export_to=zoo.zoo_root() / spec.name)
+                except RuntimeError as exc:  # the run folder is locked by a running process
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
             if "target_heldout" not in result:
                 print(f"interrupted at {result['phase']} step {result['step']}; run the same command to resume")
                 return 0

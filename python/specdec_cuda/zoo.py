@@ -117,6 +117,13 @@ class V4Spec(ZooSpec):
     target: LMConfig = field(default_factory=lambda: LMConfig(12, 192, 512, 3, 1))
     draft: LMConfig = field(default_factory=lambda: LMConfig(1, 192, 512, 3, 1))
     target_steps: int = 2600
+    # Then sequence-level unlikelihood fine-tuning of the target against its greedy loops
+    # (zoo_unlikelihood; about 17 minutes on one core), before the draft is distilled from it;
+    # 0 skips it.
+    unlikelihood_steps: int = 400
+    unlikelihood_lr: float = 2e-4
+    unlikelihood_alpha: float = 3.0
+    unlikelihood_openings: float = 1.0  # fraction of its prompts cut at code openings
     draft_steps: int = 600
     target_lr: float = 1.5e-3
     draft_lr: float = 2e-3

@@ -16,6 +16,9 @@ the target and distilled) for hours of one CPU core, in the background, across s
   atomically every few minutes (and on SIGTERM / SIGINT) to a run folder outside the work tree
   (``$SPECDEC_ZOO_V4_DIR``, default ``/work/zoo-v4-train``); a progress line (step, loss,
   tokens/s, ETA) goes to ``train.log`` there. Running the same command again resumes.
+* Between the target and the draft, a sequence-level unlikelihood fine-tune of the target
+  against its own greedy loops (``zoo_unlikelihood``, :func:`unlikelihood_phase`); a pair trained
+  before that phase existed gets it through :func:`refine_pair` (``zoo --zoo v4 --unlikelihood``).
 * Evaluation in bits per character on the held-out split (independent of the tokenizer), the
   distinct-n-gram ratio of greedy output on held-out prompts against the real continuations', and
   the draft's greedy agreement with the target.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -197,12 +201,17 @@ def code_corpus(spec: V4Spec = V4_SPEC, log: Callable[[str], None] = print, stdl
     return Corpus(train, heldout, stats)
 
 
-def heldout_cases(texts: Sequence[str], n: int, max_prompt_chars: int = 600,
+def opening_cases(texts: Sequence[str], n: int | None, max_prompt_chars: int = 600,
                   continuation_chars: int = 400) -> list[tuple[str, str]]:
-    """(prompt, real continuation) pairs cut from held-out texts at ``def`` / ``class`` lines.
+    """(prompt, real continuation) pairs cut from texts at ``def`` / ``class`` lines.
 
     A prompt is the code before a definition (at most ``max_prompt_chars``, starting at a line)
-    through the end of the definition's first line; candidates are spread evenly over all texts.
+    through the definition's first line, without its newline: the BPE merges a newline with the
+    next line's indentation (``"\\n        "`` is one token), so a prompt that ended in a bare
+    newline would show the model a token that in training means "the next line is not indented"
+    (the v4 target then answered with an end of file or a comment; a token-healing problem).
+    The real continuation starts with that newline. Candidates are spread evenly over all
+    texts; ``n=None`` returns all of them.
     """
     candidates = []
     for text in texts:
@@ -210,14 +219,16 @@ def heldout_cases(texts: Sequence[str], n: int, max_prompt_chars: int = 600,
         for line in text.splitlines(keepends=True):
             stripped = line.lstrip()
             if (stripped.startswith("def ") or stripped.startswith("class ")) and line.rstrip().endswith(":"):
-                end = offset + len(line)
+                end = offset + len(line.rstrip())
                 start = max(0, end - max_prompt_chars)
                 start = text.find("\n", start, end) + 1 if start else 0
                 if end - start > len(line) + 40 and len(text) - end > 80:
                     candidates.append((text[start:end], text[end:end + continuation_chars]))
             offset += len(line)
     if not candidates:
-        raise ValueError("no def/class line with enough text around it in the held-out texts")
+        raise ValueError("no def/class line with enough text around it in the texts")
+    if n is None:
+        return candidates
     step = len(candidates) / min(n, len(candidates))
     return [candidates[int(i * step)] for i in range(min(n, len(candidates)))]
 
@@ -228,7 +239,7 @@ def heldout_prompts(n: int = 16, spec: V4Spec = V4_SPEC) -> list[str]:
     For the end-to-end bench's held-out workload: code openings ending at a ``def`` / ``class``
     line, spread over the held-out modules of the running Python.
     """
-    return [p for p, _ in heldout_cases([t for _, t in stdlib_heldout(spec)], n)]
+    return [p for p, _ in opening_cases([t for _, t in stdlib_heldout(spec)], n)]
 
 
 # ----------------------------------------------------------------------------------- metrics
@@ -462,6 +473,69 @@ def _step(model, opt, batch: torch.Tensor, spec: V4Spec, lr: float, teacher=None
     return total
 
 
+def _training_texts(data: torch.Tensor, tokenizer, eos_id: int, chars: int) -> list[str]:
+    """The first files of the training token stream, decoded (about ``chars`` characters): text
+    to fine-tune and judge the unlikelihood phase by without looking at the held-out split."""
+    ends = (data[: 64 * chars // 3] == eos_id).nonzero().flatten().tolist()
+    texts, start, used = [], 0, 0
+    for end in ends:
+        if used >= chars:
+            break
+        texts.append(tokenizer.decode(data[start:end].tolist()))
+        used += len(texts[-1])
+        start = end + 1
+    return texts
+
+
+def opening_prefixes(texts: Sequence[str], tokenizer, length: int) -> torch.Tensor:
+    """The last ``length`` tokens of every code opening (:func:`opening_cases`) in ``texts``
+    that has that many: prompts of the held-out workload's shape, from training text.
+    Shape: ``(openings, length)`` int64."""
+    prompts = [p for p, _ in opening_cases(texts, None)]
+    rows = [ids[-length:] for ids in tokenizer(prompts)["input_ids"] if len(ids) >= length]
+    if not rows:
+        raise ValueError(f"no code opening of {length} tokens or more in the texts")
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldout: list[tuple[str, str]],
+                       spec: V4Spec, log, should_stop=None) -> dict | None:
+    """Sequence-level unlikelihood fine-tune of ``target`` in place (``zoo_unlikelihood``), sized
+    from ``spec``. The greedy continuations it penalises start from code openings of training
+    text (``spec.unlikelihood_openings`` of them; the rest from random windows); it is judged on
+    ``3 * spec.prompts`` other openings of training text (greedy collapse, distinct-4) and on the
+    quick held-out slice (bits per character). Returns the history, None when stopped."""
+    from . import zoo_unlikelihood
+
+    ul = zoo_unlikelihood.UnlikelihoodSpec(
+        steps=spec.unlikelihood_steps, lr=spec.unlikelihood_lr, alpha=spec.unlikelihood_alpha,
+        opening_fraction=spec.unlikelihood_openings, prefix_len=min(48, spec.seq_len // 4),
+        continuation_len=min(64, spec.seq_len // 4), mle_seq_len=min(256, spec.seq_len), seed=spec.seed,
+        log_every=spec.log_every, eval_every=max(1, spec.unlikelihood_steps // 4))
+    # The first files judge, the next ones (50x as much text) give the prefixes: disjoint.
+    judge_chars = 4 * spec.quick_eval_chars
+    texts = _training_texts(data, tokenizer, eos_id, 51 * judge_chars)
+    split = next((i + 1 for i, used in enumerate(itertools.accumulate(map(len, texts))) if used >= judge_chars),
+                 len(texts))
+    cases = opening_cases(texts[:split], 3 * spec.prompts)
+    prefixes = opening_prefixes(texts[split:], tokenizer, ul.prefix_len) if split < len(texts) else None
+    quick = _quick_texts(heldout, spec.quick_eval_chars)
+
+    def evaluate(model) -> dict:
+        model.eval()
+        q = greedy_quality(model, tokenizer, cases, spec.prompt_new_tokens, eos_id)
+        return {"train_prompts": q["prompts"], "train_prompts_collapsed": q["collapsed"],
+                "train_prompts_distinct_4": q["distinct_4_greedy"],
+                "quick_bpc": bits_per_char(model, tokenizer, quick, spec.seq_len, eos_id)["bits_per_char"]}
+
+    log(f"[zoo-v4] unlikelihood fine-tune of the target: {ul.steps} steps, "
+        f"{0 if prefixes is None else len(prefixes)} code openings to continue from")
+    history = zoo_unlikelihood.finetune(target, data, ul, evaluate, log, should_stop, prefixes)
+    if history is not None:
+        history.pop("steps")  # per-step losses: in the log, not the report
+    return history
+
+
 def _spec_dict(spec: V4Spec) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(spec)))
 
@@ -520,7 +594,7 @@ def _train_locked(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log, stop_
     if ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
         target.load_state_dict(state["target"])
-        if state["phase"] != "target":
+        if state["draft"] is not None:
             draft.load_state_dict(state["draft"])
         torch.set_rng_state(state["rng"])
         out(f"[zoo-v4] resuming {state['phase']} at step {state['step']} (data position {state['pos']})")
@@ -534,14 +608,46 @@ def _train_locked(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log, stop_
     def checkpoint(opt) -> None:
         state["rng"] = torch.get_rng_state()
         state["target"] = target.state_dict()
-        state["draft"] = draft.state_dict() if state["phase"] != "target" else None
+        state["draft"] = draft.state_dict() if state["phase"] in ("draft", "done") else None
         state["optimizer"] = opt.state_dict() if opt is not None else None
         _atomic_save(state, ckpt_path)
 
-    done_steps = lambda: state["step"] + (spec.target_steps if state["phase"] != "target" else 0)  # noqa: E731
+    offsets = {"target": 0, "unlikelihood": spec.target_steps,
+               "draft": spec.target_steps + spec.unlikelihood_steps}
+    done_steps = lambda: state["step"] + offsets[state["phase"]]  # noqa: E731
+
+    def stopped(opt) -> dict:
+        checkpoint(opt)
+        out(f"[zoo-v4] stopped at {state['phase']} step {state['step']}; checkpoint saved, run again to resume")
+        return {k: state[k] for k in ("phase", "step", "pos", "tokens")}
+
+    def start_draft() -> None:
+        if spec.draft_from_target:
+            init_draft_from_target(draft, target)
+        state.update(phase="draft", step=0, optimizer=None)
+
     with _Stop() as stop:
-        for phase in ("target", "draft"):
+        for phase in ("target", "unlikelihood", "draft"):
             if state["phase"] != phase:
+                continue
+            if phase == "unlikelihood":
+                # Minutes long and checkpointed only at its end: a stop restarts it from the
+                # target phase's weights, which the checkpoint still holds.
+                began = time.perf_counter()
+                asked = lambda: stop.requested or (stop_after is not None and done_steps() >= stop_after)  # noqa: E731
+                history = None if asked() else unlikelihood_phase(target, data, tokenizer, eos_id, heldout,
+                                                                   spec, out, asked)
+                if history is None:
+                    target.load_state_dict(torch.load(ckpt_path, weights_only=False)["target"])
+                    return stopped(None)
+                state["results"]["unlikelihood"] = history
+                state["results"]["target_heldout"] = bits_per_char(
+                    target, tokenizer, [t for _, t in heldout], spec.seq_len, eos_id)
+                out(f"[zoo-v4] unlikelihood done: held-out "
+                    f"{state['results']['target_heldout']['bits_per_char']:.3f} bits/char")
+                start_draft()
+                state["seconds"] += time.perf_counter() - began
+                checkpoint(None)
                 continue
             model = target if phase == "target" else draft
             teacher = target if phase == "draft" else None
@@ -563,9 +669,7 @@ def _train_locked(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log, stop_
             while state["step"] < steps:
                 if stop.requested or (stop_after is not None and done_steps() >= stop_after):
                     state["seconds"] += time.perf_counter() - began
-                    checkpoint(opt)
-                    out(f"[zoo-v4] stopped at {phase} step {state['step']}; checkpoint saved, run again to resume")
-                    return {k: state[k] for k in ("phase", "step", "pos", "tokens")}
+                    return stopped(opt)
                 lr = lr_at(state["step"], steps, peak, spec.warmup_steps, spec.min_lr_ratio)
                 loss = _step(model, opt, sampler.batch(state["pos"], spec.batch_size), spec, lr, teacher)
                 state["step"] += 1
@@ -602,9 +706,11 @@ def _train_locked(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log, stop_
                 state["results"]["target_heldout"] = res
                 out(f"[zoo-v4] target done: held-out {res['bits_per_char']:.3f} bits/char "
                     f"({res['nats_per_token']:.3f} nats/token, {res['chars_per_token']:.2f} chars/token)")
-                if spec.draft_from_target:
-                    init_draft_from_target(draft, target)
-                state.update(phase="draft", step=0, optimizer=None)
+                if spec.unlikelihood_steps:
+                    state["results"]["target_heldout_before_unlikelihood"] = res
+                    state.update(phase="unlikelihood", step=0, optimizer=None)
+                else:
+                    start_draft()
             else:
                 state.update(phase="done", step=0, optimizer=None)
             state["seconds"] += time.perf_counter() - began
@@ -612,12 +718,17 @@ def _train_locked(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log, stop_
 
     report = _finish(run_dir, spec, target, draft, tokenizer, heldout, stats, state, params, eos_id, out)
     if export_to is not None:
-        tmp = Path(export_to).with_name(Path(export_to).name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(run_dir / "export", tmp)
-        shutil.rmtree(export_to, ignore_errors=True)
-        tmp.rename(export_to)
+        copy_export(run_dir / "export", export_to)
     return report
+
+
+def copy_export(export: Path, dest: Path) -> None:
+    """Copy an exported pair folder to ``dest`` (the zoo cache), replacing it in one rename."""
+    tmp = Path(dest).with_name(Path(dest).name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(export, tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
 
 
 def _finish(run_dir, spec, target, draft, tokenizer, heldout, stats, state, params, eos_id, out) -> dict:
@@ -632,7 +743,7 @@ def _finish(run_dir, spec, target, draft, tokenizer, heldout, stats, state, para
     ids = torch.tensor([i for t in _quick_texts(heldout, 4 * spec.quick_eval_chars)
                         for i in [eos_id] + tokenizer(t)["input_ids"]])
     agree = agreement(target, draft, ids, spec.seq_len)
-    cases = heldout_cases(texts, spec.prompts)
+    cases = opening_cases(texts, spec.prompts)
     quality = greedy_quality(target, tokenizer, cases, spec.prompt_new_tokens, eos_id)
     report = {
         "spec": _spec_dict(spec), "corpus": {k: v for k, v in stats.items() if k != "heldout_files"},
@@ -641,6 +752,9 @@ def _finish(run_dir, spec, target, draft, tokenizer, heldout, stats, state, para
         "target_heldout": state["results"]["target_heldout"], "draft_heldout": draft_bpc,
         "agreement": agree, "greedy_quality": quality, "evals": state["evals"],
     }
+    for key in ("target_heldout_before_unlikelihood", "unlikelihood", "refined_from"):
+        if key in state["results"]:
+            report[key] = state["results"][key]
     out(f"[zoo-v4] done: target {report['target_heldout']['bits_per_char']:.3f} bits/char, draft "
         f"{draft_bpc['bits_per_char']:.3f}; draft agrees with target on {100 * agree['greedy']:.1f}% (greedy); "
         f"greedy distinct-4 {quality['distinct_4_greedy']:.2f} vs corpus {quality['distinct_4_corpus']:.2f}, "
@@ -648,3 +762,70 @@ def _finish(run_dir, spec, target, draft, tokenizer, heldout, stats, state, para
     save_pair(run_dir / "export", target, draft, tokenizer, eos_id, report)
     _atomic_write(report_path, json.dumps(report, indent=2))
     return report
+
+
+def refine_pair(pair_dir: Path, out_dir: Path, spec: V4Spec = V4_SPEC, corpus: Corpus | None = None,
+                draft_steps: int = 150, train_chars: int = 20_000_000,
+                log: Callable[[str], None] | None = None) -> dict:
+    """The unlikelihood phase and a shorter draft distillation, applied to a finished pair.
+
+    For a pair trained before the unlikelihood phase existed (the shipped v4 pair was): its
+    target is fine-tuned as :func:`unlikelihood_phase` does inside :func:`train_v4`, its draft
+    distilled again from the result for ``draft_steps`` steps (continuing from the old draft, at
+    a quarter of ``spec.draft_lr``), and the pair evaluated and written to ``out_dir/export`` as
+    a finished run writes it, with ``refined_from`` (the old report's figures) in the report.
+    The training text is the first ``train_chars`` characters of the corpus's shuffled training
+    files, encoded with the pair's own tokenizer; the held-out split is untouched.
+    """
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    pair_dir, out_dir = Path(pair_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_file = out_dir / "train.log"
+
+    def out(line: str) -> None:
+        with open(log_file, "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+        (log or print)(line)
+
+    started = time.perf_counter()
+    old = json.loads((pair_dir / "report.json").read_text())
+    if "unlikelihood" in old:
+        raise ValueError(f"the pair in {pair_dir} has been through the unlikelihood phase already "
+                         f"(its report says so); refine the pair it came from")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(pair_dir / "target")
+    eos_id = tokenizer.convert_tokens_to_ids(EOS)
+    target = AutoModelForCausalLM.from_pretrained(pair_dir / "target", dtype=torch.float32)
+    draft = AutoModelForCausalLM.from_pretrained(pair_dir / "draft", dtype=torch.float32)
+    corpus = corpus or code_corpus(spec, out)
+    texts, used = [], 0
+    for _, text in corpus.train:
+        if used >= train_chars:
+            break
+        texts.append(text)
+        used += len(text)
+    data = torch.tensor([t for enc in tokenizer(texts)["input_ids"] for t in enc + [eos_id]], dtype=torch.int32)
+    out(f"[zoo-v4] refining {pair_dir}: {data.numel() / 1e6:.1f}M training tokens")
+
+    history = unlikelihood_phase(target, data, tokenizer, eos_id, corpus.heldout, spec, out)
+    target.eval().requires_grad_(False)
+    sampler = WindowSampler(data, spec.seq_len, spec.seed)
+    opt = _new_optimizer(draft, spec, spec.draft_lr / 4)
+    draft.train()
+    for step in range(draft_steps):
+        lr = lr_at(step, draft_steps, spec.draft_lr / 4, spec.warmup_steps, spec.min_lr_ratio)
+        loss = _step(draft, opt, sampler.batch(step * spec.batch_size, spec.batch_size), spec, lr, target)
+        if (step + 1) % spec.log_every == 0 or step + 1 == draft_steps:
+            out(f"  draft step {step + 1:4d}/{draft_steps}  KL {loss:.3f}  lr {lr:.2e}")
+    draft.eval()
+    keys = ("target_heldout", "draft_heldout", "agreement", "greedy_quality", "train_seconds", "train_tokens_seen")
+    state = {"tokens": old.get("train_tokens_seen", 0) + draft_steps * spec.batch_size * spec.seq_len,
+             "seconds": old.get("train_seconds", 0.0) + time.perf_counter() - started,
+             "evals": old.get("evals", []),
+             "results": {"unlikelihood": history,
+                         "refined_from": {k: old[k] for k in keys if k in old} | {"draft_steps": draft_steps}}}
+    params = {"target": sum(p.numel() for p in target.parameters()),
+              "draft": sum(p.numel() for p in draft.parameters())}
+    (out_dir / "report.json").unlink(missing_ok=True)  # _finish keeps a finished report
+    shutil.rmtree(out_dir / "export", ignore_errors=True)
+    return _finish(out_dir, spec, target, draft, tokenizer, corpus.heldout, corpus.stats, state, params, eos_id, out)
