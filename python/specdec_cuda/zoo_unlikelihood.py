@@ -36,13 +36,14 @@ or two CPU cores: minutes, not hours.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .zoo_v4 import lr_at
 
 
 @dataclass(frozen=True)
@@ -134,14 +135,6 @@ def _windows(data: torch.Tensor, rows: int, length: int, gen: torch.Generator) -
     return torch.stack([data[s: s + length] for s in starts]).long() if starts else torch.empty(0, length).long()
 
 
-def _lr(step: int, spec: UnlikelihoodSpec) -> float:
-    # Linear warmup, then cosine to a tenth.
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def finetune(model, data: torch.Tensor, spec: UnlikelihoodSpec = UnlikelihoodSpec(),
              evaluate: Callable[[object], dict] | None = None,
              log: Callable[[str], None] = print,
@@ -185,8 +178,8 @@ def finetune(model, data: torch.Tensor, spec: UnlikelihoodSpec = UnlikelihoodSpe
         seq = greedy_continue(model, starts, spec.continuation_len)
         mask = loop_mask(seq, spec.prefix_len, spec.max_period, spec.min_span)
         model.train()
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, spec)
+        for group in opt.param_groups:  # linear warmup, then cosine to a tenth
+            group["lr"] = lr_at(step, spec.steps, spec.lr, spec.warmup_steps, 0.1)
         opt.zero_grad(set_to_none=True)
         # Logits at positions prefix_len - 1 .. T - 2 predict the continuation tokens.
         logits = model(input_ids=seq[:, :-1]).logits[:, spec.prefix_len - 1:]

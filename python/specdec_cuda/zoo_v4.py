@@ -403,6 +403,26 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _leading_texts(named: Sequence[tuple[str, str]], chars: int) -> list[str]:
+    """The texts of ``(name, text)`` pairs, whole and in order, until ``chars`` characters are taken."""
+    texts, used = [], 0
+    for _, text in named:
+        if used >= chars:
+            break
+        texts.append(text)
+        used += len(text)
+    return texts
+
+
+def encode_files(texts: Sequence[str], tokenizer, eos_id: int, vocab_size: int) -> torch.Tensor:
+    """The training token stream: each text's ids followed by EOS. Shape ``(tokens,)``, int16 when
+    the vocabulary fits (encoded 256 files at a time: a Python list of ~40M ints takes 1.5 GB)."""
+    dtype = torch.int16 if vocab_size <= 32767 else torch.int32
+    chunks = [torch.tensor([t for enc in tokenizer(list(texts[i: i + 256]))["input_ids"] for t in enc + [eos_id]],
+                           dtype=dtype) for i in range(0, len(texts), 256)]
+    return torch.cat(chunks)
+
+
 def _prepare(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log) -> tuple:
     """Corpus, tokenizer and token ids, built once and stored in the run folder (resumes reuse them)."""
     from transformers import PreTrainedTokenizerFast
@@ -411,22 +431,11 @@ def _prepare(run_dir: Path, spec: V4Spec, corpus: Corpus | None, log) -> tuple:
     if not (data_path.exists() and tok_dir.exists() and held_path.exists()):
         started = time.perf_counter()
         corpus = corpus or code_corpus(spec, log)
-        sample, size = [], 0
-        for _, text in corpus.train:  # the shuffled order: a sample of every source
-            if size >= spec.tokenizer_sample_bytes:
-                break
-            sample.append(text)
-            size += len(text)
-        tokenizer = train_tokenizer(sample, spec.vocab_size)
+        # The shuffled order: a sample of every source.
+        tokenizer = train_tokenizer(_leading_texts(corpus.train, spec.tokenizer_sample_bytes), spec.vocab_size)
         eos_id = tokenizer.convert_tokens_to_ids(EOS)
-        # Files EOS-separated; stored as int16 chunks (a Python list of ~40M ints would take 1.5 GB).
-        dtype = torch.int16 if spec.vocab_size <= 32767 else torch.int32
-        chunks = []
         texts = [t for _, t in corpus.train]
-        for i in range(0, len(texts), 256):
-            chunks.append(torch.tensor([t for enc in tokenizer(texts[i: i + 256])["input_ids"]
-                                        for t in enc + [eos_id]], dtype=dtype))
-        ids = torch.cat(chunks)
+        ids = encode_files(texts, tokenizer, eos_id, spec.vocab_size)
         _atomic_save(ids, data_path)
         _atomic_write(held_path, json.dumps({"heldout": corpus.heldout, "stats": corpus.stats}))
         shutil.rmtree(tok_dir, ignore_errors=True)
@@ -798,13 +807,7 @@ def refine_pair(pair_dir: Path, out_dir: Path, spec: V4Spec = V4_SPEC, corpus: C
     target = AutoModelForCausalLM.from_pretrained(pair_dir / "target", dtype=torch.float32)
     draft = AutoModelForCausalLM.from_pretrained(pair_dir / "draft", dtype=torch.float32)
     corpus = corpus or code_corpus(spec, out)
-    texts, used = [], 0
-    for _, text in corpus.train:
-        if used >= train_chars:
-            break
-        texts.append(text)
-        used += len(text)
-    data = torch.tensor([t for enc in tokenizer(texts)["input_ids"] for t in enc + [eos_id]], dtype=torch.int32)
+    data = encode_files(_leading_texts(corpus.train, train_chars), tokenizer, eos_id, len(tokenizer))
     out(f"[zoo-v4] refining {pair_dir}: {data.numel() / 1e6:.1f}M training tokens")
 
     history = unlikelihood_phase(target, data, tokenizer, eos_id, corpus.heldout, spec, out)
