@@ -144,9 +144,12 @@ def test_zoo_v4_cli_refines_and_ships_a_finished_pair(tmp_path, monkeypatch, cap
     report = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
     first = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["refined_from"]["target_heldout"] == first["target_heldout"] and "unlikelihood" in report
-    # The shipped pair is refined now: refining it again is refused with a message.
-    assert main(["zoo", "--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood"]) == 2
-    assert "unlikelihood phase already" in capsys.readouterr().err
+    assert report["unlikelihood"]["round"] == 1
+    # The shipped pair is refined now: refining it again is a second round, from the shipped pair.
+    assert main(["zoo", "--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood", "--ship"]) == 0
+    again = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
+    assert again["unlikelihood"]["round"] == 2
+    assert again["refined_from"]["target_heldout"] == report["target_heldout"]
 
 
 @pytest.mark.skipif(SHIPPED is None or not (SHIPPED / "heads-medusa").exists(),

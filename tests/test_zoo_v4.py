@@ -284,5 +284,13 @@ def test_refine_pair_fine_tunes_a_finished_pair(tmp_path):
     new = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "draft")
     assert any(not torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values()))
     assert json.loads((tmp_path / "export" / "report.json").read_text())["unlikelihood"] == refined["unlikelihood"]
-    with pytest.raises(ValueError, match="unlikelihood phase already"):
-        zoo_v4.refine_pair(tmp_path / "export", tmp_path / "again", TINY, corpus=_corpus(), draft_steps=2)
+    assert refined["unlikelihood"]["round"] == 1
+    # A second round continues from the refined pair with prefixes of its own and keeps the chain.
+    again = zoo_v4.refine_pair(tmp_path / "export", tmp_path / "again", TINY, corpus=_corpus(), draft_steps=2,
+                               log=lines.append)
+    assert again["unlikelihood"]["round"] == 2 and any("round 2" in line for line in lines)
+    assert (refined["unlikelihood"]["spec"]["seed"], again["unlikelihood"]["spec"]["seed"]) == (TINY.seed, TINY.seed + 1)
+    assert again["refined_from"]["unlikelihood"] == refined["unlikelihood"]
+    assert again["refined_from"]["refined_from"] == refined["refined_from"]
+    assert again["refined_from"]["target_heldout"] == refined["target_heldout"] != again["target_heldout"]
+

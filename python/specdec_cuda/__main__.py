@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
     zoo.add_argument("--unlikelihood", action="store_true",
                      help="v4: fine-tune the finished pair (the shipped one, else the trained cache) against greedy "
-                          "loops and distil its draft again (about 22 minutes on one core; zoo_v4.refine_pair); the "
+                          "loops and distil its draft again (about 22 minutes on one core; zoo_v4.refine_pair; a pair "
+                          "refined already gets another round); the "
                           "result goes to RUN_DIR/unlikelihood and the zoo cache, and with --ship to the repository "
                           "(then retrain the heads and the DFlash drafter: shipping replaces the pair's folder)")
     zoo.add_argument("--dflash", action="store_true",

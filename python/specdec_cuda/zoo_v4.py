@@ -508,19 +508,24 @@ def opening_prefixes(texts: Sequence[str], tokenizer, length: int) -> torch.Tens
 
 
 def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldout: list[tuple[str, str]],
-                       spec: V4Spec, log, should_stop=None) -> dict | None:
+                       spec: V4Spec, log, should_stop=None, round_: int = 1) -> dict | None:
     """Sequence-level unlikelihood fine-tune of ``target`` in place (``zoo_unlikelihood``), sized
     from ``spec``. The greedy continuations it penalises start from code openings of training
     text (``spec.unlikelihood_openings`` of them; the rest from random windows); it is judged on
     ``3 * spec.prompts`` other openings of training text (greedy collapse, distinct-4) and on the
-    quick held-out slice (bits per character). Returns the history, None when stopped."""
+    quick held-out slice (bits per character). ``round_``: how many times this target has been
+    through the phase, this one included; each round draws its own prefixes (seed
+    ``spec.seed + round_ - 1``) and the judge stays the same. Returns the history (with
+    ``round``), None when stopped."""
     from . import zoo_unlikelihood
 
+    if round_ < 1:
+        raise ValueError(f"unlikelihood_phase needs round_ >= 1, got {round_}")
     ul = zoo_unlikelihood.UnlikelihoodSpec(
         steps=spec.unlikelihood_steps, lr=spec.unlikelihood_lr, alpha=spec.unlikelihood_alpha,
         opening_fraction=spec.unlikelihood_openings, prefix_len=min(48, spec.seq_len // 4),
-        continuation_len=min(64, spec.seq_len // 4), mle_seq_len=min(256, spec.seq_len), seed=spec.seed,
-        log_every=spec.log_every, eval_every=max(1, spec.unlikelihood_steps // 4))
+        continuation_len=min(64, spec.seq_len // 4), mle_seq_len=min(256, spec.seq_len),
+        seed=spec.seed + round_ - 1, log_every=spec.log_every, eval_every=max(1, spec.unlikelihood_steps // 4))
     # The first files judge, the next ones (50x as much text) give the prefixes: disjoint.
     judge_chars = 4 * spec.quick_eval_chars
     texts = _training_texts(data, tokenizer, eos_id, 51 * judge_chars)
@@ -537,11 +542,12 @@ def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldo
                 "train_prompts_distinct_4": q["distinct_4_greedy"],
                 "quick_bpc": bits_per_char(model, tokenizer, quick, spec.seq_len, eos_id)["bits_per_char"]}
 
-    log(f"[zoo-v4] unlikelihood fine-tune of the target: {ul.steps} steps, "
+    log(f"[zoo-v4] unlikelihood fine-tune of the target (round {round_}): {ul.steps} steps, "
         f"{0 if prefixes is None else len(prefixes)} code openings to continue from")
     history = zoo_unlikelihood.finetune(target, data, ul, evaluate, log, should_stop, prefixes)
     if history is not None:
         history.pop("steps")  # per-step losses: in the log, not the report
+        history["round"] = round_
     return history
 
 
@@ -778,13 +784,17 @@ def refine_pair(pair_dir: Path, out_dir: Path, spec: V4Spec = V4_SPEC, corpus: C
                 log: Callable[[str], None] | None = None) -> dict:
     """The unlikelihood phase and a shorter draft distillation, applied to a finished pair.
 
-    For a pair trained before the unlikelihood phase existed (the shipped v4 pair was): its
-    target is fine-tuned as :func:`unlikelihood_phase` does inside :func:`train_v4`, its draft
-    distilled again from the result for ``draft_steps`` steps (continuing from the old draft, at
-    a quarter of ``spec.draft_lr``), and the pair evaluated and written to ``out_dir/export`` as
-    a finished run writes it, with ``refined_from`` (the old report's figures) in the report.
-    The training text is the first ``train_chars`` characters of the corpus's shuffled training
-    files, encoded with the pair's own tokenizer; the held-out split is untouched.
+    For a pair trained before the unlikelihood phase existed (the shipped v4 pair was), or one
+    more round for a pair that has been through it: its target is fine-tuned as
+    :func:`unlikelihood_phase` does inside :func:`train_v4` (round 1 for a pair without an
+    ``unlikelihood`` entry in its report, else the next round), its draft distilled again from
+    the result for ``draft_steps`` steps (continuing from the old draft, at a quarter of
+    ``spec.draft_lr``), and the pair evaluated and written to ``out_dir/export`` as a finished
+    run writes it, with ``refined_from`` in the report: the old report's figures, and its own
+    ``unlikelihood`` and ``refined_from`` where it had them (so the chain back to the trained
+    pair stays readable). The training text is the first ``train_chars`` characters of the
+    corpus's shuffled training files, encoded with the pair's own tokenizer; the held-out split
+    is untouched.
     """
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -799,18 +809,17 @@ def refine_pair(pair_dir: Path, out_dir: Path, spec: V4Spec = V4_SPEC, corpus: C
 
     started = time.perf_counter()
     old = json.loads((pair_dir / "report.json").read_text())
-    if "unlikelihood" in old:
-        raise ValueError(f"the pair in {pair_dir} has been through the unlikelihood phase already "
-                         f"(its report says so); refine the pair it came from")
+    # Reports from before rounds were counted hold one round without a "round" entry.
+    round_ = old["unlikelihood"].get("round", 1) + 1 if "unlikelihood" in old else 1
     tokenizer = PreTrainedTokenizerFast.from_pretrained(pair_dir / "target")
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
     target = AutoModelForCausalLM.from_pretrained(pair_dir / "target", dtype=torch.float32)
     draft = AutoModelForCausalLM.from_pretrained(pair_dir / "draft", dtype=torch.float32)
     corpus = corpus or code_corpus(spec, out)
     data = encode_files(_leading_texts(corpus.train, train_chars), tokenizer, eos_id, len(tokenizer))
-    out(f"[zoo-v4] refining {pair_dir}: {data.numel() / 1e6:.1f}M training tokens")
+    out(f"[zoo-v4] refining {pair_dir} (unlikelihood round {round_}): {data.numel() / 1e6:.1f}M training tokens")
 
-    history = unlikelihood_phase(target, data, tokenizer, eos_id, corpus.heldout, spec, out)
+    history = unlikelihood_phase(target, data, tokenizer, eos_id, corpus.heldout, spec, out, round_=round_)
     target.eval().requires_grad_(False)
     sampler = WindowSampler(data, spec.seq_len, spec.seed)
     opt = _new_optimizer(draft, spec, spec.draft_lr / 4)
@@ -821,7 +830,8 @@ def refine_pair(pair_dir: Path, out_dir: Path, spec: V4Spec = V4_SPEC, corpus: C
         if (step + 1) % spec.log_every == 0 or step + 1 == draft_steps:
             out(f"  draft step {step + 1:4d}/{draft_steps}  KL {loss:.3f}  lr {lr:.2e}")
     draft.eval()
-    keys = ("target_heldout", "draft_heldout", "agreement", "greedy_quality", "train_seconds", "train_tokens_seen")
+    keys = ("target_heldout", "draft_heldout", "agreement", "greedy_quality", "train_seconds", "train_tokens_seen",
+            "unlikelihood", "refined_from")
     state = {"tokens": old.get("train_tokens_seen", 0) + draft_steps * spec.batch_size * spec.seq_len,
              "seconds": old.get("train_seconds", 0.0) + time.perf_counter() - started,
              "evals": old.get("evals", []),
