@@ -293,4 +293,3 @@ def test_refine_pair_fine_tunes_a_finished_pair(tmp_path):
     assert again["refined_from"]["unlikelihood"] == refined["unlikelihood"]
     assert again["refined_from"]["refined_from"] == refined["refined_from"]
     assert again["refined_from"]["target_heldout"] == refined["target_heldout"] != again["target_heldout"]
-
