@@ -17,16 +17,16 @@ from specdec_cuda.reference import decoder_layer as ref
 HIDDEN, I, T = 48, 40, 24
 
 
-def make_layer(Hq, Hkv, D, bias, qk_norm, seed=0, bf16=False):
+def make_layer(Hq, Hkv, D, bias, qk_norm, seed=0, bf16=False, inter=I):
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         t = torch.randn(*shape, generator=g) * 0.3
         return t.bfloat16().float() if bf16 else t
 
-    w = dict(qkv_w=rand((Hq + 2 * Hkv) * D, HIDDEN), o_w=rand(HIDDEN, Hq * D), gate_up_w=rand(2 * I, HIDDEN),
-             down_w=rand(HIDDEN, I), norm1=1 + rand(HIDDEN), norm2=1 + rand(HIDDEN))
-    for name, n in (("qkv_b", (Hq + 2 * Hkv) * D), ("o_b", HIDDEN), ("gate_up_b", 2 * I), ("down_b", HIDDEN)):
+    w = dict(qkv_w=rand((Hq + 2 * Hkv) * D, HIDDEN), o_w=rand(HIDDEN, Hq * D), gate_up_w=rand(2 * inter, HIDDEN),
+             down_w=rand(HIDDEN, inter), norm1=1 + rand(HIDDEN), norm2=1 + rand(HIDDEN))
+    for name, n in (("qkv_b", (Hq + 2 * Hkv) * D), ("o_b", HIDDEN), ("gate_up_b", 2 * inter), ("down_b", HIDDEN)):
         w[name] = rand(n) if bias else None
     w["q_norm"], w["k_norm"] = (1 + rand(D), 1 + rand(D)) if qk_norm else (None, None)
     return w
@@ -73,6 +73,19 @@ def test_matches_reference_and_writes_the_cache(Hq, Hkv, D, bias, qk_norm, n, tr
     torch.testing.assert_close(vc, vc_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_an_mlp_width_off_the_vector_width_matches_reference():
+    # 43 intermediate features: SiLU's vector loops end in a tail (AVX-512 masked, AVX2 padded).
+    Hq, Hkv, D, n = 4, 2, 16, 3
+    w = make_layer(Hq, Hkv, D, True, False, seed=5, inter=43)
+    g = torch.Generator().manual_seed(6)
+    lengths = torch.tensor([4])
+    x = torch.randn(1, n, HIDDEN, generator=g)
+    kc, vc = torch.randn(1, Hkv, T, D, generator=g), torch.randn(1, Hkv, T, D, generator=g)
+    cos, sin = rope(1, n, D, lengths)
+    expected = run_ref(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq)
+    torch.testing.assert_close(run_op(w, x, cos, sin, kc, vc, lengths, Hq), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_a_token_gets_the_same_bits_alone_or_verified_with_others():
     Hq, Hkv, D, n = 4, 2, 16, 5
     w = make_layer(Hq, Hkv, D, True, False, seed=3)
@@ -88,7 +101,9 @@ def test_a_token_gets_the_same_bits_alone_or_verified_with_others():
         assert torch.equal(alone[0, 0], together[0, i]), i
 
 
-@pytest.mark.parametrize("D", [16, 48, 64, 128])  # head dims of the AVX-512 attention (tiles of 4 or 2 queries)
+# Head dims of the vector attention: AVX-512 takes 16 .. 128 in 16s (tiles of 4 or 2 queries), AVX2
+# 8 .. 128 in 8s (tiles of 4, 3, 2 or 1).
+@pytest.mark.parametrize("D", [8, 16, 32, 40, 48, 64, 128])
 @pytest.mark.parametrize("n,tree", [(1, False), (6, False), (9, True)])
 def test_longer_caches_match_reference(D, n, tree):
     # Caches longer than a few 16-slot blocks, so the masked tails of the vector softmax run.
@@ -173,12 +188,20 @@ def test_opcheck():
         torch.empty(1, 2, HIDDEN)))
 
 
-def test_portable_kernels_match_reference():
-    # SPECDEC_CPU_ISA=baseline picks the portable loops (read once at load: a fresh process).
+@pytest.mark.parametrize("cap", ["baseline", "avx2"])
+def test_narrower_tiers_match_reference(cap):
+    # SPECDEC_CPU_ISA picks a narrower tier than the machine's widest (read once at load: a fresh
+    # process): "baseline" the portable loops, "avx2" the AVX2 kernels where the CPU has AVX2.
+    isa = "avx2" if cap == "avx2" and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "portable"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_decoder_layer as t; "
-            "from specdec_cuda._native import _C; assert _C.skinny_linear_packed_isa() == 'portable'; "
-            "t.test_matches_reference_and_writes_the_cache(4, 2, 16, True, True, 3, True)")
+            f"from specdec_cuda._native import _C; assert _C.skinny_linear_packed_isa() == {isa!r}; "
+            "t.test_matches_reference_and_writes_the_cache(4, 2, 16, True, True, 3, True); "
+            "t.test_matches_reference_and_writes_the_cache(2, 2, 24, False, True, 6, True); "
+            "t.test_longer_caches_match_reference(40, 9, True); "
+            "t.test_an_mlp_width_off_the_vector_width_matches_reference(); "
+            "t.test_a_token_gets_the_same_bits_alone_or_verified_with_others(); "
+            "t.test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain()")
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
+    env = dict(os.environ, SPECDEC_CPU_ISA=cap,
                PYTHONPATH=os.pathsep.join([os.path.join(tests_dir, "..", "python"), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", code, tests_dir], env=env, check=True, timeout=120)

@@ -209,7 +209,8 @@ def test_cpu_rope_table_equals_direct_computation(family_pair):
 
 # ---- the packed CPU path (decoder_layer op, packed weights) -------------------------------------
 
-needs_packed = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512: models keep the torch path")
+needs_packed = pytest.mark.skipif(not packed_kernel_available(),
+                                  reason="no AVX-512 or AVX2: models keep the torch path")
 
 
 @needs_packed

@@ -426,7 +426,7 @@ def test_mtp_blocks_take_the_packed_cpu_path_and_still_train(tmp_path, monkeypat
     from specdec_cuda.zoo_heads import mtp_hiddens
 
     if not packed_kernel_available():
-        pytest.skip("the packed path needs the AVX-512 kernel")
+        pytest.skip("the packed path needs the AVX-512 or AVX2 kernel")
     target = models.load(make_checkpoint(tmp_path / "target", seed=0))
     head, modules = target_head(target), random_heads(target, "mtp", 1, seed=3)
     g = torch.Generator().manual_seed(1)

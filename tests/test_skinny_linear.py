@@ -123,22 +123,31 @@ def test_packed_leading_dims_bad_inputs_and_opcheck():
                           (torch.randn(3, 32), packed.panels, torch.randn(16), torch.empty(3, 16)))
 
 
-def test_packed_portable_loop_gives_the_vector_kernels_bits():
-    # Both are one fma chain per output over K in order: the same bits (a fresh process reads
-    # SPECDEC_CPU_ISA at load).
+@pytest.mark.parametrize("cap", ["baseline", "avx2"])
+def test_packed_narrower_tiers_give_the_vector_kernels_bits(cap):
+    # Every tier is one fma chain per output over K in order: the same bits. SPECDEC_CPU_ISA picks
+    # the portable loop ("baseline") or the AVX2 kernel where the CPU has AVX2 (a fresh process
+    # reads it at load). Odd widths and bias exercise the AVX2 kernel's masked tails.
+    isa = "avx2" if cap == "avx2" and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "portable"
     g = torch.Generator().manual_seed(11)
     x, w, b = torch.randn(7, 72, generator=g), torch.randn(90, 72, generator=g), torch.randn(90, generator=g)
-    here = skinny_linear_packed(x, pack_weight(w), b)
+    wb = torch.randn(77, 72, generator=g).bfloat16().float()
+    here = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 8)]
+    here += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 8)]
     code = ("import sys, torch; from specdec_cuda._native import _C; "
             "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
-            "assert _C.skinny_linear_packed_isa() == 'portable'; "
-            "x, w, b = torch.load(sys.argv[1]); torch.save(skinny_linear_packed(x, pack_weight(w), b), sys.argv[1])")
+            f"assert _C.skinny_linear_packed_isa() == {isa!r}, _C.skinny_linear_packed_isa(); "
+            "x, w, b, wb = torch.load(sys.argv[1]); "
+            "out = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 8)]; "
+            "out += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 8)]; "
+            "torch.save(out, sys.argv[1])")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "io.pt")
-        torch.save((x, w, b), path)
+        torch.save((x, w, b, wb), path)
         python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-        env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
+        env = dict(os.environ, SPECDEC_CPU_ISA=cap,
                    PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=120)
-        portable = torch.load(path)
-    assert torch.equal(portable, here)
+        theirs = torch.load(path)
+    for m, (a, c) in enumerate(zip(theirs, here)):
+        assert torch.equal(a, c), m

@@ -1,10 +1,10 @@
 // The decoder layer's row kernels (see decoder_layer_cpu.h). Each is written once as an inline
 // body with explicit 16-lane partial sums (so the compiler vectorises it without reassociating
-// floating-point sums) and compiled twice: for baseline x86-64 and, picked at run time, for
-// AVX-512 (SPECDEC_CPU_ISA caps it, as for the other CPU kernels). Two are hand-vectorised on
-// AVX-512 instead, because libm's scalar expf dominated them: attention (attention_avx512.h) and
-// SiLU. Their bits differ from the portable loops' within float32 rounding; each still gives a row
-// the same bits whatever the other rows are.
+// floating-point sums) and compiled three times: for baseline x86-64 and, picked at run time, for
+// AVX-512 or AVX2 + FMA (SPECDEC_CPU_ISA caps the choice, as for the other CPU kernels). Two are
+// hand-vectorised on both wider tiers instead, because libm's scalar expf dominated them:
+// attention (attention_avx512.h, attention_avx2.h) and SiLU. Each tier's bits differ from the
+// others' within float32 rounding; each still gives a row the same bits whatever the other rows are.
 #include "kernels/decoder_layer/decoder_layer_cpu.h"
 
 #include <algorithm>
@@ -19,7 +19,9 @@
 #endif
 
 #include "kernels/common/cpu_isa.h"
+#include "kernels/common/exp_avx2.h"
 #include "kernels/common/exp_avx512.h"
+#include "kernels/decoder_layer/attention_avx2.h"
 #include "kernels/decoder_layer/attention_avx512.h"
 
 #define SPECDEC_INLINE inline __attribute__((always_inline))
@@ -164,10 +166,50 @@ SPECDEC_AVX512 void silu_mul_avx512(const float* gate_up, int64_t M, int64_t I, 
   }
 }
 
-// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (kernels/common/cpu_isa.h).
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
+SPECDEC_AVX2 void rms_norm_rows_avx2(const float* x, const float* w, float eps, int64_t M, int64_t H, float* o) {
+  rms_norm_rows_body(x, w, eps, M, H, o);
+}
+SPECDEC_AVX2 void rope_and_store_avx2(float* qkv, const float* cos, const float* sin, const float* qn,
+                                      const float* kn, float eps, float* kc, float* vc, const int64_t* lengths,
+                                      const AttentionShape& s) {
+  rope_and_store_body(qkv, cos, sin, qn, kn, eps, kc, vc, lengths, s);
+}
+// Head dims the AVX2 attention (attention_avx2.h) does not take.
+SPECDEC_AVX2 void attend_loop_avx2(const float* qkv, const float* kc, const float* vc, const int64_t* lengths,
+                                   const bool* tree_mask, float scale, const AttentionShape& s, float* out,
+                                   int64_t begin, int64_t end) {
+  attend_body(qkv, kc, vc, lengths, tree_mask, scale, s, out, begin, end);
+}
+// silu(g) * u as in silu_mul_avx512, 8 lanes at a time; a tail of under 8 goes through a padded
+// block, so each element gets the same operations wherever it lies.
+SPECDEC_AVX2 inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 e = exp8_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+SPECDEC_AVX2 void silu_mul_avx2(const float* gate_up, int64_t M, int64_t I, float* act) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* gate = gate_up + m * 2 * I;
+    const float* up = gate + I;
+    int64_t j = 0;
+    for (; j + 8 <= I; j += 8)
+      _mm256_storeu_ps(act + m * I + j, silu_mul8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
+    if (j < I) {
+      alignas(32) float g[8] = {}, u[8] = {}, a[8];
+      std::copy(gate + j, gate + I, g);
+      std::copy(up + j, up + I, u);
+      _mm256_store_ps(a, silu_mul8(_mm256_load_ps(g), _mm256_load_ps(u)));
+      std::copy(a, a + (I - j), act + m * I + j);
+    }
+  }
+}
+
+// The widest tier SPECDEC_CPU_ISA allows on this CPU (kernels/common/cpu_isa.h).
 const bool kAvx512 = cpu_avx512_fma_enabled();
+const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled();
 #else
 const bool kAvx512 = false;
+const bool kAvx2 = false;
 #endif
 
 }  // namespace
@@ -175,6 +217,7 @@ const bool kAvx512 = false;
 void rms_norm_rows(const float* x, const float* weight, float eps, int64_t M, int64_t H, float* out) {
 #if defined(__x86_64__)
   if (kAvx512) return rms_norm_rows_avx512(x, weight, eps, M, H, out);
+  if (kAvx2) return rms_norm_rows_avx2(x, weight, eps, M, H, out);
 #endif
   rms_norm_rows_body(x, weight, eps, M, H, out);
 }
@@ -184,6 +227,7 @@ void rope_and_store(float* qkv, const float* cos, const float* signed_sin, const
                     const AttentionShape& s) {
 #if defined(__x86_64__)
   if (kAvx512) return rope_and_store_avx512(qkv, cos, signed_sin, q_norm, k_norm, eps, k_cache, v_cache, lengths, s);
+  if (kAvx2) return rope_and_store_avx2(qkv, cos, signed_sin, q_norm, k_norm, eps, k_cache, v_cache, lengths, s);
 #endif
   rope_and_store_body(qkv, cos, signed_sin, q_norm, k_norm, eps, k_cache, v_cache, lengths, s);
 }
@@ -195,6 +239,9 @@ void attend(const float* qkv, const float* k_cache, const float* v_cache, const 
   if (attend_avx512_supports(s.D))
     return attend_avx512(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
   if (kAvx512) return attend_loop_avx512(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
+  if (attend_avx2_supports(s.D))
+    return attend_avx2(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
+  if (kAvx2) return attend_loop_avx2(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
 #endif
   attend_body(qkv, k_cache, v_cache, lengths, tree_mask, sm_scale, s, out, begin, end);
 }
@@ -202,6 +249,7 @@ void attend(const float* qkv, const float* k_cache, const float* v_cache, const 
 void silu_mul_rows(const float* gate_up, int64_t M, int64_t I, float* act) {
 #if defined(__x86_64__)
   if (kAvx512) return silu_mul_avx512(gate_up, M, I, act);
+  if (kAvx2) return silu_mul_avx2(gate_up, M, I, act);
 #endif
   silu_mul_body(gate_up, M, I, act);
 }

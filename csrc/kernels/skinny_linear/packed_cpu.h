@@ -11,8 +11,8 @@
 //
 // Batch invariance and portability of bits: y[m, n] is the fused multiply-add chain
 // acc = fma(x[m, k], W[n, k], acc) over k = 0 .. K-1 from acc = 0, then + bias[n], whatever the
-// other rows of x are and whichever of the two kernels runs (AVX-512, or the portable loop with
-// std::fma). One-token decoding and a verification forward give a token the same bits.
+// other rows of x are and whichever of the three kernels runs (AVX-512, AVX2, or the portable loop
+// with std::fma). One-token decoding and a verification forward give a token the same bits.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +36,8 @@ void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const f
 void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, float* y,
                                         int64_t ldy, int64_t N, int64_t p_begin, int64_t p_end);
 
-// "avx512" when the vector kernel runs on this machine, else "portable" (std::fma per output:
-// the same bits, far slower; callers use BLAS instead).
+// "avx512" or "avx2" when a vector kernel runs on this machine, else "portable" (std::fma per
+// output: the same bits, far slower; callers use BLAS instead).
 const char* packed_linear_cpu_isa();
 
 }  // namespace specdec::skinny

@@ -86,8 +86,8 @@ class TargetHead:
         return mtp_ops.mtp_head_topk(h, self.norm_weight, self.lm_head, k, self.eps, return_logits)
 
     def _use_packed(self, h: torch.Tensor) -> bool:
-        """A float32 CPU head on an AVX-512 machine (``SPECDEC_PACKED_LINEAR`` not 0), as for the
-        target's own LM head; packs it on first use."""
+        """A float32 CPU head on an AVX-512 or AVX2 machine (``SPECDEC_PACKED_LINEAR`` not 0), as for
+        the target's own LM head; packs it on first use."""
         if not (packed_path_wanted(h.device, h.dtype) and self.lm_head.dtype == torch.float32):
             return False
         if self.lm_head_packed is None:
@@ -208,10 +208,10 @@ class MTPModules(nn.Module):
 
     def _packed_blocks(self, rows: int, device: torch.device, training: bool) -> bool:
         """Whether a forward of ``rows`` token rows runs each block as one ``decoder_layer`` op
-        (LlamaModel's CPU decoding path: inference, float32, AVX-512, at most ``PACKED_MAX_ROWS``
-        rows, ``SPECDEC_PACKED_LINEAR`` not 0); (re)binds the blocks, packed, after any parameter
-        was replaced or written in place, and plainly when the packed path does not apply (packed
-        copies carry no gradient, and training steps make them stale)."""
+        (LlamaModel's CPU decoding path: inference, float32, AVX-512 or AVX2, at most
+        ``PACKED_MAX_ROWS`` rows, ``SPECDEC_PACKED_LINEAR`` not 0); (re)binds the blocks, packed,
+        after any parameter was replaced or written in place, and plainly when the packed path does
+        not apply (packed copies carry no gradient, and training steps make them stale)."""
         wanted = not training and packed_path_wanted(device, self.modules_[0].eh_proj.dtype)
         if not wanted:
             if self._binding is not None:

@@ -11,9 +11,9 @@ of through ``nn.Module.__getattr__`` (about 1 us per access, ~20 per layer per f
 ``LlamaModel`` drops the binding whenever ``.to()`` / ``to_empty()`` replace the parameters, and
 whenever a parameter is written in place.
 
-Bound with ``pack=True`` (what ``LlamaModel`` does for a float32 model on a CPU with AVX-512), each
-projection also carries its weight packed for ``skinny_linear_packed`` (bfloat16 when the values
-allow it exactly), and ``forward_packed`` runs the whole layer as one ``decoder_layer`` op: what
+Bound with ``pack=True`` (what ``LlamaModel`` does for a float32 model on a CPU with AVX-512 or
+AVX2), each projection also carries its weight packed for ``skinny_linear_packed`` (bfloat16 when
+the values allow it exactly), and ``forward_packed`` runs the whole layer as one ``decoder_layer`` op: what
 ``LlamaModel`` does for decoding and verification forwards of up to ``PACKED_MAX_ROWS`` token rows
 (per-op overhead, about 35 torch ops per layer, is most of a small model's step on a CPU). A
 prefill runs ``forward``, through BLAS.

@@ -39,7 +39,7 @@ class LlamaModel(nn.Module):
         cache.commit(torch.tensor([3]))
 
     ``packed_linear`` (default: on unless the environment sets ``SPECDEC_PACKED_LINEAR=0``): a
-    float32 model on a CPU with AVX-512 runs its decoding and verification forwards (up to
+    float32 model on a CPU with AVX-512 or AVX2 runs its decoding and verification forwards (up to
     ``layers.PACKED_MAX_ROWS`` token rows) as one ``decoder_layer`` op per layer and the LM head
     through ``skinny_linear_packed``, from weights packed on first use (bfloat16 when exact; the
     packed copy adds half the model's float32 size, or all of it, and is made only while that

@@ -15,7 +15,7 @@ multiply-adds at K of a few hundred). A weight whose values are all bfloat16 num
 checkpoint loaded as float32) is packed as bfloat16: the same values in half the bytes, widened
 exactly, so the product is the float32 model's, read at twice the speed from memory. Each output
 is one fused multiply-add chain over K in order (then + bias): batch-invariant, and the same bits
-from the AVX-512 kernel and the portable loop.
+from the AVX-512 and AVX2 kernels and the portable loop.
 """
 
 from __future__ import annotations
@@ -143,12 +143,12 @@ def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tens
 
 @functools.cache
 def packed_kernel_available() -> bool:
-    """Whether ``skinny_linear_packed`` runs its vector kernel on this CPU (the portable loop gives
-    the same bits far slower: models then keep BLAS). Fixed when the library loads (the ISA and
-    ``SPECDEC_CPU_ISA`` are read then), so asked once per process."""
+    """Whether ``skinny_linear_packed`` runs a vector kernel (AVX-512 or AVX2) on this CPU (the
+    portable loop gives the same bits far slower: models then keep BLAS). Fixed when the library
+    loads (the ISA and ``SPECDEC_CPU_ISA`` are read then), so asked once per process."""
     from .._native import _C
 
-    return _C.skinny_linear_packed_isa() == "avx512"
+    return _C.skinny_linear_packed_isa() != "portable"
 
 
 @torch.library.register_fake("specdec::skinny_linear")
