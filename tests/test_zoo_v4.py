@@ -289,7 +289,22 @@ def test_refine_pair_fine_tunes_a_finished_pair(tmp_path):
     again = zoo_v4.refine_pair(tmp_path / "export", tmp_path / "again", TINY, corpus=_corpus(), draft_steps=2,
                                log=lines.append)
     assert again["unlikelihood"]["round"] == 2 and any("round 2" in line for line in lines)
-    assert (refined["unlikelihood"]["spec"]["seed"], again["unlikelihood"]["spec"]["seed"]) == (TINY.seed, TINY.seed + 1)
+    # Each round takes its entry of spec.unlikelihood_rounds (loop period, continuation, seed offset);
+    # past the table, the last entry with the next seed.
+    first, second = refined["unlikelihood"]["spec"], again["unlikelihood"]["spec"]
+    assert (first["max_period"], first["seed"]) == (16, TINY.seed)
+    assert (second["max_period"], second["seed"]) == (16, TINY.seed + 1)
+    assert (first["continuation_len"], second["continuation_len"]) == (TINY.seq_len // 4,) * 2  # capped by seq_len
     assert again["refined_from"]["unlikelihood"] == refined["unlikelihood"]
     assert again["refined_from"]["refined_from"] == refined["refined_from"]
     assert again["refined_from"]["target_heldout"] == refined["target_heldout"] != again["target_heldout"]
+
+
+
+def test_unlikelihood_rounds_past_the_table_repeat_its_last_entry_with_the_next_seeds():
+    spec = dataclasses.replace(TINY, seq_len=512, unlikelihood_rounds=((16, 64, 0), (32, 80, 2)))
+    assert [zoo_v4.unlikelihood_round(spec, r) for r in (1, 2, 3, 5)] == [
+        (16, 64, spec.seed), (32, 80, spec.seed + 2), (32, 80, spec.seed + 3), (32, 80, spec.seed + 5)]
+    assert zoo_v4.unlikelihood_round(TINY, 2) == (16, TINY.seq_len // 4, TINY.seed + 1)  # capped by seq_len
+    with pytest.raises(ValueError, match="count from 1"):
+        zoo_v4.unlikelihood_round(spec, 0)

@@ -124,6 +124,12 @@ class V4Spec(ZooSpec):
     unlikelihood_lr: float = 2e-4
     unlikelihood_alpha: float = 3.0
     unlikelihood_openings: float = 1.0  # fraction of its prompts cut at code openings
+    # Per round (zoo_v4.unlikelihood_round): the longest loop period it penalises, the greedy
+    # continuation's length and the offset of its prefix seed from `seed`; a round past the table
+    # repeats its last entry with the next seeds (round r: seed + r - 1 here). A round at
+    # (32, 80, 2) after the shipped one, against the longer loops the first round leaves, was
+    # measured and not shipped (zoo_unlikelihood's docstring).
+    unlikelihood_rounds: tuple = ((16, 64, 0),)
     draft_steps: int = 600
     target_lr: float = 1.5e-3
     draft_lr: float = 2e-3

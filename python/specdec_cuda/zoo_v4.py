@@ -507,6 +507,18 @@ def opening_prefixes(texts: Sequence[str], tokenizer, length: int) -> torch.Tens
     return torch.tensor(rows, dtype=torch.int64)
 
 
+def unlikelihood_round(spec: V4Spec, round_: int) -> tuple[int, int, int]:
+    """(longest loop period penalised, continuation length, prefix seed) of unlikelihood round
+    ``round_`` (1-based): its entry of ``spec.unlikelihood_rounds``, the continuation capped at a
+    quarter of ``spec.seq_len``; a round past the table repeats the last entry with the next seeds."""
+    if round_ < 1:
+        raise ValueError(f"unlikelihood rounds count from 1, got {round_}")
+    rounds = spec.unlikelihood_rounds
+    max_period, continuation, seed_offset = rounds[min(round_, len(rounds)) - 1]
+    seed_offset += max(0, round_ - len(rounds))
+    return max_period, min(continuation, spec.seq_len // 4), spec.seed + seed_offset
+
+
 def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldout: list[tuple[str, str]],
                        spec: V4Spec, log, should_stop=None, round_: int = 1) -> dict | None:
     """Sequence-level unlikelihood fine-tune of ``target`` in place (``zoo_unlikelihood``), sized
@@ -514,18 +526,18 @@ def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldo
     text (``spec.unlikelihood_openings`` of them; the rest from random windows); it is judged on
     ``3 * spec.prompts`` other openings of training text (greedy collapse, distinct-4) and on the
     quick held-out slice (bits per character). ``round_``: how many times this target has been
-    through the phase, this one included; each round draws its own prefixes (seed
-    ``spec.seed + round_ - 1``) and the judge stays the same. Returns the history (with
-    ``round``), None when stopped."""
+    through the phase, this one included; the round's entry of ``spec.unlikelihood_rounds``
+    gives the longest loop period penalised, the continuation length and the prefix seed's
+    offset (so each round draws its own prefixes), and the judge stays the same. Returns the
+    history (with ``round``), None when stopped."""
     from . import zoo_unlikelihood
 
-    if round_ < 1:
-        raise ValueError(f"unlikelihood_phase needs round_ >= 1, got {round_}")
+    max_period, continuation, seed = unlikelihood_round(spec, round_)
     ul = zoo_unlikelihood.UnlikelihoodSpec(
         steps=spec.unlikelihood_steps, lr=spec.unlikelihood_lr, alpha=spec.unlikelihood_alpha,
         opening_fraction=spec.unlikelihood_openings, prefix_len=min(48, spec.seq_len // 4),
-        continuation_len=min(64, spec.seq_len // 4), mle_seq_len=min(256, spec.seq_len),
-        seed=spec.seed + round_ - 1, log_every=spec.log_every, eval_every=max(1, spec.unlikelihood_steps // 4))
+        continuation_len=continuation, max_period=max_period, mle_seq_len=min(256, spec.seq_len), seed=seed,
+        log_every=spec.log_every, eval_every=max(1, spec.unlikelihood_steps // 4))
     # The first files judge, the next ones (50x as much text) give the prefixes: disjoint.
     judge_chars = 4 * spec.quick_eval_chars
     texts = _training_texts(data, tokenizer, eos_id, 51 * judge_chars)
