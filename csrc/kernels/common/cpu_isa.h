@@ -33,4 +33,7 @@ inline bool cpu_avx2_fma_enabled() {
 #endif
 }
 
+// The AVX2 tier runs: AVX2 + FMA allowed and present, and the AVX-512 tier not taking its place.
+inline bool cpu_avx2_is_widest() { return !cpu_avx512_fma_enabled() && cpu_avx2_fma_enabled(); }
+
 }  // namespace specdec

@@ -162,7 +162,7 @@ SPECDEC_AVX2 void attend_items(const float* qkv, const float* k_cache, const flo
 }
 
 // AVX2 where the CPU has it and neither SPECDEC_CPU_ISA nor a wider tier takes its place.
-const bool kAvx2 = !cpu_avx512_fma_enabled() && cpu_avx2_fma_enabled();
+const bool kAvx2 = cpu_avx2_is_widest();
 
 using ItemsFn = void (*)(const float*, const float*, const float*, const int64_t*, const bool*, float,
                          const AttentionShape&, float*, int64_t, int64_t);

@@ -206,7 +206,7 @@ SPECDEC_AVX2 void silu_mul_avx2(const float* gate_up, int64_t M, int64_t I, floa
 
 // The widest tier SPECDEC_CPU_ISA allows on this CPU (kernels/common/cpu_isa.h).
 const bool kAvx512 = cpu_avx512_fma_enabled();
-const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled();
+const bool kAvx2 = cpu_avx2_is_widest();
 #else
 const bool kAvx512 = false;
 const bool kAvx2 = false;

@@ -223,7 +223,7 @@ SPECDEC_AVX2 void panels_avx2(const float* x, int64_t M, int64_t K, const W* pac
 
 // The widest tier SPECDEC_CPU_ISA allows on this CPU (kernels/common/cpu_isa.h).
 const bool kAvx512 = cpu_avx512_fma_enabled();
-const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled();
+const bool kAvx2 = cpu_avx2_is_widest();
 #else
 const bool kAvx512 = false;
 const bool kAvx2 = false;
