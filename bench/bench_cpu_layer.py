@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
 
-from specdec_cuda import models, zoo  # noqa: E402
+from specdec_cuda import models
+from zoo import pairs  # noqa: E402
 
 
 def forward_ms(model, n: int, context: int, iters: int) -> tuple[float, torch.Tensor]:
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.rows, args.repeats = [1, 5, 17], 2
     torch.set_num_threads(args.threads)
-    folder = Path(args.target) if args.target else zoo.default_pair_dir() / "target"
+    folder = Path(args.target) if args.target else pairs.default_pair_dir() / "target"
     packed, plain = models.load(folder), models.load(folder)
     plain.packed_linear = False
     samples: dict[tuple[str, int], list[float]] = {}

@@ -24,13 +24,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from specdec_cuda import SpeculativeDecoder, e2e, ops  # noqa: E402
+from bench import e2e
+from specdec_cuda import SpeculativeDecoder, ops  # noqa: E402
 from specdec_cuda.reference.ddtree import ddtree_build as reference_build  # noqa: E402
-from specdec_cuda.zoo_dflash import default_drafter_dir  # noqa: E402
+from zoo.dflash import default_drafter_dir  # noqa: E402
 from timing import time_cpu  # noqa: E402
 
 

@@ -32,10 +32,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
 
 import torch  # noqa: E402
 
-from specdec_cuda import zoo, zoo_diffusion  # noqa: E402
+from zoo import pairs
+from zoo import diffusion as zoo_diffusion  # noqa: E402
 from specdec_cuda.decoding import SamplingParams  # noqa: E402
 from specdec_cuda.diffusion_generate import DiffusionGenerator  # noqa: E402
 
@@ -44,14 +46,14 @@ def held_out_prompts(tokenizer, count: int, prompt_tokens: int, pair_dir: Path) 
     """``count`` prompts of ``prompt_tokens`` tokens, each starting at a line start, from text the
     pair in ``pair_dir`` held out: zoo v4's held-out stdlib modules (a third, a half and two thirds
     into each), or for a v3 pair the last files of the stdlib stream (its held-out tail)."""
-    modulo = zoo.pair_heldout_modulo(pair_dir)
+    modulo = pairs.pair_heldout_modulo(pair_dir)
     if modulo:
-        from specdec_cuda import zoo_v4
+        from zoo import v4 as zoo_v4
 
-        texts = [t for _, t in zoo_v4.stdlib_heldout(zoo.V4Spec(heldout_modulo=modulo))]
+        texts = [t for _, t in zoo_v4.stdlib_heldout(pairs.V4Spec(heldout_modulo=modulo))]
         starts = [(t, f) for f in (1 / 3, 1 / 2, 2 / 3) for t in texts]
     else:
-        starts = [(t, 1 / 3) for t in zoo.stdlib_corpus()[-count * 2:]]
+        starts = [(t, 1 / 3) for t in pairs.stdlib_corpus()[-count * 2:]]
     prompts = []
     for text, fraction in starts:
         lines = text.splitlines(keepends=True)
@@ -187,8 +189,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = zoo_diffusion.SPECS[args.zoo or zoo.default_zoo()]
-    target_dir = Path(args.ar_target) if args.ar_target else zoo.get_pair(zoo.SPECS[spec.pair])[0]
+    spec = zoo_diffusion.SPECS[args.zoo or pairs.default_zoo()]
+    target_dir = Path(args.ar_target) if args.ar_target else pairs.get_pair(pairs.SPECS[spec.pair])[0]
     if args.model:
         from transformers import PreTrainedTokenizerFast
 

@@ -1,5 +1,5 @@
 """End-to-end benchmark: this engine (autoregressive decoding and every registered method, in the
-configurations each declares with ``MethodSpec.bench_configs``) against transformers ``generate``
+configurations ``bench/configs.py`` lists) against transformers ``generate``
 (plain, ``assistant_model=`` the zoo draft, ``prompt_lookup_num_tokens=``), on the built-in
 prompts and the pair's held-out prompts, batch 1 and 8, greedy and T = 0.8, in one table.
 

@@ -7,12 +7,12 @@ medians, the speedup as a ratio of the same run, and the LM-head read bandwidth.
 ``mtp_head_topk_packed`` (the LM head packed for the CPU decoding path: float32 panels of a float32
 head, bfloat16 panels of a bfloat16 one, float32 activations) and ``mtp_head_topk_w4``.
 
-End-to-end part (CPU, zoo target, heads from ``python -m specdec_cuda zoo --heads``): tokens/s, tau
+End-to-end part (CPU, zoo target, heads from ``python -m zoo.train --heads``): tokens/s, tau
 and speedup over this engine's autoregressive decoding for Medusa chain, Medusa tree (each budget),
 MTP chain and the draft-model method, batch 1 and 8, greedy and T = 0.8, on held-out prompts.
 
 Usage: python bench/bench_mtp.py [--quick] [--part kernel|e2e|all] [--device cpu|cuda] [--out PATH]
-Targets (issue 19): CPU fused >= 1.5x unfused at M = 1 for the 8B shape; on an H200 >= 70% of HBM
+Targets: CPU fused >= 1.5x unfused at M = 1 for the 8B shape; on an H200 >= 70% of HBM
 bandwidth for the LM-head read; Medusa tree and MTP >= 1.5x autoregressive at batch 1 greedy; MTP
 tau >= draft-model tau at k = 4.
 """
@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specdec_cuda import ops  # noqa: E402
@@ -129,15 +130,15 @@ def bench_kernel(args) -> list[dict]:
 
 
 def bench_e2e(args) -> list[dict]:
-    from specdec_cuda import e2e, zoo
+    from bench import e2e
+    from zoo import pairs
     from specdec_cuda.api import SpeculativeDecoder
-    from specdec_cuda.proposers.medusa import default_heads_dir
 
     torch.set_num_threads(args.threads)
     pair = e2e.load_pair(args.target, None, device=args.device, threads=args.threads)
-    target_dir, draft_dir = zoo.get_pair(zoo.SPECS[zoo.default_zoo()])
+    target_dir, draft_dir = pairs.get_pair(pairs.SPECS[pairs.default_zoo()])
     draft = e2e.load_pair(target_dir, draft_dir, device=args.device, threads=args.threads).draft
-    heads_root = Path(args.heads) if args.heads else default_heads_dir("medusa").parent
+    heads_root = Path(args.heads) if args.heads else pairs.default_pair_dir()
     medusa, mtp = heads_root / "heads-medusa", heads_root / "heads-mtp"
     n_prompts = 8 if args.quick else 16
     prompts = e2e.encode(pair.tokenizer, e2e.held_out_prompts(n_prompts))

@@ -21,7 +21,7 @@ the demo's pair) and its drafter, three workloads:
 * repetitive: each prompt holds a chunk of a held-out source file (``zoo_v4.stdlib_heldout``, the
   split no zoo model trained on) and then the chunk's first lines again, so that the continuation
   re-states it;
-* general: the bench prompts (``specdec_cuda.e2e.PROMPTS``);
+* general: the bench prompts (``bench.e2e.PROMPTS``);
 * held-out: code openings from the pair's held-out split (``e2e.held_out_prompts``), which no
   default here was chosen on. The targets are checked on the first two workloads, as the issue
   states them, and the same ratios are printed for this one beside them.
@@ -57,6 +57,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the checkout: zoo/, bench/
 
 import specdec_cuda  # noqa: E402
 import timing  # noqa: E402  (bench/timing.py, beside this script)
@@ -160,7 +161,7 @@ def repetitive_prompts(count: int, chars: int) -> list[str]:
     """A chunk of ``chars`` characters of each of ``count`` held-out files (from the first ``def``
     after a third of the file, cut at a line end), then a blank line and the chunk's first two lines:
     the continuation re-states the chunk."""
-    from specdec_cuda import zoo_v4
+    from zoo import v4 as zoo_v4
 
     files = zoo_v4.stdlib_heldout()
     step = max(1, len(files) // count)
@@ -214,7 +215,7 @@ def hf_ks(args) -> list[int]:
 
 def run_workload(name: str, prompts: list[list[int]], decoders: dict, hf_model, args, eos) -> list[dict]:
     """Every method on every prompt, interleaved, ``args.repeats`` times; medians per prompt."""
-    from specdec_cuda.e2e import combine, engine_group
+    from bench.e2e import combine, engine_group
 
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos, temperature=0.0)
     jobs = {m: (lambda g, d=d: engine_group(d, g, **common)) for m, d in decoders.items()}
@@ -240,7 +241,7 @@ def run_workload(name: str, prompts: list[list[int]], decoders: dict, hf_model, 
 def sweep(name: str, prompts, pair, args, eos, ar_tokens_per_s: float, configs: list[tuple[str, str, dict]]):
     """One run per configuration (after one warm-up prompt), speedup over the workload's AR median."""
     from specdec_cuda import SpeculativeDecoder
-    from specdec_cuda.e2e import run_engine
+    from bench.e2e import run_engine
 
     rows = []
     for label, method, options in configs:
@@ -261,10 +262,11 @@ def sweep(name: str, prompts, pair, args, eos, ar_tokens_per_s: float, configs: 
 def e2e_part(args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from specdec_cuda import e2e, zoo
+    from bench import e2e
+    from zoo import pairs
 
     # Default: the demo's zoo target (the shipped v4 pair, else the cached v3 one), not trained here.
-    target_dir = args.target or str(zoo.default_pair_dir() / "target")
+    target_dir = args.target or str(pairs.default_pair_dir() / "target")
     if args.target is None and not os.path.isdir(target_dir):
         print(f"e2e part skipped: no zoo target at {target_dir} (pass --target, or set SPECDEC_ZOO_DIR)")
         return {}

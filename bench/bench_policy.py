@@ -20,11 +20,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
 
 import torch  # noqa: E402
 
 from specdec_cuda import SpeculativeDecoder  # noqa: E402
-from specdec_cuda import e2e  # noqa: E402
+from bench import e2e  # noqa: E402
 
 
 def _configs(pair, ks: list[int], k_policy: int) -> dict[str, SpeculativeDecoder]:

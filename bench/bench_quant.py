@@ -41,7 +41,7 @@ CPU_SHAPES_QUICK = [(14336, 4096)]
 CPU_SHAPES = [(14336, 4096), (4096, 4096), (4096, 14336)]
 CUDA_SHAPES_QUICK = [(8192, 8192), (14336, 4096), (4096, 14336)]
 CUDA_SHAPES = [(8192, 8192), (4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
-# H200 targets of issue 5, for M = 1 on 8192 x 8192-class shapes
+# H200 targets, for M = 1 on 8192 x 8192-class shapes
 TARGET_PCT_HBM = 70.0
 TARGET_SPEEDUP_BF16 = 2.5
 # what tests/test_quant.py holds the kernel to (max-abs error relative to max |reference|)

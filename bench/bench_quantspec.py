@@ -38,6 +38,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the checkout: zoo/, bench/
 
 import specdec_cuda  # noqa: E402
 import timing  # noqa: E402  (bench/timing.py)
@@ -46,7 +47,7 @@ from specdec_cuda.models import QuantKVModel  # noqa: E402
 from specdec_cuda.ops import kv_quant as kv  # noqa: E402
 from specdec_cuda.ops.quant_attention import quant_kv_attention  # noqa: E402
 from specdec_cuda.reference import quant_attention as ref  # noqa: E402
-from specdec_cuda.zoo import zoo_root  # noqa: E402
+from zoo.pairs import zoo_root  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 DEFAULT_TARGET = os.path.join(zoo_root(), "pystdlib-v3", "target")  # $SPECDEC_ZOO_DIR or <repo>/.cache/zoo
@@ -57,10 +58,10 @@ def held_out_ids(target_dir: str) -> list[int]:
     """The zoo's held-out text (the end of the standard-library corpus) as token ids."""
     from transformers import AutoTokenizer
 
-    from specdec_cuda import zoo
+    from zoo import pairs
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    return tokenizer("".join(zoo.stdlib_corpus())[-60000:], add_special_tokens=False)["input_ids"]
+    return tokenizer("".join(pairs.stdlib_corpus())[-60000:], add_special_tokens=False)["input_ids"]
 
 
 def long_prompts(ids: list[int], length: int, rows: int) -> list[list[int]]:
@@ -362,7 +363,7 @@ def main() -> None:
         zoo = models.load(args.target).config if os.path.isdir(args.target) else None
         configs = {"gpu-shaped (8 x 4 KV heads x 128)": (8, 4, 128)}
         if zoo is not None:
-            configs["zoo target"] = (zoo.num_hidden_layers, zoo.num_key_value_heads, zoo.head_dim)
+            configs["zoo target"] = (pairs.num_hidden_layers, pairs.num_key_value_heads, pairs.head_dim)
         result["kv_bytes"] = kv_bytes(configs)
     if "acceptance" in parts:
         if os.path.isdir(args.target):

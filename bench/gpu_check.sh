@@ -95,7 +95,7 @@ step bench_sampling 75 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/s
 
 # ==== family: models ==============================================================================
 step bench_models 45 "$PY" bench/bench_models.py --device cuda --quick --out "$OUT/models.json"
-# end to end (issue 4) needs the trained zoo pair: training it here would eat the time budget, so
+# end to end needs the trained zoo pair: training it here would eat the time budget, so
 # carry .cache/zoo from the development machine (the device tool's `carry`) unless the v4 pair is
 # shipped in zoo/; without either, skipped.
 if [ -d zoo/pycode-v4 ] || [ -d .cache/zoo/pystdlib-v3 ]; then
@@ -158,7 +158,7 @@ step bench_quantspec 150 "$PY" bench/bench_quantspec.py --device cuda --quick --
 # ==== end family: quantspec =======================================================================
 
 # ==== family: mtp ==========================================================================
-# ==== hardening: compute-sanitizer (issue 12) ======================================================
+# ==== hardening: compute-sanitizer ==========================================================
 # memcheck (out-of-bounds / misaligned device accesses, leaks of device errors) and racecheck
 # (shared-memory hazards) over the CUDA tests: every test whose name or file says cuda, plus the
 # fuzz suite's CUDA cases. Slow (the tools instrument every kernel): they run only with

@@ -7,7 +7,7 @@ PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SCRATCH="$(mktemp -d)"
 trap 'rm -rf "$SCRATCH"' EXIT
-cp -r "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/csrc" "$ROOT/python" "$ROOT/tests" "$ROOT/bench" "$SCRATCH/"
+cp -r "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/csrc" "$ROOT/python" "$ROOT/tests" "$ROOT/bench" "$ROOT/zoo" "$SCRATCH/"
 rm -f "$SCRATCH"/python/specdec_cuda/_C*.so "$SCRATCH"/python/specdec_cuda/_build_meta.py
 cd "$SCRATCH"
 echo "[cpu-only-check] building with SPECDEC_CUDA=0 in $SCRATCH"

@@ -8,28 +8,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_cuda import models, zoo
+from specdec_cuda import models
+from zoo import pairs
 from specdec_cuda.__main__ import main
 
-TINY = zoo.ZooSpec(
+TINY = pairs.ZooSpec(
     name="tiny", vocab_size=300, max_position=256, seq_len=32, batch_size=4,
-    target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 32, 64, 2, 1),
+    target=pairs.LMConfig(2, 32, 64, 2, 1), draft=pairs.LMConfig(1, 32, 64, 2, 1),
     target_steps=4, draft_steps=3, eval_tokens=256)
 
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo")
-    texts = [Path(zoo.__file__).read_text(), Path(models.__file__).read_text()] * 2
+    texts = [Path(pairs.__file__).read_text(), Path(models.__file__).read_text()] * 2
     lines = []
-    report = zoo.train_pair(root / "tiny", TINY, texts=texts, log=lines.append)
+    report = pairs.train_pair(root / "tiny", TINY, texts=texts, log=lines.append)
     return root / "tiny", report, lines
 
 
 def test_draft_init_copies_the_target_layers():
-    target = zoo._llama(TINY.target, TINY, 0)
-    draft = zoo._llama(TINY.draft, TINY, 0)
-    zoo.init_draft_from_target(draft, target)
+    target = pairs._llama(TINY.target, TINY, 0)
+    draft = pairs._llama(TINY.draft, TINY, 0)
+    pairs.init_draft_from_target(draft, target)
     ids = torch.randint(0, TINY.vocab_size, (1, 9))
     # The draft is the target with layer 1 dropped: same embedding, layer 0, norm and head.
     with torch.no_grad():
@@ -38,9 +39,9 @@ def test_draft_init_copies_the_target_layers():
         h = h[0] if isinstance(h, tuple) else h
         expected = target.lm_head(target.model.norm(h))
         torch.testing.assert_close(draft(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
-    narrow = zoo._llama(zoo.LMConfig(1, 16, 32, 2, 1), TINY, 0)
+    narrow = pairs._llama(pairs.LMConfig(1, 16, 32, 2, 1), TINY, 0)
     with pytest.raises(ValueError, match="width"):
-        zoo.init_draft_from_target(narrow, target)
+        pairs.init_draft_from_target(narrow, target)
 
 
 def test_zoo_training_saves_loadable_hf_folders(tiny_pair):
@@ -64,15 +65,15 @@ def test_zoo_training_saves_loadable_hf_folders(tiny_pair):
 
 def test_zoo_training_is_reproducible(tiny_pair, tmp_path):
     folder, report, _ = tiny_pair
-    texts = [Path(zoo.__file__).read_text(), Path(models.__file__).read_text()] * 2
-    again = zoo.train_pair(tmp_path / "tiny", TINY, texts=texts, log=lambda _: None)
+    texts = [Path(pairs.__file__).read_text(), Path(models.__file__).read_text()] * 2
+    again = pairs.train_pair(tmp_path / "tiny", TINY, texts=texts, log=lambda _: None)
     assert again["target_eval_loss"] == pytest.approx(report["target_eval_loss"], rel=1e-5)
 
 
 def test_get_pair_uses_the_cache(tiny_pair, monkeypatch):
     folder, _, _ = tiny_pair
-    monkeypatch.setattr(zoo, "train_pair", lambda *a, **k: pytest.fail("retrained a cached pair"))
-    target, draft = zoo.get_pair(TINY, root=folder.parent)
+    monkeypatch.setattr(pairs, "train_pair", lambda *a, **k: pytest.fail("retrained a cached pair"))
+    target, draft = pairs.get_pair(TINY, root=folder.parent)
     assert target == folder / "target" and draft == folder / "draft"
 
 

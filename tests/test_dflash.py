@@ -12,7 +12,7 @@ from specdec_cuda.decoding import SamplingParams, decode
 from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter, default_target_layers
 from specdec_cuda.proposers.base import DraftKind
 from specdec_cuda.proposers.dflash import DFlashProposer
-from specdec_cuda.zoo_dflash import block_loss, target_hidden
+from zoo.dflash import block_loss, target_hidden
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4]]
 
@@ -188,21 +188,19 @@ def test_training_lowers_the_loss(target):
     assert loss.item() < 0.7 * first
 
 
-def test_default_drafter_missing_names_the_training_command(target, tmp_path, monkeypatch):
+def test_no_drafter_names_the_training_command(target):
+    # The library never falls back to a drafter trained for another model (the zoo's).
     from specdec_cuda.proposers.dflash import load_drafter
-    from specdec_cuda import zoo
 
-    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
-    monkeypatch.setattr(zoo, "shipped_root", lambda: None)  # neither shipped nor cached
-    with pytest.raises(FileNotFoundError, match="zoo --dflash"):
+    with pytest.raises(FileNotFoundError, match="zoo.train --dflash"):
         load_drafter(target, None)
 
 
 def test_cli_trains_the_drafter_of_the_given_target(monkeypatch, tmp_path):
-    from specdec_cuda import __main__ as cli
-    from specdec_cuda import zoo_dflash
+    from zoo import dflash as zoo_dflash
+    from zoo import train
 
     calls = []
     monkeypatch.setattr(zoo_dflash, "train_dflash", lambda target, force=False: calls.append((target, force)))
-    assert cli.main(["zoo", "--dflash", "--target", str(tmp_path), "--force"]) == 0
+    assert train.main(["--dflash", "--target", str(tmp_path), "--force"]) == 0
     assert calls == [(str(tmp_path), True)]

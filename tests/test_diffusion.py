@@ -453,8 +453,8 @@ def test_generator_errors():
 # ---- the zoo model (a tiny spec that trains in seconds) ------------------------------------------------
 
 def test_zoo_diffusion_tiny_spec_trains_and_generates(tmp_path):
-    from specdec_cuda import zoo_diffusion
-    from specdec_cuda.zoo import stdlib_corpus
+    from zoo import diffusion as zoo_diffusion
+    from zoo.pairs import stdlib_corpus
 
     spec = zoo_diffusion.DiffusionSpec(name="tiny-diffusion", seq_len=32, batch_size=4, num_layers=1,
                                        hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,

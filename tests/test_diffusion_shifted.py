@@ -23,7 +23,7 @@ from specdec_cuda.decoding import SamplingParams
 from specdec_cuda.diffusion_generate import DiffusionGenerator
 from specdec_cuda.models.config import UnsupportedModelError
 from specdec_cuda.models.diffusion_lm import from_causal_lm, load_diffusion
-from specdec_cuda.zoo_diffusion import masked_diffusion_loss
+from zoo.diffusion import masked_diffusion_loss
 from test_diffusion import reference_generate, tiny_model
 
 
@@ -178,16 +178,17 @@ def test_save_load_keeps_the_flag_and_old_configs_load_unshifted(tmp_path):
 # ---- the zoo spec that adapts a target ----------------------------------------------------------------------
 
 def test_zoo_adapted_spec_trains_beside_the_pair(tmp_path, monkeypatch):
-    from specdec_cuda import zoo, zoo_diffusion
+    from zoo import pairs
+    from zoo import diffusion as zoo_diffusion
     from specdec_cuda.diffusion_generate import make_diffusion
 
-    texts = zoo.stdlib_corpus()
+    texts = pairs.stdlib_corpus()
     texts = [t[:4000] for t in texts[:20]]
-    tokenizer = zoo.train_tokenizer(texts, 300)
+    tokenizer = pairs.train_tokenizer(texts, 300)
     target = tmp_path / "mypair" / "target"
     tiny_causal_lm(target, vocab=len(tokenizer))
     tokenizer.save_pretrained(target)
-    monkeypatch.setattr(zoo, "stdlib_corpus", lambda heldout_modulo=None: texts)
+    monkeypatch.setattr(pairs, "stdlib_corpus", lambda heldout_modulo=None: texts)
     tiny = dataclasses.replace(zoo_diffusion.DEFAULT_SPEC, seq_len=32, batch_size=4, steps=6, lr=1e-3,
                                eval_tokens=512)
     monkeypatch.setitem(zoo_diffusion.SPECS, "default", tiny)

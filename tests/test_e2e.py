@@ -9,23 +9,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_cuda import e2e, methods, zoo
+from bench import e2e
+from bench.configs import CONFIGS
+from specdec_cuda import methods
+from zoo import pairs
 from specdec_cuda.__main__ import main
 
-TINY = zoo.ZooSpec(name="tiny-random", vocab_size=300, max_position=1024, seq_len=32, batch_size=4,
-                   target=zoo.LMConfig(2, 32, 64, 2, 1), draft=zoo.LMConfig(1, 32, 64, 2, 1))
+TINY = pairs.ZooSpec(name="tiny-random", vocab_size=300, max_position=1024, seq_len=32, batch_size=4,
+                   target=pairs.LMConfig(2, 32, 64, 2, 1), draft=pairs.LMConfig(1, 32, 64, 2, 1))
 
 
 def save_random_pair(folder: Path, report: dict | None = None) -> Path:
     """A randomly initialised target / draft (tokenizer trained on a little source) saved as the
     zoo saves a pair: ``folder/{target,draft}`` HF folders and ``report.json``."""
-    tokenizer = zoo.train_tokenizer([Path(zoo.__file__).read_text()], TINY.vocab_size)
-    eos = tokenizer.convert_tokens_to_ids(zoo.EOS)
+    tokenizer = pairs.train_tokenizer([Path(pairs.__file__).read_text()], TINY.vocab_size)
+    eos = tokenizer.convert_tokens_to_ids(pairs.EOS)
     torch.manual_seed(0)
-    target = zoo._llama(TINY.target, TINY, eos)
-    draft = zoo._llama(TINY.draft, TINY, eos)
-    zoo.init_draft_from_target(draft, target)  # a draft that agrees with the target now and then
-    zoo.save_pair(folder, target, draft, tokenizer, eos, report or {})
+    target = pairs._llama(TINY.target, TINY, eos)
+    draft = pairs._llama(TINY.draft, TINY, eos)
+    pairs.init_draft_from_target(draft, target)  # a draft that agrees with the target now and then
+    pairs.save_pair(folder, target, draft, tokenizer, eos, report or {})
     return folder
 
 
@@ -34,10 +37,9 @@ def random_pair(tmp_path_factory):
     return save_random_pair(tmp_path_factory.mktemp("e2e") / "tiny-random")
 
 
-def test_every_registered_method_declares_bench_configs():
-    missing = [m.name for m in methods.available() if m.bench_configs is None]
-    assert not missing, (f"registered methods the end-to-end bench cannot run (no MethodSpec.bench_configs): "
-                         f"{missing}")
+def test_the_bench_lists_configurations_for_every_registered_method():
+    missing = [m.name for m in methods.available() if m.name not in CONFIGS]
+    assert not missing, f"registered methods the end-to-end bench cannot run (not in bench/configs.py): {missing}"
 
 
 def _bench(folder: Path, out: Path, *extra: str) -> dict:
@@ -55,7 +57,7 @@ def test_bench_runs_every_method_against_transformers(random_pair, tmp_path, cap
         name="unbenched", summary="test only", lossless=True, make=lambda target: None))
     result = _bench(random_pair, tmp_path / "e2e.json")
     printed = capsys.readouterr().out
-    assert "not benched: unbenched: it declares no bench_configs" in printed
+    assert "not benched: unbenched: bench/configs.py lists no configurations for it" in printed
     assert "unbenched" in result["not_benched"]
 
     rows = result["rows"]
@@ -66,7 +68,7 @@ def test_bench_runs_every_method_against_transformers(random_pair, tmp_path, cap
     for spec in methods.available():
         if spec.name in result["not_benched"]:
             continue
-        expected += [f"engine {spec.name}" + (f" ({label})" if label else "") for label, _ in spec.bench_configs(pair)]
+        expected += [f"engine {spec.name}" + (f" ({label})" if label else "") for label, _ in CONFIGS[spec.name](pair)]
     assert {"engine autoregressive", "engine draft (k=4)", "engine prompt_lookup (chain k=4)"} <= set(expected)
     for setting in settings:
         names = {r["method"] for r in rows if (r["workload"], r["batch"], r["temperature"]) == setting}
@@ -104,7 +106,7 @@ def test_best_ratios_skip_lossy_and_non_identical_rows():
 
 
 def test_held_out_workload_follows_the_pair(random_pair, tmp_path):
-    from specdec_cuda import zoo_v4
+    from zoo import v4 as zoo_v4
 
     # Folders without a v3 report: the zoo v4 split (held-out stdlib modules).
     prompts, source = e2e.held_out_workload(3, random_pair)
@@ -114,7 +116,7 @@ def test_held_out_workload_follows_the_pair(random_pair, tmp_path):
     prompts, source = e2e.held_out_workload(2, v3)
     assert "v3" in source and all(p.lstrip().startswith("def ") for p in prompts)
     tok = e2e.load_pair(v3 / "target", v3 / "draft").tokenizer
-    last = tok(zoo.stdlib_corpus()[-1])["input_ids"]  # the stream ends with the last file and EOS
+    last = tok(pairs.stdlib_corpus()[-1])["input_ids"]  # the stream ends with the last file and EOS
     assert len(last) + 1 >= 3000
     held = tok.decode(last[-2999:])  # its last 3000 tokens: 2999 of the file, then EOS
     assert e2e._v3_heldout_text(tok, 3000) == held

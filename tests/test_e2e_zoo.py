@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_cuda import e2e, models, zoo
-from specdec_cuda.__main__ import main
+from bench import e2e
+from specdec_cuda import models
+from zoo import pairs
+from zoo.train import main as zoo_main
 
 from test_e2e import save_random_pair
 
@@ -29,7 +31,7 @@ def _dtypes(folder: Path) -> set[str]:
 def check_shipped(folder: Path) -> None:
     """What a shipped pair must be: both models in bf16 safetensors with config and tokenizer,
     at most 40 MB in all, loading as fp32 on the CPU."""
-    assert zoo.folder_bytes(folder) <= zoo.SHIP_LIMIT_BYTES == 40_000_000
+    assert pairs.folder_bytes(folder) <= pairs.SHIP_LIMIT_BYTES == 40_000_000
     for name in ("target", "draft"):
         assert (folder / name / "config.json").exists() and (folder / name / "tokenizer.json").exists()
         assert _dtypes(folder / name) == {"BF16"}
@@ -47,7 +49,7 @@ def trained(tmp_path_factory):
 
 def test_ship_pair_writes_bf16_that_loads_as_fp32(trained, tmp_path):
     dest = tmp_path / "zoo" / "tiny-random"
-    shipped = zoo.ship_pair(trained, dest)
+    shipped = pairs.ship_pair(trained, dest)
     check_shipped(dest)
     assert shipped["dtype"] == "bfloat16" and set(shipped["bytes"]) == {"target", "draft"}
     report = json.loads((dest / "report.json").read_text())
@@ -69,39 +71,39 @@ def test_ship_pair_writes_bf16_that_loads_as_fp32(trained, tmp_path):
 def test_ship_pair_refuses_more_than_the_limit(trained, tmp_path):
     dest = tmp_path / "zoo" / "tiny-random"
     with pytest.raises(ValueError, match="MB"):
-        zoo.ship_pair(trained, dest, limit_bytes=10_000)
+        pairs.ship_pair(trained, dest, limit_bytes=10_000)
     assert not dest.exists() and not list((tmp_path / "zoo").iterdir())
     with pytest.raises(FileNotFoundError, match="not a trained pair"):
-        zoo.ship_pair(tmp_path, dest)
+        pairs.ship_pair(tmp_path, dest)
 
 
 def test_get_pair_and_default_prefer_the_shipped_pair(trained, tmp_path, monkeypatch):
-    spec = zoo.ZooSpec(name="tiny-random")
+    spec = pairs.ZooSpec(name="tiny-random")
     shipped, cache = tmp_path / "shipped", trained.parent
-    assert zoo.get_pair(spec, root=cache, shipped=shipped) == (trained / "target", trained / "draft")
-    zoo.ship_pair(trained, shipped / spec.name)
-    assert zoo.get_pair(spec, root=cache, shipped=shipped) == (shipped / spec.name / "target",
+    assert pairs.get_pair(spec, root=cache, shipped=shipped) == (trained / "target", trained / "draft")
+    pairs.ship_pair(trained, shipped / spec.name)
+    assert pairs.get_pair(spec, root=cache, shipped=shipped) == (shipped / spec.name / "target",
                                                                shipped / spec.name / "draft")
-    assert zoo.get_pair(spec, root=cache, shipped=shipped, use_shipped=False)[0] == trained / "target"
+    assert pairs.get_pair(spec, root=cache, shipped=shipped, use_shipped=False)[0] == trained / "target"
     # v4 becomes the default zoo as soon as its pair is shipped (no training on a fresh machine).
-    monkeypatch.setattr(zoo, "shipped_root", lambda: shipped)
+    monkeypatch.setattr(pairs, "shipped_root", lambda: shipped)
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path / "empty-cache"))
-    assert zoo.default_zoo() == "default"
-    shutil.copytree(shipped / spec.name, shipped / zoo.V4_SPEC.name)
-    assert zoo.default_zoo() == "v4"
-    assert zoo.get_pair(zoo.V4_SPEC)[0] == shipped / zoo.V4_SPEC.name / "target"  # no training run needed
+    assert pairs.default_zoo() == "default"
+    shutil.copytree(shipped / spec.name, shipped / pairs.V4_SPEC.name)
+    assert pairs.default_zoo() == "v4"
+    assert pairs.get_pair(pairs.V4_SPEC)[0] == shipped / pairs.V4_SPEC.name / "target"  # no training run needed
 
 
 def test_zoo_cli_ships_the_trained_pair(trained, tmp_path, monkeypatch, capsys):
     cache = tmp_path / "cache"
-    shutil.copytree(trained, cache / zoo.DEFAULT_SPEC.name)
+    shutil.copytree(trained, cache / pairs.DEFAULT_SPEC.name)
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(cache))
-    assert main(["zoo", "--ship", str(tmp_path / "out")]) == 0
+    assert zoo_main(["--ship", str(tmp_path / "out")]) == 0
     assert "shipped to" in capsys.readouterr().out
     check_shipped(tmp_path / "out")
 
 
-SHIPPED = zoo.shipped_root() / zoo.V4_SPEC.name if zoo.shipped_root() else None
+SHIPPED = pairs.shipped_root() / pairs.V4_SPEC.name if pairs.shipped_root() else None
 
 
 @pytest.mark.skipif(SHIPPED is None or not SHIPPED.exists(), reason="no zoo pair shipped in this checkout")
@@ -110,16 +112,16 @@ def test_the_shipped_pair():
 
 
 def test_zoo_v4_cli_ships_a_finished_run(tmp_path, monkeypatch, capsys):
-    from specdec_cuda import zoo_v4
+    from zoo import v4 as zoo_v4
 
     from test_zoo_v4 import TINY, _corpus
 
     run = tmp_path / "run"
     zoo_v4.train_v4(run, TINY, corpus=_corpus(), log=lambda _: None)  # the finished run
-    monkeypatch.setitem(zoo.SPECS, "v4", TINY)
+    monkeypatch.setitem(pairs.SPECS, "v4", TINY)
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(zoo, "shipped_root", lambda: tmp_path / "repo-zoo")
-    assert main(["zoo", "--zoo", "v4", "--run-dir", str(run), "--ship"]) == 0  # resumes: nothing to train
+    monkeypatch.setattr(pairs, "shipped_root", lambda: tmp_path / "repo-zoo")
+    assert zoo_main(["--zoo", "v4", "--run-dir", str(run), "--ship"]) == 0  # resumes: nothing to train
     assert "shipped to" in capsys.readouterr().out
     check_shipped(tmp_path / "repo-zoo" / TINY.name)
     report = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
@@ -127,18 +129,18 @@ def test_zoo_v4_cli_ships_a_finished_run(tmp_path, monkeypatch, capsys):
 
 
 def test_zoo_v4_cli_refines_and_ships_a_finished_pair(tmp_path, monkeypatch, capsys):
-    from specdec_cuda import zoo_v4
+    from zoo import v4 as zoo_v4
 
     from test_zoo_v4 import TINY, TINY_PLAIN, _corpus
 
     zoo_v4.train_v4(tmp_path / "run", TINY_PLAIN, corpus=_corpus(), log=lambda _: None)
-    monkeypatch.setitem(zoo.SPECS, "v4", TINY)
+    monkeypatch.setitem(pairs.SPECS, "v4", TINY)
     monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(zoo, "shipped_root", lambda: tmp_path / "repo-zoo")
+    monkeypatch.setattr(pairs, "shipped_root", lambda: tmp_path / "repo-zoo")
     monkeypatch.setattr(zoo_v4, "code_corpus", lambda spec, log: _corpus())
-    assert main(["zoo", "--zoo", "v4", "--unlikelihood"]) == 2  # nothing shipped or cached yet
+    assert zoo_main(["--zoo", "v4", "--unlikelihood"]) == 2  # nothing shipped or cached yet
     zoo_v4.copy_export(tmp_path / "run" / "export", tmp_path / "cache" / TINY.name)
-    assert main(["zoo", "--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood", "--ship"]) == 0
+    assert zoo_main(["--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood", "--ship"]) == 0
     assert "shipped to" in capsys.readouterr().out
     check_shipped(tmp_path / "repo-zoo" / TINY.name)
     report = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
@@ -146,7 +148,7 @@ def test_zoo_v4_cli_refines_and_ships_a_finished_pair(tmp_path, monkeypatch, cap
     assert report["refined_from"]["target_heldout"] == first["target_heldout"] and "unlikelihood" in report
     assert report["unlikelihood"]["round"] == 1
     # The shipped pair is refined now: refining it again is a second round, from the shipped pair.
-    assert main(["zoo", "--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood", "--ship"]) == 0
+    assert zoo_main(["--zoo", "v4", "--run-dir", str(tmp_path / "run"), "--unlikelihood", "--ship"]) == 0
     again = json.loads((tmp_path / "repo-zoo" / TINY.name / "report.json").read_text())
     assert again["unlikelihood"]["round"] == 2
     assert again["refined_from"]["target_heldout"] == report["target_heldout"]
@@ -157,20 +159,19 @@ def test_zoo_v4_cli_refines_and_ships_a_finished_pair(tmp_path, monkeypatch, cap
 def test_the_methods_shipped_beside_the_pair():
     # Medusa heads, MTP modules, the DFlash drafter and the diffusion LM trained against the
     # shipped target: they load, fit its width and vocabulary, and the methods' defaults find them.
-    from specdec_cuda import zoo_diffusion
+    from zoo import diffusion as zoo_diffusion
     from specdec_cuda.models.dflash import DFlashDrafter
     from specdec_cuda.models.diffusion_lm import load_diffusion
     from specdec_cuda.models.heads import MedusaHeads, MTPModules, load_heads
-    from specdec_cuda.proposers.medusa import default_heads_dir
-    from specdec_cuda.zoo_dflash import default_drafter_dir
+    from zoo.dflash import default_drafter_dir
 
     target = json.loads((SHIPPED / "target" / "config.json").read_text())
     assert isinstance(load_heads(SHIPPED / "heads-medusa"), MedusaHeads)
     assert isinstance(load_heads(SHIPPED / "heads-mtp"), MTPModules)
     assert isinstance(DFlashDrafter.load(SHIPPED / "dflash"), DFlashDrafter)
-    assert default_heads_dir("medusa") == SHIPPED / "heads-medusa" and default_drafter_dir() == SHIPPED / "dflash"
+    assert default_drafter_dir() == SHIPPED / "dflash"
     diffusion = zoo_diffusion.trained_diffusion_dir(zoo_diffusion.V4_SPEC)
-    assert diffusion == zoo.shipped_root() / zoo_diffusion.V4_SPEC.name
+    assert diffusion == pairs.shipped_root() / zoo_diffusion.V4_SPEC.name
     model = load_diffusion(diffusion)
     assert model.config.vocab_size == target["vocab_size"] + 1 and model.config.shifted_logits
-    assert zoo.folder_bytes(SHIPPED) + zoo.folder_bytes(diffusion) <= 2 * zoo.SHIP_LIMIT_BYTES
+    assert pairs.folder_bytes(SHIPPED) + pairs.folder_bytes(diffusion) <= 2 * pairs.SHIP_LIMIT_BYTES

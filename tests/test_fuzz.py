@@ -1,4 +1,4 @@
-"""Fuzz / property suite (issue 12): seeded random inputs for every op.
+"""Fuzz / property suite: seeded random inputs for every op.
 
 * Valid inputs: each op against its plain-PyTorch reference, integer outputs exactly (tokens,
   statuses, tree layouts, 4-bit codes), floats bit for bit where the kernels promise it.

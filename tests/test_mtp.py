@@ -346,14 +346,12 @@ def test_heads_save_and_load_round_trip(tmp_path, tiny_target):
         load_heads(tmp_path / "nothing")
 
 
-def test_methods_without_cached_heads_say_how_to_train_them(tiny_target, monkeypatch, tmp_path):
+def test_methods_without_heads_say_how_to_train_them(tiny_target):
+    # The library never falls back to heads trained for another model (the zoo's).
     import specdec_cuda
-    from specdec_cuda import zoo
 
-    monkeypatch.setenv("SPECDEC_ZOO_DIR", str(tmp_path))
-    monkeypatch.setattr(zoo, "shipped_root", lambda: None)  # neither shipped nor cached
     for method in ("medusa", "mtp"):
-        with pytest.raises(FileNotFoundError, match="zoo --heads"):
+        with pytest.raises(FileNotFoundError, match="zoo.train --heads"):
             specdec_cuda.generate(tiny_target, [[1, 2]], method=method, max_new_tokens=2)
 
 
@@ -375,7 +373,7 @@ def test_training_forward_equals_the_inference_forward(tiny_target):
     what drafting computes (fused input op, static cache), and the Medusa loss's logits are the
     fused op's candidates."""
     from specdec_cuda.models.heads import random_heads, target_head
-    from specdec_cuda.zoo_heads import final_hidden, medusa_logits, mtp_hiddens
+    from zoo.heads import final_hidden, medusa_logits, mtp_hiddens
 
     head = target_head(tiny_target)
     seq = torch.randint(0, tiny_target.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -423,7 +421,7 @@ def test_mtp_blocks_take_the_packed_cpu_path_and_still_train(tmp_path, monkeypat
     from specdec_cuda import models
     from specdec_cuda.models.heads import random_heads, target_head
     from specdec_cuda.ops.skinny_linear import packed_kernel_available
-    from specdec_cuda.zoo_heads import mtp_hiddens
+    from zoo.heads import mtp_hiddens
 
     if not packed_kernel_available():
         pytest.skip("the packed path needs the AVX-512 or AVX2 kernel")

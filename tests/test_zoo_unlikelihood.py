@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_cuda import zoo_unlikelihood as zu
+from zoo import unlikelihood as zu
 
 
 def _reference_loop_mask(row: list[int], start: int, max_period: int, min_span: int) -> list[bool]:
@@ -39,7 +39,7 @@ def test_loop_mask_matches_reference():
     assert not zu.loop_mask(seq[:, :11], 2, 16, 12).any()
     # With the collapse test's span (24), a sequence zoo_v4.collapsed calls a loop is marked from
     # the loop's second period on.
-    from specdec_cuda import zoo_v4
+    from zoo import v4 as zoo_v4
 
     looped = torch.tensor([[5, 6, 7] + [11, 12] * 14])
     mask = zu.loop_mask(looped, 3, 16, 24)

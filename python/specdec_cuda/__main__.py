@@ -1,20 +1,18 @@
-"""Command line: ``python -m specdec_cuda {demo,bench,zoo,methods}``.
+"""Command line: ``python -m specdec_cuda {methods,demo,bench}``.
 
-* ``demo``: the zoo pair (the shipped one, else trained the first time) or ``--target`` /
-  ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and speculatively,
-  greedy and sampled; the text, and a table of tokens/s, tau, speedup and whether greedy outputs were identical.
-* ``bench``: the end-to-end benchmark (also ``python bench/bench_e2e.py``).
-* ``zoo``: train (once) and cache the zoo pair; ``--force`` retrains; ``--ship`` then writes the
-  bf16 copy committed to the repository (``zoo/<name>``). ``zoo --heads``: train the Medusa heads
-  and MTP modules on the frozen target and cache them beside it.
 * ``methods``: the registered decoding methods, lossless or lossy, with their options.
+* ``demo`` (from a source checkout): the zoo pair (the shipped one, else trained the first time)
+  or ``--target`` / ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and
+  speculatively, greedy and sampled; the text, and a table of tokens/s, tau, speedup and whether
+  greedy outputs were identical. The harness is the checkout's ``bench/e2e.py``.
+* ``bench`` (from a source checkout): the end-to-end benchmark (also ``python bench/bench_e2e.py``).
+
+Training the zoo's own models is not the library's job: ``python -m zoo.train`` in a checkout.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -59,29 +57,6 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3,
                        help="runs per configuration, interleaved; the median is reported (default 3)")
 
-    zoo = sub.add_parser("zoo", help="train and cache the zoo target/draft pair")
-    zoo.add_argument("--force", action="store_true", help="retrain even if cached")
-    zoo.add_argument("--zoo", choices=("default", "small", "v4"), default="default",
-                     help="v4: start or resume the long, checkpointed training run (hours)")
-    zoo.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    zoo.add_argument("--ship", nargs="?", const="", default=None, metavar="DIR",
-                     help="then write the pair as shipped in the repository (bf16 safetensors, tokenizer, "
-                          "configs; <= 40 MB) to DIR (default: <repo>/zoo/<pair name>)")
-    zoo.add_argument("--run-dir", default=None,
-                     help="v4: checkpoints, log and data (default $SPECDEC_ZOO_V4_DIR or /work/zoo-v4-train)")
-    zoo.add_argument("--unlikelihood", action="store_true",
-                     help="v4: fine-tune the finished pair (the shipped one, else the trained cache) against greedy "
-                          "loops and distil its draft again (about 22 minutes on one core; zoo_v4.refine_pair; a pair "
-                          "refined already gets another round); the "
-                          "result goes to RUN_DIR/unlikelihood and the zoo cache, and with --ship to the repository "
-                          "(then retrain the heads and the DFlash drafter: shipping replaces the pair's folder)")
-    zoo.add_argument("--dflash", action="store_true",
-                     help="train (once) the DFlash drafter of --target (default: the zoo target), cached beside it")
-    zoo.add_argument("--target", default=None, help="--dflash / --heads: the target checkpoint folder (default: the zoo target)")
-    zoo.add_argument("--heads", action="store_true",
-                     help="train Medusa heads and MTP modules on the frozen zoo target (or --target) and cache "
-                          "them beside it (heads-medusa, heads-mtp); --force retrains")
-
     sub.add_parser("methods", help="list the registered decoding methods and their options")
     return parser
 
@@ -96,81 +71,34 @@ def main(argv=None) -> int:
 
         print(methods.describe())
         return 0
-    from . import e2e, zoo
+    e2e = _checkout_e2e()
+    if e2e is None:
+        print("error: demo and bench run from a source checkout of specdec_cuda (they use its bench/ and "
+              "zoo/ folders, which the wheel does not ship)", file=sys.stderr)
+        return 2
+    from zoo import pairs
 
-    if args.command in ("demo", "bench") and args.zoo is None:
-        args.zoo = zoo.default_zoo()
-    if args.command == "zoo" and args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        if args.threads == 1:  # the tokenizer's Rust thread pool too (read when it first starts)
-            os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    if args.zoo is None:
+        args.zoo = pairs.default_zoo()
     try:
-        if args.command == "zoo" and args.heads:
-            return _zoo_heads(args)
         if args.command == "demo":
             return e2e.demo(args)
-        if args.command == "bench":
-            return e2e.bench(args)
-        if args.dflash:
-            from . import zoo_dflash
-
-            zoo_dflash.train_dflash(args.target, force=args.force)
-            return 0
-        spec = zoo.SPECS[args.zoo]
-        if args.zoo == "v4":
-            from . import zoo_v4
-
-            run_dir = Path(args.run_dir) if args.run_dir else zoo_v4.default_run_dir()
-            if args.force:
-                print("error: --force does not apply to v4 (delete its run folder to restart)", file=sys.stderr)
-                return 2
-            if args.unlikelihood:
-                source = next((p / spec.name for p in (zoo.shipped_root(), zoo.zoo_root())
-                               if p is not None and (p / spec.name / "report.json").is_file()), None)
-                if source is None:
-                    print("error: no finished v4 pair to refine (shipped or cached)", file=sys.stderr)
-                    return 2
-                result = zoo_v4.refine_pair(source, run_dir / "unlikelihood", spec)
-                zoo_v4.copy_export(run_dir / "unlikelihood" / "export", zoo.zoo_root() / spec.name)
-            else:
-                try:
-                    result = zoo_v4.train_v4(run_dir, spec, export_to=zoo.zoo_root() / spec.name)
-                except RuntimeError as exc:  # the run folder is locked by a running process
-                    print(f"error: {exc}", file=sys.stderr)
-                    return 2
-            if "target_heldout" not in result:
-                print(f"interrupted at {result['phase']} step {result['step']}; run the same command to resume")
-                return 0
-        elif args.force:
-            shutil.rmtree(zoo.zoo_root() / spec.name, ignore_errors=True)
-        target, draft = zoo.get_pair(spec, use_shipped=args.ship is None)  # ship from the trained copy
-        report = zoo.report(spec, root=target.parent.parent)
-        print(f"target: {target}\ndraft:  {draft}\n"
-              f"draft/target greedy agreement {100 * report['agreement']['greedy']:.1f}%, "
-              f"expected acceptance at T=1 {100 * report['agreement']['sampled']:.1f}%")
-        if args.ship is not None:
-            dest = Path(args.ship) if args.ship else (zoo.shipped_root() or Path("zoo")) / spec.name
-            shipped = zoo.ship_pair(target.parent, dest)
-            print(f"shipped to {dest}: {shipped['dtype']}, {sum(shipped['bytes'].values()) / 1e6:.1f} MB of models")
-        return 0
+        return e2e.bench(args)
     except (FileNotFoundError, ValueError) as exc:  # bad folders, unknown families (UnsupportedModelError)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _zoo_heads(args) -> int:
-    """``zoo --heads``: train (once) and cache both head sets beside the target folder."""
-    from . import zoo, zoo_heads
+def _checkout_e2e():
+    """``bench.e2e`` of the source checkout this package is imported from, or None (a wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    if not ((root / "bench" / "e2e.py").is_file() and (root / "zoo" / "pairs.py").is_file()):
+        return None
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from bench import e2e
 
-    target = Path(args.target) if args.target else zoo.get_pair(zoo.SPECS[args.zoo])[0]
-    cached = all((target.parent / f"heads-{kind}" / "config.json").is_file() for kind in ("medusa", "mtp"))
-    if cached and not args.force:
-        print(f"heads cached beside {target} (heads-medusa, heads-mtp); --force retrains")
-        return 0
-    zoo_heads.train_heads(target)
-    return 0
+    return e2e
 
 
 if __name__ == "__main__":

@@ -298,25 +298,6 @@ def make_diffusion(target, **options) -> DiffusionGenerator:
     return DiffusionGenerator(target, **options)
 
 
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configuration (LOSSY): the cached zoo diffusion LM that shares the
-    pair's tokenizer (one adapted from the pair's target, ``<pair>-diffusion-ar`` beside the pair
-    folder, first), Fast-dLLM threshold 0.7 with the dual cache (bench_diffusion's best setting within
-    10% of one-token-per-step perplexity on the v4 model); none is trained here (minutes)."""
-    from . import zoo, zoo_diffusion
-
-    pair_dir = Path(pair.target_dir).parent
-    folders = [pair_dir.parent / f"{pair_dir.name}-diffusion-ar"]
-    folders += [zoo.zoo_root() / spec.name for spec in zoo_diffusion.SPECS.values()
-                if zoo.SPECS[spec.pair].name == pair_dir.name]
-    for folder in folders:
-        if (folder / "report.json").exists():
-            return [("threshold 0.7, dual cache",
-                     dict(model=folder, block_length=32, threshold=0.7, use_cache="dual"))]
-    raise FileNotFoundError(f"no trained zoo diffusion LM shares the tokenizer of {pair.target_dir} "
-                            f"(python -m specdec_cuda.zoo_diffusion --zoo default|v4 trains one)")
-
-
 register(MethodSpec(
     name="diffusion",
     summary="masked-diffusion LM generation (LLaDA remasking, Fast-dLLM threshold and cache); LOSSY: "
@@ -325,5 +306,4 @@ register(MethodSpec(
     make=make_diffusion,
     options=DIFFUSION_OPTIONS,
     kind="generation",
-    bench_configs=bench_configs,
 ))

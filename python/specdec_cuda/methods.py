@@ -33,15 +33,8 @@ class MethodSpec:
 
     ``options`` maps each keyword the method takes to a one-line description (defaults included);
     ``required`` names the options that must be given; ``default_policy`` is the speculation
-    policy the method runs with unless the caller picks one.
-
-    ``bench_configs(pair)`` gives the configurations the end-to-end bench (``e2e.bench``) runs the
-    method with, as ``(label, options)`` pairs; ``pair`` is the bench's ``e2e.Pair`` (``target``,
-    ``draft``, their folders, ``tokenizer``). A generation method names the model it runs (its
-    own, not the target) under the option ``"model"``. It raises ``FileNotFoundError`` naming
-    what is missing when the pair lacks something the method needs (a drafter, trained heads, a
-    model of its own); the bench then reports the method as not benched, with that reason. None
-    (the default): the bench reports the method as not benched and ``tests/test_e2e.py`` fails.
+    policy the method runs with unless the caller picks one. (Which configurations the
+    repository's end-to-end bench runs is the bench's business: ``bench/configs.py``.)
     """
 
     name: str
@@ -52,7 +45,6 @@ class MethodSpec:
     required: tuple[str, ...] = ()
     kind: str = "speculative"
     default_policy: str = "fixed"
-    bench_configs: Callable[[Any], list[tuple[str, dict]]] | None = None
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         allowed = dict(self.options)
@@ -131,5 +123,4 @@ register(MethodSpec(
     lossless=True,
     make=lambda target: None,
     kind="autoregressive",
-    bench_configs=lambda pair: [("", {})],
 ))

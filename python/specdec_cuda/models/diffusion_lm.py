@@ -6,7 +6,7 @@ one extra id, the mask token. Given a sequence where some positions hold the mas
 every position at once; generation (``specdec_cuda.diffusion_generate``) unmasks the most confident
 ones step by step. The mask token's own logit is always -inf: it is never a prediction.
 
-Checkpoint folder (written by ``save`` / ``specdec_cuda.zoo_diffusion``): ``config.json`` with
+Checkpoint folder (written by ``save`` / ``zoo.diffusion`` in a source checkout): ``config.json`` with
 ``model_type: "specdec_diffusion"``, ``model.safetensors``, and the tokenizer files (with the mask
 token added as a special token). ``load_diffusion(folder)`` refuses any other checkpoint with an
 error naming what it found.
@@ -93,7 +93,7 @@ class DiffusionConfig:
             raise UnsupportedModelError(
                 f"{source}: a {found!r} checkpoint ({arch}), not a masked-diffusion LM; diffusion "
                 f"generation needs a checkpoint of model_type {MODEL_TYPE!r} (a mask token and "
-                f"bidirectional attention), e.g. one trained by specdec_cuda.zoo_diffusion")
+                f"bidirectional attention), e.g. one trained by the checkout's zoo.diffusion")
         names = {f.name for f in dataclasses.fields(cls)}
         missing = [f.name for f in dataclasses.fields(cls)
                    if f.name not in raw and f.default is dataclasses.MISSING]

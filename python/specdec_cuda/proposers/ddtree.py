@@ -48,14 +48,6 @@ class DDTreeProposer(DFlashBase):
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents)
 
 
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configurations: budgets 16 (the default) and 32."""
-    from .dflash import pair_drafter_dir
-
-    drafter = pair_drafter_dir(pair)
-    return [("M=16", dict(drafter=drafter, budget=16)), ("M=32", dict(drafter=drafter, budget=32))]
-
-
 def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None) -> DDTreeProposer:
     """The ``method="ddtree"`` proposer for ``target``."""
     return DDTreeProposer(load_drafter(target, drafter), budget=budget, block_size=block_size)
@@ -66,9 +58,8 @@ register(MethodSpec(
     summary="DDTree (Ringel & Romano 2026): the DFlash drafter's best draft tree under a node budget",
     lossless=True,
     make=make_ddtree_proposer,
-    bench_configs=bench_configs,
     options={
-        "drafter": "a DFlashDrafter or its checkpoint folder (default: the zoo's trained drafter)",
+        "drafter": "a DFlashDrafter or its checkpoint folder, trained for this target",
         "budget": "draft nodes per row and step, M (default 16: the fastest on the zoo target, batch 1, CPU)",
         "block_size": "drafter block length; the tree is at most block_size - 1 deep (default: the drafter's)",
     },

@@ -94,41 +94,20 @@ class DFlashProposer(DFlashBase):
 
 
 def load_drafter(target, drafter=None):
-    """A ``DFlashDrafter`` bound to ``target``: a drafter, a checkpoint folder, or None for the zoo's
-    trained drafter (``python -m specdec_cuda zoo --dflash`` makes it)."""
+    """A ``DFlashDrafter`` bound to ``target``: a drafter or its checkpoint folder. None raises
+    FileNotFoundError: the library never guesses a drafter trained for another model."""
     from ..models.dflash import DFlashDrafter
 
     if drafter is None:
-        from ..zoo_dflash import default_drafter_dir
-
-        folder = default_drafter_dir()
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"no DFlash drafter given and none cached at {folder}; train one with "
-                                    f"`python -m specdec_cuda zoo --dflash` or pass drafter=...")
-        drafter = folder
+        raise FileNotFoundError("no DFlash drafter given: pass drafter=<a DFlashDrafter or its checkpoint "
+                                "folder> trained for this target (in a source checkout, "
+                                "`python -m zoo.train --dflash --target DIR` trains one)")
     if isinstance(drafter, (str, Path)):
         drafter = DFlashDrafter.load(drafter)
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter, a checkpoint folder or None, got "
                         f"{type(drafter).__name__}")
     return drafter.attach(target)
-
-
-def pair_drafter_dir(pair) -> Path:
-    """The DFlash drafter trained for the bench pair's target (``zoo --dflash --target DIR`` writes
-    it beside it); FileNotFoundError naming the command when there is none."""
-    from ..zoo_dflash import default_drafter_dir
-
-    folder = default_drafter_dir(pair.target_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no DFlash drafter beside {pair.target_dir}; train one with "
-                                f"`python -m specdec_cuda zoo --dflash --target {pair.target_dir}`")
-    return folder
-
-
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configuration: the drafter's own block size."""
-    return [("", dict(drafter=pair_drafter_dir(pair)))]
 
 
 def make_dflash_proposer(target, drafter=None, block_size: int | None = None,
@@ -142,9 +121,8 @@ register(MethodSpec(
     summary="DFlash (Chen et al. 2026): a block-diffusion drafter on the target's hidden states drafts a chain",
     lossless=True,
     make=make_dflash_proposer,
-    bench_configs=bench_configs,
     options={
-        "drafter": "a DFlashDrafter or its checkpoint folder (default: the zoo's trained drafter)",
+        "drafter": "a DFlashDrafter or its checkpoint folder, trained for this target",
         "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",
         "draft_sampling": '"sampled" (default: T > 0 drafts drawn from q_i, rejection sampling) or '
                           '"greedy" (argmax drafts, sample-and-match)',

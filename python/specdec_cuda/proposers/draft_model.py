@@ -161,15 +161,6 @@ def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool =
                               confidence_threshold=confidence_threshold, verification=verification)
 
 
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configurations: fixed k = 4, adaptive k from 4, the cost policy."""
-    if pair.draft is None:
-        raise FileNotFoundError("the pair has no draft model (pass --draft with --target)")
-    return [("k=4", dict(draft=pair.draft, k=4, policy="fixed")),
-            ("adaptive k from 4", dict(draft=pair.draft, k=4, adaptive_k=True, policy="fixed")),
-            ("adaptive k, cost policy", dict(draft=pair.draft, k=4, adaptive_k=True, policy="cost"))]
-
-
 register(MethodSpec(
     name="draft",
     summary="draft-model speculative decoding (Leviathan et al. / Chen et al.): a small LM drafts a chain",
@@ -177,7 +168,6 @@ register(MethodSpec(
     make=make_draft_model_proposer,
     required=("draft",),
     default_policy="cost",
-    bench_configs=bench_configs,
     options={
         "draft": "the drafter: a model, transformers model or checkpoint folder (same tokenizer)",
         "k": "draft tokens per step (the starting k with adaptive_k; default 4)",

@@ -359,17 +359,6 @@ LOOKAHEAD_OPTIONS = {
     "max_occurrences": "newest occurrences of a matched n-gram that are ranked (default 64)",
 }
 
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configuration of ``lookahead``: the defaults (W = 4, N = 4, G = 4)."""
-    return [("W=4 N=4 G=4", {})]
-
-
-def bench_configs_with_draft(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configuration of ``lookahead+draft``: the defaults with the pair's draft."""
-    if pair.draft is None:
-        raise FileNotFoundError("the pair has no draft model (pass --draft with --target)")
-    return [("k=4 W=4 N=4 G=4, adaptive", dict(draft=pair.draft))]
-
 
 register(MethodSpec(
     name="lookahead",
@@ -377,7 +366,6 @@ register(MethodSpec(
     lossless=True,
     make=make_lookahead_proposer,
     options=LOOKAHEAD_OPTIONS,
-    bench_configs=bench_configs,
 ))
 
 register(MethodSpec(
@@ -386,7 +374,6 @@ register(MethodSpec(
     lossless=True,
     make=make_lookahead_draft_proposer,
     required=("draft",),
-    bench_configs=bench_configs_with_draft,
     options={
         "draft": "the drafter: a model, transformers model or checkpoint folder (same tokenizer)",
         "k": "the drafter's greedy chain length (default 4)",

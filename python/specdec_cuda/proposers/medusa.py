@@ -151,50 +151,23 @@ class MedusaProposer(Proposer):
         self.hidden = torch.where(outcome.active[:, None], newest, self.hidden)
 
 
-def default_heads_dir(kind: str):
-    """Where ``python -m specdec_cuda zoo --heads`` puts the default zoo target's heads of ``kind``
-    (beside the pair the demo uses: the shipped v4 pair, else the v3 cache)."""
-    from ..zoo import default_pair_dir
-
-    return default_pair_dir() / f"heads-{kind}"
-
-
 def resolve_heads(target, heads, kind: str):
-    """``heads`` as a module in the target's dtype and device: a module, a folder, or None (the
-    zoo cache). Checks that its kind and hidden size fit the target."""
+    """``heads`` as a module in the target's dtype and device: a module or a folder. Checks that
+    its kind and hidden size fit the target. None raises FileNotFoundError: the library never
+    guesses heads trained for another model."""
     from pathlib import Path
 
     from ..models.heads import MTPModules
 
     if heads is None:
-        folder = default_heads_dir(kind)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"no {kind} heads given and none cached at {folder}; train them with "
-                                    f"`python -m specdec_cuda zoo --heads` or pass heads=<folder or module>")
-        heads = folder
+        raise FileNotFoundError(f"no {kind} heads given: pass heads=<folder or module> trained for this target "
+                                f"(in a source checkout, `python -m zoo.train --heads --target DIR` trains them)")
     if isinstance(heads, (str, Path)):
         heads = load_heads(heads, dtype=target.dtype, device=target.device)
     want = MedusaHeads if kind == "medusa" else MTPModules
     if not isinstance(heads, want):
         raise TypeError(f"heads for method {kind!r} must be {want.__name__} (or its folder), got {type(heads).__name__}")
     return heads.to(dtype=target.dtype, device=target.device)
-
-
-def pair_heads_dir(pair, kind: str):
-    """The ``kind`` heads trained for the bench pair's target (``zoo --heads --target DIR`` writes
-    them beside it); FileNotFoundError naming the command when there are none."""
-    folder = pair.target_dir.parent / f"heads-{kind}"
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no {kind} heads beside {pair.target_dir}; train them with "
-                                f"`python -m specdec_cuda zoo --heads --target {pair.target_dir}`")
-    return folder
-
-
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configurations: the chain and the 16- and 32-node trees."""
-    heads = pair_heads_dir(pair, "medusa")
-    return [("chain", dict(heads=heads)), ("tree 16", dict(heads=heads, budget=16)),
-            ("tree 32", dict(heads=heads, budget=32))]
 
 
 def make_medusa_proposer(target, heads=None, tree=None, budget: int | None = None,
@@ -212,9 +185,8 @@ register(MethodSpec(
     summary="Medusa heads on the target (Cai et al.): per-head top-k candidates as a chain or a static tree",
     lossless=True,
     make=make_medusa_proposer,
-    bench_configs=bench_configs,
     options={
-        "heads": "MedusaHeads or a heads folder (default: the zoo cache of `python -m specdec_cuda zoo --heads`)",
+        "heads": "MedusaHeads or a heads folder, trained for this target",
         "tree": "static tree as rank paths, e.g. [(0,), (1,), (0, 0)] (default: a chain of top-1 candidates)",
         "budget": "tree nodes chosen from the heads' measured top-k accuracy (16 / 32 / 64; default: chain)",
         "verification": '"match" (greedy / sample-and-match, lossless; default) or "typical" (LOSSY, chains)',

@@ -153,14 +153,6 @@ class MTPProposer(Proposer):
             cache.truncate(keep)
 
 
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configurations: one draft per module, and k = 4 (reusing the last)."""
-    from .medusa import pair_heads_dir
-
-    heads = pair_heads_dir(pair, "mtp")
-    return [("k = modules", dict(heads=heads)), ("k=4", dict(heads=heads, k=4))]
-
-
 def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool = False) -> MTPProposer:
     """The ``method="mtp"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
     head = target_head(target)
@@ -175,9 +167,8 @@ register(MethodSpec(
     summary="DeepSeek-V3-style chained MTP modules on the target: a chain sampled from the modules' own q",
     lossless=True,
     make=make_mtp_proposer,
-    bench_configs=bench_configs,
     options={
-        "heads": "MTPModules or a heads folder (default: the zoo cache of `python -m specdec_cuda zoo --heads`)",
+        "heads": "MTPModules or a heads folder, trained for this target",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
     },

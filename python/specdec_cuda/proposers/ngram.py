@@ -102,18 +102,11 @@ PROMPT_LOOKUP_OPTIONS = {
 }
 
 
-def bench_configs(pair) -> list[tuple[str, dict]]:
-    """The end-to-end bench's configurations: chains of 4 and 16, a tree of 4 candidates x 4."""
-    return [("chain k=4", dict(k=4)), ("chain k=16", dict(k=16)),
-            ("tree 4 candidates x 4", dict(k=4, num_candidates=4))]
-
-
 register(MethodSpec(
     name="prompt_lookup",
     summary="prompt lookup / n-gram drafting: continuations of the longest repeated suffix (chain or tree)",
     lossless=True,
     make=make_prompt_lookup_proposer,
-    bench_configs=bench_configs,
     options=PROMPT_LOOKUP_OPTIONS,
 ))
 
@@ -124,5 +117,4 @@ register(MethodSpec(
     lossless=True,
     make=make_prompt_lookup_proposer,
     options=PROMPT_LOOKUP_OPTIONS,
-    bench_configs=lambda pair: [],  # the same method as prompt_lookup, benched under that name
 ))

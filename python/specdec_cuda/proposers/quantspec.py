@@ -100,10 +100,6 @@ register(MethodSpec(
             "of its hierarchical 4-bit KV cache (target: models.QuantKVModel)",
     lossless=True,
     make=make_quantspec_proposer,
-    # Not in the end-to-end table: that table holds every lossless method to the plain model's
-    # autoregressive output, and quantspec equals autoregressive decoding on its own int4 KV cache
-    # instead; bench/bench_quantspec.py measures it against that baseline.
-    bench_configs=lambda pair: [],
     options={
         "k": "draft tokens per step (default 4; at most the cache's residual)",
         "draft_attention": "draft with 4-bit attention projections too (default False: 4-bit MLPs only)",

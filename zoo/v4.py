@@ -1,6 +1,6 @@
-"""Zoo v4: a longer, resumable training of the zoo pair on a larger Python corpus (issue 18).
+"""Zoo v4: a longer, resumable training of the zoo pair on a larger Python corpus.
 
-v3 (``zoo.py``) trains in minutes on the standard library alone and stays far from converged
+v3 (``pairs.py``) trains in minutes on the standard library alone and stays far from converged
 (about 2.25 bits per character on held-out text, greedy output that loops). v4 trains the same
 family of models (a deep, narrow Llama target and a one-layer draft of its width, started from
 the target and distilled) for hours of one CPU core, in the background, across sessions:
@@ -14,7 +14,7 @@ the target and distilled) for hours of one CPU core, in the background, across s
   dropped. :func:`heldout_prompts` cuts prompts from that split for the end-to-end bench.
 * Training is resumable: model, optimizer, step, RNG state and data position are checkpointed
   atomically every few minutes (and on SIGTERM / SIGINT) to a run folder outside the work tree
-  (``$SPECDEC_ZOO_V4_DIR``, default ``/work/zoo-v4-train``); a progress line (step, loss,
+  (``$SPECDEC_ZOO_V4_DIR``, default the checkout's ``.cache/zoo-v4-train``); a progress line (step, loss,
   tokens/s, ETA) goes to ``train.log`` there. Running the same command again resumes.
 * Between the target and the draft, a sequence-level unlikelihood fine-tune of the target
   against its own greedy loops (``zoo_unlikelihood``, :func:`unlikelihood_phase`); a pair trained
@@ -23,9 +23,9 @@ the target and distilled) for hours of one CPU core, in the background, across s
   distinct-n-gram ratio of greedy output on held-out prompts against the real continuations', and
   the draft's greedy agreement with the target.
 
-Entry point: ``python -m specdec_cuda zoo --zoo v4 [--run-dir DIR] [--threads 1]``. When the run
+Entry point: ``python -m zoo.train --zoo v4 [--run-dir DIR] [--threads 1]``. When the run
 finishes, the pair is exported as Hugging Face folders (``target``, ``draft``, ``report.json``) to
-``RUN_DIR/export`` and to the zoo cache (``zoo.zoo_root() / spec.name``).
+``RUN_DIR/export`` and to the zoo cache (``pairs.zoo_root() / spec.name``).
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .zoo import (EOS, V4_SPEC, V4Spec, _llama, agreement, init_draft_from_target, lm_loss, save_pair,
+from .pairs import (EOS, V4_SPEC, V4Spec, _llama, agreement, init_draft_from_target, lm_loss, save_pair,
                   train_tokenizer)
 
 RUN_DIR_ENV = "SPECDEC_ZOO_V4_DIR"
-DEFAULT_RUN_DIR = Path("/work/zoo-v4-train")
+DEFAULT_RUN_DIR = Path(__file__).resolve().parents[1] / ".cache" / "zoo-v4-train"
 CHECKPOINT = "checkpoint.pt"
 
 
 
 
 def default_run_dir() -> Path:
-    """``$SPECDEC_ZOO_V4_DIR`` or ``/work/zoo-v4-train`` (outside the git work tree)."""
+    """``$SPECDEC_ZOO_V4_DIR`` or the checkout's ``.cache/zoo-v4-train`` (ignored by git)."""
     return Path(os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
 
 
@@ -530,10 +530,10 @@ def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldo
     gives the longest loop period penalised, the continuation length and the prefix seed's
     offset (so each round draws its own prefixes), and the judge stays the same. Returns the
     history (with ``round``), None when stopped."""
-    from . import zoo_unlikelihood
+    from . import unlikelihood
 
     max_period, continuation, seed = unlikelihood_round(spec, round_)
-    ul = zoo_unlikelihood.UnlikelihoodSpec(
+    ul = unlikelihood.UnlikelihoodSpec(
         steps=spec.unlikelihood_steps, lr=spec.unlikelihood_lr, alpha=spec.unlikelihood_alpha,
         opening_fraction=spec.unlikelihood_openings, prefix_len=min(48, spec.seq_len // 4),
         continuation_len=continuation, max_period=max_period, mle_seq_len=min(256, spec.seq_len), seed=seed,
@@ -556,7 +556,7 @@ def unlikelihood_phase(target, data: torch.Tensor, tokenizer, eos_id: int, heldo
 
     log(f"[zoo-v4] unlikelihood fine-tune of the target (round {round_}): {ul.steps} steps, "
         f"{0 if prefixes is None else len(prefixes)} code openings to continue from")
-    history = zoo_unlikelihood.finetune(target, data, ul, evaluate, log, should_stop, prefixes)
+    history = unlikelihood.finetune(target, data, ul, evaluate, log, should_stop, prefixes)
     if history is not None:
         history.pop("steps")  # per-step losses: in the log, not the report
         history["round"] = round_

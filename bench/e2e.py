@@ -11,7 +11,9 @@ from typing import Callable
 
 import torch
 
-from .api import SpeculativeDecoder
+from specdec_cuda.api import SpeculativeDecoder
+
+from .configs import CONFIGS
 
 # No prompt ends in a bare newline: the byte-level BPE merges a newline with the next line's
 # indentation ("\n    " is one token), so a prompt cut after "\n" ends on a boundary the model
@@ -36,21 +38,22 @@ def held_out_workload(count: int, pair_dir=None) -> tuple[list[str], str]:
     * A v4 pair (its report's spec has ``heldout_modulo``), or folders without a zoo report: code
       openings from the held-out stdlib modules of ``zoo_v4`` (``zoo_v4.heldout_prompts``).
     * A v3 pair: ``def`` lines and the line after each, from its held-out text, the last
-      ``eval_tokens`` tokens of the standard library's token stream (``zoo.tokenize_split``),
+      ``eval_tokens`` tokens of the standard library's token stream (``pairs.tokenize_split``),
       recovered exactly with the pair's tokenizer.
     """
-    from . import zoo, zoo_v4
+    from zoo import pairs
+    from zoo import v4 as zoo_v4
 
     pair_dir = Path(pair_dir) if pair_dir is not None else _default_pair_dir()
     report_path = pair_dir / "report.json"
     spec = json.loads(report_path.read_text()).get("spec") if report_path.exists() else None
     if not spec or "heldout_modulo" in spec:
-        modulo = (spec or {}).get("heldout_modulo", zoo.V4_SPEC.heldout_modulo)
-        prompts = zoo_v4.heldout_prompts(count, zoo.V4Spec(heldout_modulo=modulo))
+        modulo = (spec or {}).get("heldout_modulo", pairs.V4_SPEC.heldout_modulo)
+        prompts = zoo_v4.heldout_prompts(count, pairs.V4Spec(heldout_modulo=modulo))
         return prompts, f"code openings from the held-out stdlib modules (zoo v4 split, 1 in {modulo})"
     from transformers import AutoTokenizer
 
-    eval_tokens = spec.get("eval_tokens", zoo.DEFAULT_SPEC.eval_tokens)
+    eval_tokens = spec.get("eval_tokens", pairs.DEFAULT_SPEC.eval_tokens)
     text = _v3_heldout_text(AutoTokenizer.from_pretrained(pair_dir / "target"), eval_tokens)
     lines = text.splitlines(keepends=True)
     prompts = [lines[i] + lines[i + 1] for i in range(len(lines) - 1)
@@ -69,22 +72,22 @@ def held_out_prompts(count: int, pair_dir=None) -> list[str]:
 
 
 def _default_pair_dir() -> Path:
-    from . import zoo
+    from zoo import pairs
 
-    folder = zoo.default_pair_dir()
+    folder = pairs.default_pair_dir()
     if not (folder / "report.json").exists():
-        raise FileNotFoundError(f"no {folder.name} zoo pair yet (python -m specdec_cuda zoo trains it)")
+        raise FileNotFoundError(f"no {folder.name} zoo pair yet (python -m zoo.train trains it)")
     return folder
 
 
 def _v3_heldout_text(tokenizer, eval_tokens: int) -> str:
     """The text of the last ``eval_tokens`` tokens of the stdlib stream (files EOS-separated, as
-    ``zoo.tokenize_split`` builds it), files joined by a blank line."""
-    from . import zoo
+    ``pairs.tokenize_split`` builds it), files joined by a blank line."""
+    from zoo import pairs
 
     eos = tokenizer.eos_token_id
     ids: list[int] = []
-    for text in reversed(zoo.stdlib_corpus()):  # only the last few files are tokenised
+    for text in reversed(pairs.stdlib_corpus()):  # only the last few files are tokenised
         ids[:0] = tokenizer(text)["input_ids"] + [eos]
         if len(ids) >= eval_tokens:
             break
@@ -109,16 +112,17 @@ class Pair:
 
 def load_pair(target_dir=None, draft_dir=None, dtype=torch.float32, device="cpu", zoo_spec=None,
               log=print, threads: int = 0) -> Pair:
-    """The given HF checkpoint folders, or the zoo pair ``zoo_spec`` (a ``zoo.SPECS`` key; default
-    ``zoo.default_zoo()``: the shipped v4 pair when present, else v3, trained the first time with
+    """The given HF checkpoint folders, or the zoo pair ``zoo_spec`` (a ``pairs.SPECS`` key; default
+    ``pairs.default_zoo()``: the shipped v4 pair when present, else v3, trained the first time with
     torch's own thread count), loaded in ``dtype`` (fp32: a shipped bf16 pair is cast); then
     ``threads`` (if > 0) becomes torch's thread count for decoding."""
     from transformers import AutoTokenizer
 
-    from . import models, zoo
+    from specdec_cuda import models
+    from zoo import pairs
 
     if target_dir is None:
-        target_dir, zoo_draft = zoo.get_pair(zoo.SPECS[zoo_spec or zoo.default_zoo()], log=log)
+        target_dir, zoo_draft = pairs.get_pair(pairs.SPECS[zoo_spec or pairs.default_zoo()], log=log)
         draft_dir = draft_dir or zoo_draft
     if threads > 0:
         torch.set_num_threads(threads)
@@ -250,8 +254,8 @@ def demo(args) -> int:
 def diffusion_demo(args, prompts: list[str]) -> None:
     """The zoo's masked-diffusion LM on the same prompts, LOSSY (its own text, not the target's):
     Fast-dLLM threshold rule (0.7) with the dual cache. Shown when cached, or trained with --diffusion."""
-    from . import zoo_diffusion
-    from .diffusion_generate import DiffusionGenerator
+    from zoo import diffusion as zoo_diffusion
+    from specdec_cuda.diffusion_generate import DiffusionGenerator
 
     spec = zoo_diffusion.SPECS.get(args.zoo)
     if spec is None:
@@ -278,7 +282,7 @@ def diffusion_demo(args, prompts: list[str]) -> None:
 
 # ------------------------------------------------------------------------------ the end-to-end bench
 
-HEADLINE_TARGET = 1.5  # issue 18: this engine's best method >= 1.5x the best transformers option
+HEADLINE_TARGET = 1.5  # this engine's best method >= 1.5x the best transformers option
 SAMPLED_TEMPERATURE = 0.8
 
 
@@ -298,26 +302,26 @@ class Runner:
 
 
 def engine_runners(pair: Pair, eos: int | None, seed: int = 0) -> tuple[list[Runner], dict[str, str]]:
-    """Every registered method in each configuration its ``bench_configs`` declares (the
+    """Every registered method in each configuration ``bench/configs.py`` lists for it (the
     autoregressive baseline first), and {method: why it is not benched} for the others."""
-    from . import methods
+    from specdec_cuda import methods
 
     runners, not_benched = [], {}
     for spec in sorted(methods.available(), key=lambda m: m.kind != "autoregressive"):
-        if spec.bench_configs is None:
-            not_benched[spec.name] = "it declares no bench_configs (methods.MethodSpec)"
+        if spec.name not in CONFIGS:
+            not_benched[spec.name] = "bench/configs.py lists no configurations for it"
             continue
         try:
-            configs = spec.bench_configs(pair)
+            configs = CONFIGS[spec.name](pair)
         except FileNotFoundError as exc:  # the pair lacks the method's drafter, heads or own model
             not_benched[spec.name] = str(exc)
             continue
         if not configs:
-            not_benched[spec.name] = "its bench_configs lists no configuration (e.g. another name of a benched method)"
+            not_benched[spec.name] = "bench/configs.py lists no configuration (e.g. another name of a benched method)"
         for label, options in configs:
             options = dict(options)
             if spec.kind == "generation" and "model" not in options:
-                raise ValueError(f"bench_configs of the generation method {spec.name!r} must name its model "
+                raise ValueError(f"bench/configs.py: the generation method {spec.name!r} must name its model "
                                  f"under the option 'model' (configuration {label!r})")
             model = options.pop("model") if spec.kind == "generation" else pair.target
             decoder = SpeculativeDecoder(model, spec.name, **options)
@@ -399,7 +403,7 @@ def print_bench_table(rows: list[dict]) -> None:
 
 def bench(args) -> int:
     """The end-to-end bench, one table in one run: this engine's autoregressive decoding and every
-    registered method (in the configurations its ``bench_configs`` declares) against transformers
+    registered method (in the configurations ``bench/configs.py`` lists) against transformers
     ``generate`` (plain, ``assistant_model=`` the draft, ``prompt_lookup_num_tokens=``), on two
     workloads (the built-in prompts and the pair's held-out split), batch 1 and ``--batch``,
     greedy and T = 0.8. Greedy rows are checked token for token against this engine's
@@ -423,7 +427,7 @@ def bench(args) -> int:
     try:
         held, held_source = held_out_workload(count, pair.target_dir.parent)
     except ValueError as exc:  # a pair whose own held-out text is too short (tiny test pairs)
-        from . import zoo_v4
+        from zoo import v4 as zoo_v4
 
         held = zoo_v4.heldout_prompts(count)
         held_source = f"code openings from the held-out stdlib modules (zoo v4 split), since {exc}"

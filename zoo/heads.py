@@ -1,4 +1,4 @@
-"""Train Medusa heads and MTP modules on the frozen zoo target: ``python -m specdec_cuda zoo --heads``.
+"""Train Medusa heads and MTP modules on the frozen zoo target: ``python -m zoo.train --heads``.
 
 Self-distillation: the labels are the target's own greedy continuations of corpus text, so the
 heads learn what the target will say, not what the corpus says. Steps:
@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .models.heads import MedusaHeads, MTPModules, TargetHead, mtp_block_config, save_heads, target_head
+from specdec_cuda.models.heads import MedusaHeads, MTPModules, TargetHead, mtp_block_config, save_heads, target_head
 
 TOPK_RANKS = 10
 
@@ -82,7 +82,7 @@ class _Progress:
 @torch.no_grad()
 def greedy_continuations(target, windows: torch.Tensor, gen_len: int, batch: int = 64) -> torch.Tensor:
     """Each window followed by the target's greedy continuation. Shape: [N, P] -> [N, P + gen_len]."""
-    from .decoding import SamplingParams, decode
+    from specdec_cuda.decoding import SamplingParams, decode
 
     out = []
     for chunk in windows.split(batch):
@@ -188,8 +188,8 @@ def train_heads(target_dir: str | Path, out_root: str | Path | None = None, spec
     ``heads-mtp`` beside it (or under ``out_root``) and return the report (also ``heads-report.json``)."""
     from transformers import PreTrainedTokenizerFast
 
-    from . import models
-    from .zoo import DEFAULT_SPEC, EOS, tokenize_split, training_texts
+    from specdec_cuda import models
+    from .pairs import DEFAULT_SPEC, EOS, tokenize_split, training_texts
 
     log = log or _log
     target_dir = Path(target_dir)

@@ -1,4 +1,4 @@
-"""Train the DFlash drafter (``models.dflash``) on a frozen zoo target: ``python -m specdec_cuda zoo --dflash``.
+"""Train the DFlash drafter (``models.dflash``) on a frozen zoo target: ``python -m zoo.train --dflash``.
 
 Recipe (DFlash, Chen et al. 2026):
 
@@ -57,9 +57,9 @@ class DFlashTrainSpec:
 
 
 def default_target_dir() -> Path:
-    from . import zoo
+    from . import pairs
 
-    return zoo.default_pair_dir() / "target"
+    return pairs.default_pair_dir() / "target"
 
 
 def default_drafter_dir(target_dir=None) -> Path:
@@ -75,7 +75,7 @@ def _log(line: str) -> None:
 @torch.no_grad()
 def regenerate(target, prompts: torch.Tensor, new_tokens: int, temperature: float, seed: int) -> torch.Tensor:
     """Each prompt continued by the target. Shape: prompts [B, P] -> [B, P + new_tokens]."""
-    from .decoding import SamplingParams, decode
+    from specdec_cuda.decoding import SamplingParams, decode
 
     params = SamplingParams.make(prompts.shape[0], temperature, 0, 1.0, list(range(seed, seed + prompts.shape[0])))
     out = decode(target, prompts.tolist(), params, new_tokens)
@@ -161,8 +161,10 @@ def train_dflash(target_dir=None, out_dir=None, spec: DFlashTrainSpec = DFlashTr
                  log: Callable[[str], None] = _log, force: bool = False) -> Path:
     """Train (once) the drafter of the target in ``target_dir`` and save it to ``out_dir``
     (default: beside the target). Returns the folder. Re-running returns the cached folder."""
-    from . import e2e, models, zoo
-    from .models.dflash import DFlashConfig, DFlashDrafter
+    from bench import e2e
+    from specdec_cuda import models
+    from . import pairs
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
 
     target_dir = Path(target_dir) if target_dir else default_target_dir()
     out_dir = Path(out_dir) if out_dir else default_drafter_dir(target_dir)
@@ -170,16 +172,16 @@ def train_dflash(target_dir=None, out_dir=None, spec: DFlashTrainSpec = DFlashTr
         log(f"DFlash drafter cached at {out_dir}")
         return out_dir
     if not (target_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{target_dir}: no target checkpoint (train the zoo pair first: python -m specdec_cuda zoo)")
+        raise FileNotFoundError(f"{target_dir}: no target checkpoint (train the zoo pair first: python -m zoo.train)")
     torch.manual_seed(spec.seed)
     start = time.perf_counter()
     target = models.load(target_dir, dtype=torch.float32)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    eos_id = tokenizer.convert_tokens_to_ids(zoo.EOS)
-    _, train_ids, _ = zoo.tokenize_split(tokenizer, zoo.training_texts(target_dir), eos_id,
-                                       zoo.DEFAULT_SPEC.eval_tokens)
+    eos_id = tokenizer.convert_tokens_to_ids(pairs.EOS)
+    _, train_ids, _ = pairs.tokenize_split(tokenizer, pairs.training_texts(target_dir), eos_id,
+                                       pairs.DEFAULT_SPEC.eval_tokens)
 
     # 1. Prompts from the training text, continued by the target (half greedy, half sampled).
     g = torch.Generator().manual_seed(spec.seed)

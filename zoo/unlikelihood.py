@@ -1,18 +1,18 @@
-"""Sequence-level unlikelihood fine-tuning of the zoo target, against greedy repetition (issue 18).
+"""Sequence-level unlikelihood fine-tuning of the zoo target, against greedy repetition.
 
 A small language model decoded greedily falls into loops: the v4 target, trained for 7.4 hours to
 1.12 bits per character on held-out code, repeats a line or a phrase to the end of 7 of 16
-held-out 64-token continuations (``zoo_v4.collapsed``), as the v3 target trained for minutes did.
+held-out 64-token continuations (``v4.collapsed``), as the v3 target trained for minutes did.
 The fix from the literature is to penalise the model's own repeats
 (Welleck et al., "Neural Text Generation with Unlikelihood Training", ICLR 2020, sequence-level
 unlikelihood). Each step here:
 
 1. takes ``prompts`` prefixes of ``prefix_len`` tokens of training text (the last tokens of code
-   openings, ``zoo_v4.opening_prefixes``, or random windows) and continues them greedily with
+   openings, ``v4.opening_prefixes``, or random windows) and continues them greedily with
    the current model for ``continuation_len`` tokens;
 2. marks every continuation token that lies inside a loop: a phrase of at most ``max_period``
    tokens standing three times or more in a row, over at least ``min_span`` tokens
-   (:func:`loop_mask`; the failure ``zoo_v4.collapsed`` counts);
+   (:func:`loop_mask`; the failure ``v4.collapsed`` counts);
 3. adds ``-log(1 - p(token))`` over the marked tokens (:func:`unlikelihood_loss`), weighted by
    ``alpha``, to the ordinary next-token loss on ``mle_rows`` windows of training text, which
    keeps the model a language model (its held-out bits per character are reported before and
@@ -31,7 +31,7 @@ shipped settings on the fine-tuned target (new prefixes) did not go further: 2, 
 0 .. 400, with 1.5-4% of its own continuations' tokens in loops, so most steps had nothing to push.
 The loops that round left are longer (on 16 held-out openings, 4 end in a phrase of up to 40 tokens
 standing three times, periods 3, 16, 18 and 21; 7 in one standing twice), so a second round against
-loops of period <= 32 over 80-token continuations (``zoo_v4.refine_pair`` with
+loops of period <= 32 over 80-token continuations (``v4.refine_pair`` with
 ``V4Spec.unlikelihood_rounds = ((16, 64, 0), (32, 80, 2))``, one thread) was tried: 2, 7, 2, 6, 8
 of the 48 collapsed at steps 0 .. 400 (9 with the period-40 judge, from 2), held-out 2, 1, 0, 2, 1
 of 16 (period-40 judge: 4 -> 2), distinct-4 0.61 -> 0.59, held-out bits per character of the quick
@@ -39,7 +39,7 @@ slice 1.183 -> 1.186. Not shipped: the judge got worse and the held-out change i
 of these counts.
 
 Progress is judged on prompts from the *training* split (function openings, the shape of the
-held-out prompts); the held-out prompts are only evaluated at the end, by ``zoo_v4``'s report (the
+held-out prompts); the held-out prompts are only evaluated at the end, by ``zoo.v4``'s report (the
 long-period trial above printed them along the way too, for the record; nothing was tuned on them).
 Only training text is ever generated from or trained on. The run is a few hundred steps on one
 or two CPU cores: minutes, not hours.
@@ -54,12 +54,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .zoo_v4 import lr_at
+from .v4 import lr_at
 
 
 @dataclass(frozen=True)
 class UnlikelihoodSpec:
-    """Steps and sizes of the fine-tune (the v4 pair's: ``zoo.V4Spec.unlikelihood_*``); the
+    """Steps and sizes of the fine-tune (the v4 pair's: ``pairs.V4Spec.unlikelihood_*``); the
     defaults take about 17 minutes on one core of this project's machine."""
 
     steps: int = 400
@@ -72,7 +72,7 @@ class UnlikelihoodSpec:
     opening_fraction: float = 1.0
     prefix_len: int = 48
     continuation_len: int = 64
-    # Loops: a period <= max_period over >= max(3 * period, min_span) tokens. zoo_v4.collapsed
+    # Loops: a period <= max_period over >= max(3 * period, min_span) tokens. v4.collapsed
     # asks for 24 tokens at the end of 64; 16 catches a loop while it starts.
     max_period: int = 16
     min_span: int = 16

@@ -19,12 +19,12 @@ Two ways to start (``DiffusionSpec.init``):
 * ``"scratch"`` (``--zoo scratch``): a small model from random weights (the first zoo diffusion
   LM; weaker: its confidences stay below Fast-dLLM's thresholds).
 
-The corpus and tokenizer are the zoo pair's (``zoo.stdlib_corpus``, ``zoo.train_tokenizer`` with
+The corpus and tokenizer are the zoo pair's (``pairs.stdlib_corpus``, ``pairs.train_tokenizer`` with
 the pair's vocabulary size), so the diffusion model's text can be scored by the zoo's autoregressive
 target. The tokenizer is read from the cached pair when it exists, otherwise trained the same way;
 the mask token is one extra id after it. The checkpoint folder is saved beside the pair,
-``zoo.zoo_root() / spec.name``, and trained on first use (``get_diffusion``) with a progress line
-and an ETA. ``python -m specdec_cuda.zoo_diffusion [--spec small]`` trains it ahead of time.
+``pairs.zoo_root() / spec.name``, and trained on first use (``get_diffusion``) with a progress line
+and an ETA. ``python -m zoo.diffusion [--spec small]`` trains it ahead of time.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import zoo
-from .models.diffusion_lm import MASK_TOKEN, DiffusionConfig, DiffusionLM, from_causal_lm, load_diffusion
+from . import pairs
+from specdec_cuda.models.diffusion_lm import MASK_TOKEN, DiffusionConfig, DiffusionLM, from_causal_lm, load_diffusion
 
 
 @dataclass
@@ -61,7 +61,7 @@ class DiffusionSpec:
     """
 
     name: str = "pystdlib-v3-diffusion"
-    pair: str = "default"  # which zoo pair's tokenizer (zoo.SPECS key)
+    pair: str = "default"  # which zoo pair's tokenizer (pairs.SPECS key)
     seq_len: int = 256
     batch_size: int = 16
     num_layers: int = 6
@@ -107,9 +107,9 @@ def _log(line: str) -> None:
 
 def _tokenizer(spec: DiffusionSpec, texts: Sequence[str], root: Path, log):
     """The zoo pair's tokenizer (read from the cached pair, else trained the same way)."""
-    pair = zoo.SPECS[spec.pair]
+    pair = pairs.SPECS[spec.pair]
     if spec.vocab_size:
-        return zoo.train_tokenizer(texts, spec.vocab_size)
+        return pairs.train_tokenizer(texts, spec.vocab_size)
     cached = root / pair.name / "target"
     if (cached / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
@@ -117,7 +117,7 @@ def _tokenizer(spec: DiffusionSpec, texts: Sequence[str], root: Path, log):
         log(f"[zoo-diffusion] tokenizer of the cached pair {cached}")
         return AutoTokenizer.from_pretrained(str(cached))
     log(f"[zoo-diffusion] no cached pair at {cached.parent}; training its tokenizer (same corpus and size)")
-    return zoo.train_tokenizer(texts, pair.vocab_size)
+    return pairs.train_tokenizer(texts, pair.vocab_size)
 
 
 def masked_diffusion_loss(model: DiffusionLM, x0: torch.Tensor, gen: torch.Generator,
@@ -151,7 +151,7 @@ def masked_diffusion_loss(model: DiffusionLM, x0: torch.Tensor, gen: torch.Gener
 @torch.no_grad()
 def ar_eval_nll(folder: Path, data: torch.Tensor, seq_len: int) -> float:
     """The causal LM's next-token NLL per token on the same held-out windows (for comparison)."""
-    from .models import load
+    from specdec_cuda.models import load
 
     ar = load(folder)
     n = (data.numel() // seq_len) * seq_len
@@ -173,7 +173,7 @@ def ar_target_dir(spec: DiffusionSpec, root: Path, log) -> Path:
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"target_dir {str(folder)!r} has no config.json (expected an AR checkpoint folder)")
         return folder
-    return zoo.get_pair(zoo.SPECS[spec.pair], log=log, root=root)[0]  # shipped, else cached, else trained
+    return pairs.get_pair(pairs.SPECS[spec.pair], log=log, root=root)[0]  # shipped, else cached, else trained
 
 
 @torch.no_grad()
@@ -192,11 +192,11 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
     Returns the report (also ``out_dir/report.json``): sizes, losses, timings.
     """
     out_dir, log = Path(out_dir), log or _log
-    root = Path(root or zoo.zoo_root())
+    root = Path(root or pairs.zoo_root())
     started = time.perf_counter()
     ar_dir = ar_target_dir(spec, root, log) if spec.init == "target" else None
     if texts is None:  # an adapted model never sees its target pair's held-out split
-        texts = zoo.training_texts(ar_dir) if ar_dir is not None else zoo.stdlib_corpus()
+        texts = pairs.training_texts(ar_dir) if ar_dir is not None else pairs.stdlib_corpus()
     texts = list(texts)
     if spec.corpus_chars:
         joined, texts = "".join(texts)[: spec.corpus_chars], []
@@ -208,13 +208,13 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
         tokenizer = AutoTokenizer.from_pretrained(str(ar_dir))
     else:
         tokenizer = _tokenizer(spec, texts, root, log)
-    eos_id = tokenizer.convert_tokens_to_ids(zoo.EOS)
+    eos_id = tokenizer.convert_tokens_to_ids(pairs.EOS)
     base_vocab = len(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]})
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     if mask_id != base_vocab:
         raise RuntimeError(f"the mask token got id {mask_id}, expected {base_vocab} (one past the vocabulary)")
-    data, train_data, eval_data = zoo.tokenize_split(tokenizer, texts, eos_id, spec.eval_tokens)
+    data, train_data, eval_data = pairs.tokenize_split(tokenizer, texts, eos_id, spec.eval_tokens)
     if train_data.numel() <= spec.seq_len + 1:
         raise ValueError(f"corpus too small: {train_data.numel()} training tokens for windows of {spec.seq_len}")
     log(f"[zoo-diffusion] {len(texts)} texts, {data.numel()} tokens, vocab {base_vocab} + mask")
@@ -234,14 +234,14 @@ def train_diffusion(out_dir: Path, spec: DiffusionSpec = DEFAULT_SPEC, texts: Se
         f"{spec.steps} steps of {spec.batch_size}x{spec.seq_len} tokens (LLaDA objective"
         f"{', bf16 autocast' if spec.bf16 else ''}), {torch.get_num_threads()} threads")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    progress = zoo._Progress("diffusion", spec.steps, log, max(1, spec.steps // 20))
+    progress = pairs._Progress("diffusion", spec.steps, log, max(1, spec.steps // 20))
     gen = torch.Generator().manual_seed(spec.seed + 7)
-    window_spec = dataclasses.replace(zoo.DEFAULT_SPEC, seq_len=spec.seq_len, batch_size=spec.batch_size)
+    window_spec = dataclasses.replace(pairs.DEFAULT_SPEC, seq_len=spec.seq_len, batch_size=spec.batch_size)
     model.train()
     tokens = 0
-    for step, (inputs, _labels) in enumerate(zoo._batches(train_data, window_spec, spec.steps, spec.seed), start=1):
+    for step, (inputs, _labels) in enumerate(pairs._batches(train_data, window_spec, spec.steps, spec.seed), start=1):
         for group in opt.param_groups:
-            group["lr"] = zoo._lr(step - 1, spec.steps, spec.lr)
+            group["lr"] = pairs._lr(step - 1, spec.steps, spec.lr)
         x0 = inputs  # [B, seq_len] windows of the corpus (the shifted labels are not needed)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16):
             loss = masked_diffusion_loss(model, x0, gen, spec.min_mask_ratio, spec.prefix_fraction)
@@ -280,7 +280,7 @@ def get_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log: Callable[[str], None]
     ``root`` is not given), else the cached one under ``root``, trained the first time."""
     if root is None and (found := trained_diffusion_dir(spec)) is not None:
         return found
-    root = Path(root or zoo.zoo_root())
+    root = Path(root or pairs.zoo_root())
     out_dir = root / spec.name
     if not (out_dir / "report.json").exists():
         (log or _log)(f"[zoo-diffusion] no cached model at {out_dir}; training it once (~10 minutes on 2 idle cores)")
@@ -290,7 +290,7 @@ def get_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log: Callable[[str], None]
 
 def trained_diffusion_dir(spec: DiffusionSpec) -> Path | None:
     """The folder of ``spec``'s trained model (shipped first, then the cache), or None."""
-    for base in (zoo.shipped_root(), zoo.zoo_root()):
+    for base in (pairs.shipped_root(), pairs.zoo_root()):
         if base is not None and (base / spec.name / "report.json").exists():
             return base / spec.name
     return None
@@ -309,7 +309,7 @@ def ship_diffusion(src: Path, dest: Path, dtype: torch.dtype = torch.bfloat16) -
     model.save(tmp)
     PreTrainedTokenizerFast.from_pretrained(str(src)).save_pretrained(tmp)
     report = json.loads((src / "report.json").read_text())
-    report["shipped"] = {"dtype": str(dtype).removeprefix("torch."), "bytes": zoo.folder_bytes(tmp),
+    report["shipped"] = {"dtype": str(dtype).removeprefix("torch."), "bytes": pairs.folder_bytes(tmp),
                          "note": "figures above were measured on the fp32 weights before the cast"}
     (tmp / "report.json").write_text(json.dumps(report, indent=2))
     shutil.rmtree(dest, ignore_errors=True)
@@ -327,7 +327,7 @@ def load_zoo_diffusion(spec: DiffusionSpec = DEFAULT_SPEC, log=None, root: Path 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_cuda.zoo_diffusion", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m zoo.diffusion", description=__doc__.split("\n")[0])
     parser.add_argument("--zoo", choices=sorted(SPECS), default="default",
                         help="default: the AR target adapted; scratch: from random weights; small: the small pair's")
     parser.add_argument("--target", default=None,
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec, root = SPECS[args.zoo], zoo.zoo_root()
+    spec, root = SPECS[args.zoo], pairs.zoo_root()
     if args.target:
         if spec.init != "target":
             parser.error(f"--target adapts an AR model; the {args.zoo!r} spec trains from scratch")
@@ -352,9 +352,9 @@ def main(argv=None) -> int:
     folder = get_diffusion(spec, root=root)
     print(folder)
     if args.ship:
-        if zoo.shipped_root() is None:
+        if pairs.shipped_root() is None:
             parser.error("--ship writes into a source checkout's zoo/ folder; this install has none")
-        dest = zoo.shipped_root() / spec.name
+        dest = pairs.shipped_root() / spec.name
         shipped = ship_diffusion(folder, dest)
         print(f"shipped to {dest}: {shipped['dtype']}, {shipped['bytes'] / 1e6:.1f} MB")
     return 0

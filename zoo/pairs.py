@@ -12,9 +12,8 @@ first decoder layer, final norm and LM head, then distilled (KL to the target's 
 distribution on the same text), so it proposes what the target would say, which is what
 speculative decoding rewards.
 
-Training is seeded and runs once: the pair is cached under ``$SPECDEC_ZOO_DIR`` or, in a source
-checkout, ``<repo>/.cache/zoo`` (else ``~/.cache/specdec_cuda/zoo``). Entry points:
-``python -m specdec_cuda zoo`` or ``python scripts/train_zoo.py``.
+Training is seeded and runs once: the pair is cached under ``$SPECDEC_ZOO_DIR``, else the
+checkout's ``.cache/zoo``. Entry point: ``python -m zoo.train``.
 """
 
 from __future__ import annotations
@@ -33,6 +32,8 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout this zoo/ folder belongs to
 
 EOS = "<|endoftext|>"
 
@@ -86,7 +87,7 @@ SMALL_SPEC = ZooSpec(name="pystdlib-v3-small", seq_len=128, target_steps=100, dr
 
 @dataclass
 class V4Spec(ZooSpec):
-    """Zoo v4 (issue 18): the pair of the long, resumable run in ``zoo_v4``.
+    """Zoo v4: the pair of the long, resumable run in ``zoo.v4``.
 
     Every field is frozen into the run folder's ``spec.json``: a resume with another spec fails.
 
@@ -106,7 +107,7 @@ class V4Spec(ZooSpec):
     """
 
     name: str = "pycode-v4"
-    # get_pair does not train it on demand (hours): `python -m specdec_cuda zoo --zoo v4` does.
+    # get_pair does not train it on demand (hours): `python -m zoo.train --zoo v4` does.
     resumable: bool = True
     vocab_size: int = 4096
     max_position: int = 1024
@@ -124,7 +125,7 @@ class V4Spec(ZooSpec):
     unlikelihood_lr: float = 2e-4
     unlikelihood_alpha: float = 3.0
     unlikelihood_openings: float = 1.0  # fraction of its prompts cut at code openings
-    # Per round (zoo_v4.unlikelihood_round): the longest loop period it penalises, the greedy
+    # Per round (v4.unlikelihood_round): the longest loop period it penalises, the greedy
     # continuation's length and the offset of its prefix seed from `seed`; a round past the table
     # repeats its last entry with the next seeds (round r: seed + r - 1 here). A round at
     # (32, 80, 2) after the shipped one, against the longer loops the first round leaves, was
@@ -164,12 +165,7 @@ def _log(line: str) -> None:
 def zoo_root() -> Path:
     """Where trained pairs are cached: $SPECDEC_ZOO_DIR, else the checkout's .cache/zoo."""
     env = os.environ.get("SPECDEC_ZOO_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "setup.py").exists() and (repo / "python" / "specdec_cuda").is_dir():
-        return repo / ".cache" / "zoo"
-    return Path.home() / ".cache" / "specdec_cuda" / "zoo"
+    return Path(env) if env else REPO / ".cache" / "zoo"
 
 
 def stdlib_corpus(heldout_modulo: int | None = None) -> list[str]:
@@ -180,7 +176,7 @@ def stdlib_corpus(heldout_modulo: int | None = None) -> list[str]:
     if not files:
         raise RuntimeError(f"no Python sources found under {lib}; pass a corpus explicitly")
     if heldout_modulo:
-        from .zoo_v4 import is_heldout_module
+        from .v4 import is_heldout_module
 
         files = [f for f in files if not is_heldout_module(f.name, heldout_modulo)]
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
@@ -414,12 +410,9 @@ def save_pair(out_dir: Path, target, draft, tokenizer, eos_id: int, report: dict
 
 
 def shipped_root() -> Path | None:
-    """Where trained pairs are shipped in a source checkout: ``<repo>/zoo`` (bf16 HF folders
-    committed to the repository, see ``ship_pair``); None outside a checkout."""
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "setup.py").exists() and (repo / "python" / "specdec_cuda").is_dir():
-        return repo / "zoo"
-    return None
+    """Where trained pairs are shipped: the checkout's ``zoo/`` (bf16 HF folders committed to the
+    repository, see ``ship_pair``)."""
+    return REPO / "zoo"
 
 
 def _is_pair(folder: Path) -> bool:
@@ -459,7 +452,7 @@ def get_pair(spec: ZooSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = N
         if getattr(spec, "resumable", False):
             raise FileNotFoundError(
                 f"the {spec.name} pair is neither shipped nor at {out_dir}: it trains for hours in a "
-                f"resumable run, `python -m specdec_cuda zoo --zoo v4` starts or resumes it (see specdec_cuda.zoo_v4)")
+                f"resumable run, `python -m zoo.train --zoo v4` starts or resumes it (see zoo.v4)")
         log(f"[zoo] no cached pair at {out_dir}; training it once (a few minutes on 2 CPU cores)")
         train_pair(out_dir, spec, log=log)
     return out_dir / "target", out_dir / "draft"

@@ -1,0 +1,131 @@
+"""The configurations the end-to-end bench runs each registered method in.
+
+The registry (``specdec_cuda.methods``) knows methods and their options; which settings the bench
+compares, and where the bench pair keeps each method's trained parts, is the bench's business.
+``CONFIGS[name](pair)`` gives ``(label, options)`` pairs for ``SpeculativeDecoder(target, name,
+**options)``; ``pair`` is ``e2e.Pair`` (``target``, ``draft``, ``target_dir``, ``draft_dir``,
+``tokenizer``). A generation method names the model it runs under the option ``"model"``. A
+function raises ``FileNotFoundError`` naming what the pair lacks (a drafter, trained heads, a model
+of its own); the bench then reports the method as not benched, with that reason. A registered
+method missing here is reported as not benched, and ``tests/test_e2e.py`` fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _heads_dir(pair, kind: str) -> Path:
+    """The ``kind`` heads trained for the pair's target (``python -m zoo.train --heads --target DIR``
+    writes them beside it)."""
+    folder = Path(pair.target_dir).parent / f"heads-{kind}"
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no {kind} heads beside {pair.target_dir}; train them with "
+                                f"`python -m zoo.train --heads --target {pair.target_dir}`")
+    return folder
+
+
+def _dflash_dir(pair) -> Path:
+    """The DFlash drafter trained for the pair's target (``python -m zoo.train --dflash --target DIR``
+    writes it beside it)."""
+    from zoo.dflash import default_drafter_dir
+
+    folder = default_drafter_dir(pair.target_dir)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no DFlash drafter beside {pair.target_dir}; train one with "
+                                f"`python -m zoo.train --dflash --target {pair.target_dir}`")
+    return folder
+
+
+def _need_draft(pair) -> None:
+    if pair.draft is None:
+        raise FileNotFoundError("the pair has no draft model (pass --draft with --target)")
+
+
+def draft(pair):
+    """Fixed k = 4, adaptive k from 4, the cost policy."""
+    _need_draft(pair)
+    return [("k=4", dict(draft=pair.draft, k=4, policy="fixed")),
+            ("adaptive k from 4", dict(draft=pair.draft, k=4, adaptive_k=True, policy="fixed")),
+            ("adaptive k, cost policy", dict(draft=pair.draft, k=4, adaptive_k=True, policy="cost"))]
+
+
+def prompt_lookup(pair):
+    """Chains of 4 and 16, a tree of 4 candidates x 4."""
+    return [("chain k=4", dict(k=4)), ("chain k=16", dict(k=16)),
+            ("tree 4 candidates x 4", dict(k=4, num_candidates=4))]
+
+
+def lookahead(pair):
+    """The defaults (W = 4, N = 4, G = 4)."""
+    return [("W=4 N=4 G=4", {})]
+
+
+def lookahead_draft(pair):
+    """The lookahead defaults with the pair's draft."""
+    _need_draft(pair)
+    return [("k=4 W=4 N=4 G=4, adaptive", dict(draft=pair.draft))]
+
+
+def medusa(pair):
+    """The chain and the 16- and 32-node trees."""
+    heads = _heads_dir(pair, "medusa")
+    return [("chain", dict(heads=heads)), ("tree 16", dict(heads=heads, budget=16)),
+            ("tree 32", dict(heads=heads, budget=32))]
+
+
+def mtp(pair):
+    """One draft per module, and k = 4 (reusing the last)."""
+    heads = _heads_dir(pair, "mtp")
+    return [("k = modules", dict(heads=heads)), ("k=4", dict(heads=heads, k=4))]
+
+
+def dflash(pair):
+    """The drafter's own block size."""
+    return [("", dict(drafter=_dflash_dir(pair)))]
+
+
+def ddtree(pair):
+    """Budgets 16 (the default) and 32."""
+    drafter = _dflash_dir(pair)
+    return [("M=16", dict(drafter=drafter, budget=16)), ("M=32", dict(drafter=drafter, budget=32))]
+
+
+def diffusion(pair):
+    """LOSSY. The cached zoo diffusion LM that shares the pair's tokenizer (one adapted from the
+    pair's target, ``<pair>-diffusion-ar`` beside the pair folder, first), Fast-dLLM threshold 0.7
+    with the dual cache (bench_diffusion's best setting within 10% of one-token-per-step perplexity
+    on the v4 model); none is trained here (minutes)."""
+    from zoo import diffusion as zoo_diffusion
+    from zoo import pairs
+
+    pair_dir = Path(pair.target_dir).parent
+    folders = [pair_dir.parent / f"{pair_dir.name}-diffusion-ar"]
+    folders += [pairs.zoo_root() / spec.name for spec in zoo_diffusion.SPECS.values()
+                if pairs.SPECS[spec.pair].name == pair_dir.name]
+    for folder in folders:
+        if (folder / "report.json").exists():
+            return [("threshold 0.7, dual cache",
+                     dict(model=folder, block_length=32, threshold=0.7, use_cache="dual"))]
+    raise FileNotFoundError(f"no trained zoo diffusion LM shares the tokenizer of {pair.target_dir} "
+                            f"(python -m zoo.diffusion --zoo default|v4 trains one)")
+
+
+CONFIGS = {
+    "autoregressive": lambda pair: [("", {})],
+    "draft": draft,
+    "prompt_lookup": prompt_lookup,
+    # the same method as prompt_lookup, benched under that name
+    "ngram": lambda pair: [],
+    "lookahead": lookahead,
+    "lookahead+draft": lookahead_draft,
+    "medusa": medusa,
+    "mtp": mtp,
+    "dflash": dflash,
+    "ddtree": ddtree,
+    # Not in the end-to-end table: that table holds every lossless method to the plain model's
+    # autoregressive output, and quantspec equals autoregressive decoding on its own int4 KV cache
+    # instead; bench/bench_quantspec.py measures it against that baseline.
+    "quantspec": lambda pair: [],
+    "diffusion": diffusion,
+}
