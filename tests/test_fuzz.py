@@ -418,7 +418,8 @@ def test_fuzz_invalid_tree_inputs_never_crash(device):
 def test_fuzz_invalid_quant_inputs_never_crash(tmp_path):
     records = run_isolated(CHILD_COMMON + dedent(f'''
     from specdec_cuda.ops import kv_quant as kvops
-    from specdec_cuda.quant import HierarchicalKVCache, W4Linear
+    from specdec_cuda.models import QuantKVCache
+    from specdec_cuda.quant import W4Linear
     from specdec_cuda.models.loader import load
     from pathlib import Path
     r = random.Random(f"{{SEED}}:bad_quant")
@@ -462,18 +463,18 @@ def test_fuzz_invalid_quant_inputs_never_crash(tmp_path):
         return {{"ok": True, "status": []}}
 
     def run_cache():
-        cache = HierarchicalKVCache(1, 2, 1, 8, 64, key_group=16, value_group=8, residual=4)
+        cache = QuantKVCache(1, 2, 1, 64, 8, key_group=16, value_group=8, residual=4)
         op = r.randrange(4)
         if op == 0:
             cache.truncate(r.choice([[1], [1, 2, 3], torch.tensor([1.5, 0.5]), "ab", torch.tensor([[0, 0]]),
                                      [extreme(r), 0], [-1, 0]]))
         elif op == 1:
-            cache.write(r.choice([0, 1, -1, 5]), torch.randn(2, 1, 2, r.choice([8, 4])), torch.randn(2, 1, 2, 8))
+            cache.commit(r.choice([[1], [1, 2, 3], torch.tensor([1.5, 0.5]), "ab", [extreme(r), 0], [-1, 0]]))
         elif op == 2:
-            cache.advance(r.choice([-1, 1.5, "2", 3]))
+            QuantKVCache(*r.choice([(1, 2, 1, 64, 7), (0, 2, 1, 64, 8), (1, 2, 1, -1, 8),
+                                    (1, 2, 1, 64, 8.0)]), key_group=r.choice([16, 0, -16]))
         else:
-            cache.attend(r.choice([0, 2]), r.choice([torch.randn(2, 1, 2, 8), torch.randn(3, 1, 2, 8),
-                                                     torch.randn(2, 0, 2, 8), None]))
+            cache.begin_forward(r.choice([65, extreme(r)]))
         return {{"ok": True, "status": []}}
 
     def run_checkpoint(i):

@@ -3,7 +3,7 @@
 * bounds checks that overflowed near INT64_MAX (run in a child process: before the fix they wrote
   outside the tensors);
 * NaN / inf hidden by the 4-bit KV quantisation;
-* state accepted with the wrong shape (HierarchicalKVCache);
+* state accepted with the wrong shape (QuantKVCache);
 * dtypes silently converted (integer activations into the 4-bit matmul, float offsets);
 * errors that named the wrong thing or nothing.
 """
@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import specdec_cuda.ops as ops
+from specdec_cuda.models import QuantKVCache
 from specdec_cuda.models.config import LlamaConfig
 from specdec_cuda.models.loader import SafetensorsFolder, load
 from specdec_cuda.ops import kv_quant as kvops
 from specdec_cuda.ops.status import STATUS_BAD_COMPACTION
-from specdec_cuda.quant import HierarchicalKVCache, W4Linear, quantize_linears
+from specdec_cuda.quant import W4Linear, quantize_linears
 from specdec_cuda.reference import kv_quant as kvref
 
 from _isolated import run_isolated
@@ -171,51 +172,53 @@ def test_kv_quant_range_overflow_and_subnormal_scale():
     torch.testing.assert_close(c["k_scale"], ks, rtol=0, atol=0, equal_nan=True)
 
 
-def test_hierarchical_cache_keeps_nan_visible():
-    cache = HierarchicalKVCache(1, 1, 1, 8, 64, key_group=16, value_group=8, residual=4)
+def test_quant_cache_keeps_nan_visible():
+    cache = QuantKVCache(1, 1, 1, 64, 8, key_group=16, value_group=8, residual=4)
     k, v = torch.randn(1, 1, 24, 8), torch.randn(1, 1, 24, 8)
     k[0, 0, 3, 2] = float("nan")
-    cache.write(0, k, v)
-    cache.advance(24)
-    cache.flush()                                   # tokens 0..15 go to the 4-bit history
-    assert cache.quantized_lengths == [16]
-    kq, _ = cache.keys_values(0)
-    assert torch.isnan(kq[0, 0, :16, 2]).all()
-    out = cache.attend(0, torch.randn(1, 1, 1, 8))
-    assert torch.isnan(out).any()
+    cache.begin_forward(24)
+    cache.write(0, k, v)                            # completes group 0..15: into the 4-bit codes
+    q = cache.quantized[0]
+    kq = kvops.kv_dequantize_keys(q["k_upper"], q["k_lower"], q["k_scale"], q["k_zero"], 16, 16)
+    assert torch.isnan(kq[0, 0, :, 2]).all() and torch.isfinite(kq[0, 0, :, [0, 1, 3]]).all()
+    cache.k_buffer[0][0, 0, 3, 2] = 0.0             # only the codes carry the NaN now
+    quant_len = cache.quant_len(torch.arange(24)[None])
+    assert quant_len[0, 19] == 0 and quant_len[0, 20] == 16  # positions >= 20 read 0..15 from the codes
+    out = cache.attend(0, torch.randn(1, 1, 24, 8), quant_len, None, True)
+    assert torch.isnan(out[0, 0, 20:]).all() and torch.isfinite(out[0, 0, :20]).all()
 
 
 # ---- stateful methods check their arguments against the cache ------------------------------------
 
-def test_hierarchical_cache_rejects_wrong_state():
+def test_quant_cache_rejects_wrong_state():
     with pytest.raises(ValueError, match="key_group must be an int >= 1"):
-        HierarchicalKVCache(1, 2, 1, 8, 64, key_group=0)
+        QuantKVCache(1, 2, 1, 64, 8, key_group=0)
     with pytest.raises(ValueError, match="num_kv_heads must be an int >= 1"):
-        HierarchicalKVCache(1, 2, 0, 8, 64)
-    cache = HierarchicalKVCache(2, 2, 1, 8, 64, key_group=16, value_group=8, residual=4)
-    cache.write(0, torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8))
-    cache.advance(5)
-    with pytest.raises(ValueError, match="one entry per row \\(2\\), got 3"):
+        QuantKVCache(1, 2, 0, 64, 8)
+    with pytest.raises(ValueError, match="value_group \\(3\\) must be even and divide head_dim"):
+        QuantKVCache(1, 2, 1, 64, 8, value_group=3)
+    cache = QuantKVCache(2, 2, 1, 64, 8, key_group=16, value_group=8, residual=4)
+    cache.begin_forward(5)
+    for layer in range(2):
+        cache.write(layer, torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8))
+    cache.commit(torch.tensor([5, 5]))
+    with pytest.raises(ValueError, match="lengths must have shape \\[2\\], got \\(3,\\)"):
         cache.truncate(torch.tensor([4, 4, 4]))
-    with pytest.raises(ValueError, match="one entry per row \\(2\\), got 1"):
+    with pytest.raises(ValueError, match="lengths must have shape \\[2\\], got \\(1,\\)"):
         cache.truncate([4])
     with pytest.raises(TypeError, match="integers"):
         cache.truncate(torch.tensor([4.7, 3.2]))
     with pytest.raises(ValueError, match="shape \\[2\\]"):
         cache.truncate(torch.tensor([[4, 4]]))
-    with pytest.raises(IndexError, match="layer must be an int in \\[0, 2\\)"):
-        cache.write(2, torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8))
-    with pytest.raises(IndexError, match="layer"):
-        cache.attend(-1, torch.randn(2, 1, 1, 8))
-    with pytest.raises(TypeError, match="k must be floating point"):
-        cache.write(0, torch.ones(2, 1, 1, 8, dtype=torch.int64), torch.randn(2, 1, 1, 8))
-    with pytest.raises(ValueError, match="n must be an int >= 0"):
-        cache.advance(-1)
-    with pytest.raises(ValueError, match="tree_mask must be a \\[2, 3, 3\\]"):
-        cache.attend(0, torch.randn(2, 1, 3, 8), tree_mask=torch.ones(2, 3, 4, dtype=torch.bool))
-    assert cache.lengths == [5, 5]  # nothing above changed the state
+    with pytest.raises(ValueError, match="must lie in \\[0, current lengths"):
+        cache.truncate([6, 0])
+    with pytest.raises(ValueError, match="num_kept must have shape \\[2\\]"):
+        cache.commit(torch.tensor([1, 1, 1]))
+    with pytest.raises(TypeError, match="num_kept must hold integers"):
+        cache.commit(torch.tensor([0.5, 1.0]))
+    assert cache.lengths.tolist() == [5, 5]  # nothing above changed the state
     cache.truncate(torch.tensor([3, 5]))
-    assert cache.lengths == [3, 5]
+    assert cache.lengths.tolist() == [3, 5]
 
 
 # ---- dtypes are not silently converted -----------------------------------------------------------

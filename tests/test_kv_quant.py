@@ -1,13 +1,13 @@
-"""Hierarchical 4-bit KV cache: ops against reference/kv_quant.py, error bounds, rollback, GQA."""
+"""Hierarchical 4-bit KV cache ops against reference/kv_quant.py, and their error bounds (the cache
+itself, models.QuantKVCache, is tested in test_quantspec.py; attention over it in
+test_quant_attention.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from specdec_cuda.ops import kv_quant as kv
-from specdec_cuda.quant import HierarchicalKVCache
 from specdec_cuda.reference import kv_quant as ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -127,100 +127,6 @@ def test_opcheck_and_compile():
     assert torch.equal(compiled(c), read(c))
 
 
-# ---- the cache class ---------------------------------------------------------------------------
-
-
-def run_tokens(cache, layer_kv, n):
-    """Write n tokens' K/V (taken from layer_kv at each row's length) to every layer and advance."""
-    for layer, (k_all, v_all) in enumerate(layer_kv):
-        ks = torch.stack([k_all[b, :, cache.lengths[b]:cache.lengths[b] + n] for b in range(cache.batch)])
-        vs = torch.stack([v_all[b, :, cache.lengths[b]:cache.lengths[b] + n] for b in range(cache.batch)])
-        cache.write(layer, ks, vs)
-    cache.advance(n)
-
-
-def test_rollback_never_touches_quantised_history():
-    torch.manual_seed(4)
-    b, h, d, total = 2, 2, 32, 200
-    layer_kv = [(torch.randn(b, h, total, d), torch.randn(b, h, total, d)) for _ in range(2)]
-    cache = HierarchicalKVCache(2, b, h, d, 256, key_group=32, value_group=16, residual=8)
-    run_tokens(cache, layer_kv, 90)
-    cache.flush()
-    assert cache.quantized_lengths == [64, 64]  # 90 - 64 = 26 < 32 + 8, so two groups went in
-    snapshot = [{name: t.clone() for name, t in layer.items()} for layer in cache.quantized]
-    run_tokens(cache, layer_kv, 6)             # a draft of 6 tokens
-    cache.truncate([92, 90])                   # row 0 accepts 2, row 1 none
-    for before, after in zip(snapshot, cache.quantized):
-        for name in before:
-            assert torch.equal(before[name], after[name]), name
-    assert cache.lengths == [92, 90]
-    with pytest.raises(ValueError, match="quantised"):
-        cache.truncate([60, 90])
-
-
-def reference_attention(q, k_full, v_full, lengths_after, n):
-    """Exact attention over the full-precision K/V with GQA by repeating heads (reference only)."""
-    b, hq = q.shape[:2]
-    r = hq // k_full.shape[1]
-    out = []
-    for i in range(b):
-        L = lengths_after[i]
-        k = k_full[i, :, :L].repeat_interleave(r, dim=0)
-        v = v_full[i, :, :L].repeat_interleave(r, dim=0)
-        mask = torch.arange(L)[None, :] <= (L - n + torch.arange(n))[:, None]
-        out.append(F.scaled_dot_product_attention(q[i], k, v, attn_mask=mask))
-    return torch.stack(out)
-
-
-@pytest.mark.parametrize("upper_only", [False, True])
-def test_attention_gqa_over_quantised_cache(upper_only):
-    torch.manual_seed(5)
-    b, hkv, r, d, n = 2, 2, 3, 32, 4
-    total = 160
-    k_full, v_full = torch.randn(b, hkv, total, d), torch.randn(b, hkv, total, d)
-    cache = HierarchicalKVCache(1, b, hkv, d, 256, key_group=32, value_group=16, residual=8)
-    run_tokens(cache, [(k_full, v_full)], 100)
-    cache.truncate([100, 70])  # rows of different lengths
-    cache.flush()
-    assert cache.quantized_lengths == [64, 32]
-    q = torch.randn(b, hkv * r, n, d)
-    start = list(cache.lengths)
-    ks = torch.stack([k_full[i, :, start[i]:start[i] + n] for i in range(b)])
-    vs = torch.stack([v_full[i, :, start[i]:start[i] + n] for i in range(b)])
-    cache.write(0, ks, vs)
-    out = cache.attend(0, q, upper_only=upper_only)
-    # Full-precision reference over the same tokens (row 1's K/V continue at its own length).
-    k_ref, v_ref = k_full.clone(), v_full.clone()
-    expected = reference_attention(q, k_ref, v_ref, [s + n for s in start], n)
-    err = (out - expected).abs().max().item()
-    assert err < (0.15 if upper_only else 0.02)
-    # Exactly the dequantised cache: rebuild it through the ops and compare tightly.
-    kq, vq = cache.keys_values(0, upper_only)
-    for i in range(b):
-        ql = cache.quantized_lengths[i]
-        k_ref[i, :, :ql], v_ref[i, :, :ql] = kq[i, :, :ql], vq[i, :, :ql]
-    assert torch.allclose(out, reference_attention(q, k_ref, v_ref, [s + n for s in start], n), atol=1e-5)
-
-
-def test_attention_tree_mask():
-    torch.manual_seed(6)
-    b, hkv, r, d, n = 1, 1, 2, 32, 3
-    cache = HierarchicalKVCache(1, b, hkv, d, 128, key_group=32, value_group=16, residual=4)
-    k_full, v_full = torch.randn(b, hkv, 80, d), torch.randn(b, hkv, 80, d)
-    run_tokens(cache, [(k_full, v_full)], 70)
-    cache.flush()
-    cache.write(0, k_full[:, :, 70:73], v_full[:, :, 70:73])
-    q = torch.randn(b, hkv * r, n, d)
-    tree = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)  # node 2 is node 0's child
-    out = cache.attend(0, q, tree_mask=tree)
-    # Node 2 must not see node 1: changing node 1's K/V leaves node 2's output unchanged.
-    cache.write(0, torch.stack([k_full[:, :, 70], k_full[:, :, 75], k_full[:, :, 72]], dim=2),
-                torch.stack([v_full[:, :, 70], v_full[:, :, 75], v_full[:, :, 72]], dim=2))
-    out2 = cache.attend(0, q, tree_mask=tree)
-    assert torch.allclose(out[:, :, 2], out2[:, :, 2]) and torch.allclose(out[:, :, 0], out2[:, :, 0])
-    assert not torch.allclose(out[:, :, 1], out2[:, :, 1])
-
-
 # ---- CUDA --------------------------------------------------------------------------------------
 
 
@@ -244,20 +150,3 @@ def test_cuda_equals_cpu(dtype):
         a = kv.kv_dequantize_values(gpu["v_upper"], gpu["v_lower"], gpu["v_scale"], gpu["v_zero"], vg, t, lower)
         e = kv.kv_dequantize_values(cpu["v_upper"], cpu["v_lower"], cpu["v_scale"], cpu["v_zero"], vg, t, lower)
         assert torch.equal(a.cpu(), e)
-
-
-@pytest.mark.cuda
-def test_cuda_cache_class_matches_cpu():
-    torch.manual_seed(8)
-    b, hkv, d, n = 2, 2, 64, 3
-    k_full, v_full = torch.randn(b, hkv, 150, d), torch.randn(b, hkv, 150, d)
-    outs = []
-    for device in ("cpu", "cuda"):
-        cache = HierarchicalKVCache(1, b, hkv, d, 256, key_group=32, value_group=32, residual=8, device=device)
-        run_tokens(cache, [(k_full.to(device), v_full.to(device))], 120)
-        cache.flush()
-        cache.write(0, k_full[:, :, 120:123].to(device), v_full[:, :, 120:123].to(device))
-        q = torch.randn(b, 2 * hkv, n, d, generator=torch.Generator().manual_seed(0)).to(device)
-        outs.append([cache.attend(0, q, upper_only=u).cpu() for u in (True, False)])
-    for a, e in zip(outs[1], outs[0]):
-        assert torch.allclose(a, e, atol=1e-4)

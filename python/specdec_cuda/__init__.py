@@ -10,7 +10,7 @@ from __future__ import annotations
 from . import _native
 from . import ops
 from .api import SpeculativeDecoder, generate
-from .decoding import GenerationResult, Metrics
+from .outputs import GenerationResult, Metrics
 
 __version__ = _native._C.build_info()["version"]
 

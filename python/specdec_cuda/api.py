@@ -8,7 +8,9 @@ from typing import Sequence
 import torch
 
 from . import methods
-from .decoding import GenerationResult, SamplingParams, StreamCallback, decode
+from .contract import SamplingParams
+from .decoding import decode
+from .outputs import GenerationResult, StreamCallback
 from .policy import make_policy
 
 

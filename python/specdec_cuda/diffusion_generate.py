@@ -39,15 +39,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from . import ops
-from .decoding import GenerationResult, Metrics, SamplingParams
+from .contract import SamplingParams
 from .methods import MethodSpec, register
-
-StreamCallback = Callable[[int, list[int]], None]  # (row, newly emitted token ids)
+from .outputs import GenerationResult, Metrics, RowOutputs, StreamCallback
 
 CACHE_MODES = ("none", "prefix", "dual")
 
@@ -227,12 +226,11 @@ class DiffusionGenerator:
         schedule = transfer_schedule(self.block_length, self.steps)
 
         metrics = DiffusionMetrics()
-        out = [[] for _ in range(batch)]
-        done = [max_new <= 0] * batch
+        rows = RowOutputs(batch, max_new, eos, stream)
         start_time = time.perf_counter()
         state: dict = {}
         for blk in range(L // self.block_length):
-            if all(done):
+            if all(rows.done):
                 break
             start, end = P + blk * self.block_length, P + (blk + 1) * self.block_length
             step = 0
@@ -261,24 +259,12 @@ class DiffusionGenerator:
                 metrics.full_forwards += int(full)
                 metrics.row_steps += int(remaining.sum())
                 step += 1
-            # The block is final: emit it (cut after EOS and at max_new_tokens).
+            # The block is final: emit it (cut after EOS and at max_new_tokens, as decoding does).
             for b, tokens in enumerate(x[:, start:end].tolist()):
-                if done[b]:
-                    continue
-                tokens = tokens[: max_new - len(out[b])]
-                for i, t in enumerate(tokens):
-                    if t in eos:
-                        tokens = tokens[: i + 1]
-                        done[b] = True
-                        break
-                out[b].extend(tokens)
-                if len(out[b]) >= max_new:
-                    done[b] = True
-                if stream is not None and tokens:
-                    stream(b, tokens)
+                rows.emit(b, tokens)
         metrics.seconds = time.perf_counter() - start_time
-        metrics.new_tokens = metrics.new_tokens_after_prefill = sum(len(o) for o in out)
-        return GenerationResult(out, metrics)
+        metrics.new_tokens = metrics.new_tokens_after_prefill = sum(len(o) for o in rows.out)
+        return GenerationResult(rows.out, metrics)
 
 
 def make_diffusion(target, **options) -> DiffusionGenerator:

@@ -1,7 +1,9 @@
-// Run-time choice of the AVX-512 and AVX2 kernels on x86-64 (a default build targets baseline
-// x86-64). SPECDEC_CPU_ISA caps the choice: "avx2" allows AVX2 and not AVX-512, anything else but
-// "avx512" (e.g. "baseline") allows neither, so the tests can run each narrower tier on a wider
-// machine. Kernels with their own tiers (w4_cpu, quant_attention) keep their own detection.
+// Every run-time ISA choice of the CPU kernels on x86-64 (a default build targets baseline x86-64,
+// so the wider kernels come in through target attributes and are picked here). SPECDEC_CPU_ISA
+// caps the choice: unset or "avx512" allows every tier, "avx2" allows AVX2 and not AVX-512,
+// anything else (e.g. "baseline") allows neither, so the tests can run each narrower tier on a
+// wider machine. Each *_enabled() below is "the cap allows the tier and the CPU has the features
+// its kernels use"; callers read them once, at load.
 #pragma once
 
 #include <cstdlib>
@@ -9,11 +11,22 @@
 
 namespace specdec {
 
-// AVX-512F + DQ with FMA present and not capped by SPECDEC_CPU_ISA.
+// SPECDEC_CPU_ISA allows the AVX-512 tiers: unset or "avx512".
+inline bool cpu_isa_allows_avx512() {
+  const char* cap = std::getenv("SPECDEC_CPU_ISA");
+  return cap == nullptr || std::strcmp(cap, "avx512") == 0;
+}
+
+// SPECDEC_CPU_ISA allows the AVX2 tiers: unset, "avx512" or "avx2".
+inline bool cpu_isa_allows_avx2() {
+  const char* cap = std::getenv("SPECDEC_CPU_ISA");
+  return cap == nullptr || std::strcmp(cap, "avx512") == 0 || std::strcmp(cap, "avx2") == 0;
+}
+
+// AVX-512F + DQ with FMA present and not capped (skinny, packed, decoder-layer and GGUF kernels).
 inline bool cpu_avx512_fma_enabled() {
 #if defined(__x86_64__)
-  const char* cap = std::getenv("SPECDEC_CPU_ISA");
-  if (cap != nullptr && std::strcmp(cap, "avx512") != 0) return false;
+  if (!cpu_isa_allows_avx512()) return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
 #else
@@ -21,11 +34,33 @@ inline bool cpu_avx512_fma_enabled() {
 #endif
 }
 
-// AVX2 with FMA present and SPECDEC_CPU_ISA unset, "avx512" or "avx2".
+// AVX-512F present and not capped (the W4A16 kernels use F only).
+inline bool cpu_avx512f_enabled() {
+#if defined(__x86_64__)
+  if (!cpu_isa_allows_avx512()) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+// AVX-512 F / BW / VL / DQ with FMA present and not capped (the quantised-KV attention kernel).
+inline bool cpu_avx512_bw_vl_dq_fma_enabled() {
+#if defined(__x86_64__)
+  if (!cpu_isa_allows_avx512()) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// AVX2 with FMA present and not capped.
 inline bool cpu_avx2_fma_enabled() {
 #if defined(__x86_64__)
-  const char* cap = std::getenv("SPECDEC_CPU_ISA");
-  if (cap != nullptr && std::strcmp(cap, "avx512") != 0 && std::strcmp(cap, "avx2") != 0) return false;
+  if (!cpu_isa_allows_avx2()) return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else

@@ -1,11 +1,12 @@
 // CPU W4A16 kernels (see w4_cpu.h for the layout): AVX-512 and AVX2+FMA intrinsics and a portable
-// loop for baseline x86-64, picked once at run time (a default build targets baseline x86-64, so
-// the wider ISAs come in through target attributes).
+// loop for baseline x86-64, picked once at load by kernels/common/cpu_isa.h (a default build
+// targets baseline x86-64, so the wider ISAs come in through target attributes).
 #include "kernels/quant/w4_cpu.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
+
+#include "kernels/common/cpu_isa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's own avx512fintrin.h trips -Wmaybe-uninitialized in _mm512_setzero_ps-style helpers.
@@ -164,29 +165,16 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* x, int64_t K,
 using TileFn = void (*)(const float*, int64_t, const uint8_t*, const float*, int64_t,
                         float (*)[kCpuTileN]);
 
-enum class Isa { kBaseline, kAvx2, kAvx512 };
-
-// The widest ISA the CPU has, capped by SPECDEC_CPU_ISA=avx2|baseline (so tests and benches can
-// run the narrower kernels on an AVX-512 machine).
-Isa detect_isa() {
-  const char* cap = std::getenv("SPECDEC_CPU_ISA");
-  const bool allow_avx512 = cap == nullptr || std::strcmp(cap, "avx512") == 0;
-  const bool allow_avx2 = allow_avx512 || std::strcmp(cap, "avx2") == 0;
-#ifdef SPECDEC_X86
-  __builtin_cpu_init();
-  if (allow_avx512 && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-  if (allow_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-#endif
-  return Isa::kBaseline;
-}
-
-const Isa kIsa = detect_isa();
+// The widest tier SPECDEC_CPU_ISA allows on this CPU (kernels/common/cpu_isa.h); the AVX-512 loop
+// uses AVX-512F only.
+const bool kAvx512 = cpu_avx512f_enabled();
+const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled();
 
 template <int MB>
 TileFn pick() {
 #ifdef SPECDEC_X86
-  if (kIsa == Isa::kAvx512) return &tile_avx512<MB>;
-  if (kIsa == Isa::kAvx2) return &tile_avx2<MB>;
+  if (kAvx512) return &tile_avx512<MB>;
+  if (kAvx2) return &tile_avx2<MB>;
 #endif
   return &tile_baseline<MB>;
 }
@@ -207,11 +195,7 @@ TileFn tile_fn(int mb) {
 }  // namespace
 
 const char* w4a16_cpu_isa() {
-  switch (kIsa) {
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx2: return "avx2";
-    default: return "baseline";
-  }
+  return kAvx512 ? "avx512" : (kAvx2 ? "avx2" : "baseline");
 }
 
 void w4a16_matmul_cpu_tiles(const float* x, int64_t M, int64_t K, const uint8_t* packed,

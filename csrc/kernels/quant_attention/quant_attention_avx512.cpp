@@ -328,19 +328,12 @@ SPECDEC_AVX512 void quant_attention_avx512_tasks(const Args& a, int64_t task_beg
   }
 }
 
-bool quant_attention_avx512_available() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
-
 }  // namespace specdec::qattn
 
 #else  // not x86-64: the portable kernel only
 
 namespace specdec::qattn {
 void quant_attention_avx512_tasks(const Args&, int64_t, int64_t) {}
-bool quant_attention_avx512_available() { return false; }
 }  // namespace specdec::qattn
 
 #endif

@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
+
+#include "kernels/common/cpu_isa.h"
 
 namespace specdec::qattn {
 namespace {
@@ -192,14 +192,9 @@ void quant_attention_portable_tasks(const Args& a, int64_t task_begin, int64_t t
 
 namespace {
 
-// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (the W4 kernels read the same variable), so
-// tests and benches can run the portable kernel on an AVX-512 machine.
-bool use_avx512() {
-  const char* cap = std::getenv("SPECDEC_CPU_ISA");
-  return (cap == nullptr || std::strcmp(cap, "avx512") == 0) && quant_attention_avx512_available();
-}
-
-const bool kAvx512 = use_avx512();
+// AVX-512 unless SPECDEC_CPU_ISA caps the ISA below it (kernels/common/cpu_isa.h), so tests and
+// benches can run the portable kernel on an AVX-512 machine.
+const bool kAvx512 = cpu_avx512_bw_vl_dq_fma_enabled();
 
 }  // namespace
 

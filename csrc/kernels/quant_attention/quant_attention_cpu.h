@@ -69,9 +69,8 @@ void quant_attention_cpu_tasks(const Args& a, int64_t task_begin, int64_t task_e
 
 // The two kernels behind it (quant_attention_cpu.cpp and quant_attention_avx512.cpp); the AVX-512
 // one needs D % 16 == 0 and a CPU with AVX-512 F / BW / VL / DQ and FMA
-// (quant_attention_avx512_available()).
+// (cpu_avx512_bw_vl_dq_fma_enabled() in kernels/common/cpu_isa.h).
 void quant_attention_portable_tasks(const Args& a, int64_t task_begin, int64_t task_end);
 void quant_attention_avx512_tasks(const Args& a, int64_t task_begin, int64_t task_end);
-bool quant_attention_avx512_available();
 
 }  // namespace specdec::qattn

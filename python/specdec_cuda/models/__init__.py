@@ -19,7 +19,8 @@ from .hf_adapter import HFCache, HFCausalLM
 from .llama import LlamaModel
 from .loader import load
 from .protocol import CausalLM, KVCache, ModelOutput
-from .quant_cache import QuantKVCache, QuantKVModel
+from .quant_cache import QuantKVCache
+from .quant_model import QuantKVModel
 
 __all__ = [
     "CausalLM",

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..contract import Draft, DraftKind, StepState
 from ..methods import MethodSpec, register
-from .base import Draft, DraftKind, StepState
 from .dflash import DFlashBase, load_drafter
 
 

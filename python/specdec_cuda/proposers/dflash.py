@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from .. import ops
+from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
 from ..reference.philox import Purpose
-from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 
 DRAFT_SAMPLING = ("sampled", "greedy")
 

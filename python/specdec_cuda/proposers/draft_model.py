@@ -26,10 +26,9 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, SamplingParams, StepState
 from ..methods import MethodSpec, register
-from ..decoding import SamplingParams
 from ..reference.philox import Purpose
-from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 
 VERIFICATION_MODES = ("rejection", "match", "typical")
 

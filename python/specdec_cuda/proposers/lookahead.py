@@ -46,9 +46,9 @@ import time
 import torch
 
 from .. import ops
+from ..contract import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
 from ..ngram import NgramIndex, extend_rows, lookup
-from .base import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, Proposer, StepState
 
 
 def tree_paths(tokens: list[int], parents: list[int], num_nodes: int) -> list[list[int]]:

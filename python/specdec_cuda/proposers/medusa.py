@@ -28,9 +28,9 @@ from typing import Sequence
 
 import torch
 
+from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
 from ..models.heads import MedusaHeads, TargetHead, load_heads, target_head
-from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 
 VERIFICATION_MODES = ("match", "typical")
 TOPK_PER_HEAD = 10  # candidate ranks a static tree may use per head

@@ -29,10 +29,10 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
 from ..models.heads import MTPModules, TargetHead, target_head
 from ..reference.philox import Purpose
-from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from .medusa import resolve_heads
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
 from ..ngram import NgramIndex, extend_rows, lookup
-from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 
 
 class PromptLookupProposer(Proposer):

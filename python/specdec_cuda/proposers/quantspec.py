@@ -24,10 +24,11 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
-from ..models.quant_cache import DraftLinears, QuantKVCache, QuantKVModel, quantized_forward
+from ..models.quant_cache import DraftLinears, QuantKVCache, quantized_forward
+from ..models.quant_model import QuantKVModel
 from ..reference.philox import Purpose
-from .base import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 
 
 class QuantSpecProposer(Proposer):
