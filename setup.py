@@ -198,7 +198,9 @@ setup(
     cmdclass={"build_ext": BuildExt},
     python_requires=">=3.10",
     install_requires=["numpy", "safetensors"],
-    extras_require={"hf": ["transformers"], "test": ["pytest", "scipy", "transformers"]},
+    # real: what models.fetch needs to convert a registry GGUF file into a Hugging Face folder.
+    extras_require={"hf": ["transformers"], "test": ["pytest", "scipy", "transformers"],
+                    "real": ["transformers", "gguf", "accelerate"]},
     entry_points={"console_scripts": ["specdec-cuda=specdec_cuda.__main__:main"]},
     zip_safe=False,
 )

@@ -129,3 +129,37 @@ CONFIGS = {
     "quantspec": lambda pair: [],
     "diffusion": diffusion,
 }
+
+
+# ------------------------------------------------------------------------------ a real pair
+
+def draft_real(pair):
+    """Fixed k = 4 and the cost policy (adaptive k from 4, the method's default)."""
+    _need_draft(pair)
+    return [("k=4", dict(draft=pair.draft, k=4, policy="fixed")),
+            ("cost policy", dict(draft=pair.draft, k=4, adaptive_k=True))]
+
+
+def quantspec_real(pair):
+    """The target drafting for itself with its own 4-bit weights (k = 4), verified on its
+    hierarchical 4-bit KV cache; its baseline is autoregressive decoding on that same cache."""
+    from specdec_cuda.models import QuantKVModel
+
+    target = QuantKVModel(pair.target)
+    return [("k=4", dict(target=target, baseline="autoregressive, 4-bit KV cache", k=4))]
+
+
+# The real bench's configurations (bench/bench_real.py): fewer than the zoo's (a real model's step
+# costs 100x more), every method that needs no trained part; a method missing here runs with its
+# CONFIGS entry, where a method that needs trained heads or a drafter finds them beside the target
+# or is reported as not benched. ``target`` / ``baseline`` options: the model the method runs on
+# and the row its greedy output is held to, when that is not the plain target's.
+REAL_CONFIGS = {
+    "draft": draft_real,
+    "prompt_lookup": lambda pair: [("chain k=8", dict(k=8))],
+    "ngram": lambda pair: [],
+    "lookahead": lookahead,
+    "lookahead+draft": lookahead_draft,
+    "quantspec": quantspec_real,
+}
+

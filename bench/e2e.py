@@ -213,8 +213,15 @@ def demo(args) -> int:
     if pair.draft is None:
         raise SystemExit("the demo needs a draft model: pass --draft with --target")
     tok, eos = pair.tokenizer, pair.tokenizer.eos_token_id
-    prompts = PROMPTS[: args.prompts]
-    ids = encode(tok, prompts)
+    if getattr(args, "real_prompts", False):  # an instruct model: HumanEval problems as chat requests
+        from bench import humaneval
+
+        chosen = humaneval.prompts("chat", "bench", tokenizer=tok)[: args.prompts]
+        problems = humaneval.load_problems()
+        prompts, ids = [problems[p.task_id]["prompt"] for p in chosen], [p.token_ids for p in chosen]
+    else:
+        prompts = PROMPTS[: args.prompts]
+        ids = encode(tok, prompts)
     ar = SpeculativeDecoder(pair.target)
     methods = {
         "autoregressive": ar,
@@ -243,7 +250,8 @@ def demo(args) -> int:
         print(f"prompt {i}:\n{prompt}")
         for r in rows:
             if r["method"].startswith(("autoregressive (greedy)", f"draft model, k={args.k} (sampled")):
-                print(f"--- {r['method']}:\n{prompt}{tok.decode(r['outputs'][i])}")
+                shown = "" if getattr(args, "real_prompts", False) else prompt  # a chat reply stands alone
+                print(f"--- {r['method']}:\n{shown}{tok.decode(r['outputs'][i])}")
     print_table(rows, "autoregressive (greedy)")
     print(f"\n{len(prompts)} prompts, {args.max_new_tokens} new tokens each, {torch.get_num_threads()} CPU thread(s); "
           "one run per method (bench/bench_e2e.py repeats and interleaves them)")

