@@ -6,7 +6,14 @@
 * ``GuessTree``: deterministic guesses as a real tree: a model's greedy chain, with a random sibling
   beside every chain node (put first at random, so the verifier must try the second child).
 * ``SampledTree``: SpecInfer-style trees of fixed branching whose children are drawn i.i.d. from
-  a q that the proposer states (a fixed distribution per depth): lossless whatever q is.
+  a q that the proposer states (a fixed distribution per depth): lossless whatever q is; cut to
+  the depth a row is granted.
+
+And one deliberately broken proposer, the mutant the deep chi-square must catch:
+
+* ``DeepOffByOne``: a SAMPLED chain proposer whose draft logits are shifted by one position from
+  depth 2 on (node j >= 1 claims the q of node j - 1), so rejection sampling is wrong only at
+  draft depth >= 2. NOT lossless; never register it.
 """
 
 from __future__ import annotations
@@ -60,17 +67,26 @@ class GuessTree(Proposer):
         self.seq = [ctx.prompts[b, : int(n)].tolist() + [int(t)]
                     for b, (n, t) in enumerate(zip(ctx.prompt_lens.tolist(), ctx.first_tokens.tolist()))]
 
-    def _greedy_chain(self, seq: list[int], k: int) -> list[int]:
-        cache = self.model.new_cache(1, len(seq) + k + 1)
-        tokens, out = list(seq), []
-        logits = self.model.forward(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache).logits
-        cache.commit(torch.tensor([len(tokens)]))
-        for _ in range(k):
-            out.append(int(logits[0, -1].argmax()))
-            logits = self.model.forward(torch.tensor([[out[-1]]]), torch.tensor([[len(tokens) + len(out) - 1]]),
-                                        cache).logits
-            cache.commit(torch.tensor([1]))
-        return out
+    def _greedy_chains(self, seqs: list[list[int]], depths: list[int]) -> list[list[int]]:
+        """Each row's greedy chain of ``depths[b]`` tokens after ``seqs[b]``: per chain token one
+        forward over all rows, right-padded, without a cache (the prefixes are short), reading each
+        row's logits at its last real token."""
+        chains = [[] for _ in seqs]
+        for j in range(max(depths, default=0)):
+            rows = [b for b, d in enumerate(depths) if d > j]
+            texts = [seqs[b] + chains[b] for b in rows]
+            width = max(len(t) for t in texts)
+            tokens = torch.zeros(len(rows), width, dtype=torch.int64)
+            for i, t in enumerate(texts):
+                tokens[i, : len(t)] = torch.tensor(t)
+            cache = self.model.new_cache(len(rows), width + 1)
+            device = self.model.device
+            last = torch.tensor([len(t) - 1 for t in texts], device=device)
+            logits = self.model.forward(tokens.to(device), torch.arange(width, device=device).expand(len(rows), width),
+                                        cache, logits_at=last).logits[:, 0]
+            for b, token in zip(rows, logits.argmax(-1).tolist()):
+                chains[b].append(token)
+        return chains
 
     def propose(self, state):
         limits = torch.where(state.active, state.max_draft, 0).tolist()
@@ -81,8 +97,7 @@ class GuessTree(Proposer):
         tokens = torch.zeros(B, 2 * k, dtype=torch.int64)
         parents = torch.zeros(B, 2 * k, dtype=torch.int64)
         vocab = self.model.vocab_size
-        for b, depth in enumerate(limits):
-            chain = self._greedy_chain(self.seq[b], depth) if depth else []
+        for b, chain in enumerate(self._greedy_chains(self.seq, limits)):
             parent = 0
             for j, token in enumerate(chain):
                 # Depth j + 1 holds two nodes (slots 2j, 2j + 1): the chain token and a guess.
@@ -106,7 +121,9 @@ class SampledTree(Proposer):
     """Trees of ``branching[d]`` children per node at depth ``d``, drawn i.i.d. from q_d.
 
     q_d is a fixed random distribution per depth (the verifier is told it), so the draft is a true
-    SpecInfer draft; acceptance is low but not zero on a small vocabulary.
+    SpecInfer draft; acceptance is low but not zero on a small vocabulary. A row granted fewer
+    than ``len(branching)`` draft tokens sends the tree cut to that depth (in BFS order the nodes
+    of depth <= d are a prefix).
     """
 
     def __init__(self, vocab: int, branching=(2, 2), seed: int = 0) -> None:
@@ -145,10 +162,44 @@ class SampledTree(Proposer):
                               top_p=p.top_p, seed=p.seed, position=state.lengths + 1 + int(self.depth[j]),
                               purpose=Purpose.DRAFT, substream=j)
             tokens[:, j] = draw.tokens.clamp(min=0)
-        # Rows whose tree would be deeper than granted send nothing this step.
-        num_nodes = torch.where(state.max_draft >= self.max_draft, n, 0)
+        # A row granted depth d sends the nodes of depth <= d (a prefix of the BFS layout).
+        nodes_within = torch.tensor([int((self.depth < d).sum()) for d in range(self.max_draft + 1)],
+                                    device=device)
+        num_nodes = nodes_within[torch.where(state.active, state.max_draft, 0).clamp(max=self.max_draft)]
         parents = self.parents.to(device)[None].expand(B, n).contiguous()
         return Draft(tokens, num_nodes, DraftKind.SAMPLED, parents=parents, logits=logits)
 
     def accept(self, draft, outcome) -> None:
         pass
+
+
+class DeepOffByOne(Proposer):
+    """MUTANT (test-only, not lossless): ``inner``'s SAMPLED chains with the draft logits of node
+    ``j >= 1`` replaced by those of node ``j - 1``, the off-by-one of pairing a drafter's logits
+    with the wrong token. Depth 1 is verified against the true q, so every run that drafts one
+    token deep (three-token runs) is exactly ``inner``'s; from depth 2 on the verifier accepts
+    with min(1, p / q') for a q' the token was not drawn from, and the output is biased."""
+
+    def __init__(self, inner: Proposer) -> None:
+        self.inner = inner
+        self.max_draft = inner.max_draft
+        self.hidden_layers = inner.hidden_layers
+
+    def max_pending_tokens(self) -> int:
+        return self.inner.max_pending_tokens()
+
+    def prefill(self, ctx) -> None:
+        self.inner.prefill(ctx)
+
+    def propose(self, state):
+        draft = self.inner.propose(state)
+        if draft is None:
+            return None
+        if draft.kind is not DraftKind.SAMPLED or not draft.is_chain:
+            raise ValueError("DeepOffByOne mutates SAMPLED chains (run it at temperature > 0)")
+        logits = draft.logits.clone()
+        logits[:, 1:] = draft.logits[:, :-1]
+        return Draft(draft.tokens, draft.num_nodes, draft.kind, logits=logits, context=draft)
+
+    def accept(self, draft, outcome) -> None:
+        self.inner.accept(None if draft is None else draft.context, outcome)

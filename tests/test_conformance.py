@@ -7,6 +7,10 @@ Every method in the registry (``specdec_cuda.methods``) runs here, on the built-
   prompts of different lengths);
 * a chi-square test of the joint distribution of the first three sampled tokens against the
   exactly computed target distribution, with temperature, top-k and top-p;
+* chi-square tests of late tokens (the marginals of tokens 3 .. 6, the joints of tokens 3, 4 and
+  of tokens 5, 6) of six-token runs, where drafts reach depth 3 and are accepted at depth >= 2
+  (asserted from the run's metrics); a mutant that is wrong only from draft depth 2 on
+  (``DeepOffByOne``) must fail them while passing the first-tokens test;
 * EOS inside an accepted run, and ``max_new_tokens`` budgets cut inside one;
 * a row's output independent of its batch neighbours and of its place in the batch (same seed);
 * streaming callbacks that see exactly the final tokens.
@@ -26,9 +30,9 @@ import pytest
 import torch
 
 import specdec_cuda
-from conformance_proposers import ChainAsTree, GuessTree, SampledTree
+from conformance_proposers import ChainAsTree, DeepOffByOne, GuessTree, SampledTree
 from decoding_models import load_backend, make_checkpoint
-from lossless_stats import chi2_pvalue, exact_joint
+from lossless_stats import chi2_pvalue, exact_joint, exact_sequences, project
 from specdec_cuda import methods
 from specdec_cuda.decoding import SamplingParams, decode
 from specdec_cuda.models.heads import random_heads
@@ -37,6 +41,7 @@ from specdec_cuda.proposers.draft_model import DraftModelProposer
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [11, 12], [30, 31, 32, 33], [7]]
 SMALL_VOCAB, CHI_PROMPT, CHI_SAMPLES = 6, [1, 2, 3], 2000
 CHI_TEMPERATURE, CHI_TOP_K, CHI_TOP_P = 0.9, 5, 0.95
+CHI_ALPHA = 1e-3
 
 
 @dataclass
@@ -60,6 +65,12 @@ class Case:
     # env's own). QuantSpec verifies on the hierarchical 4-bit KV cache, so its baseline is the
     # same model decoding autoregressively on that cache (models.QuantKVModel), not the plain one.
     target: Callable[[Env], object] | None = None
+    # The case whose samples this one reproduces exactly, seed for seed, at temperature > 0 (None:
+    # its own). Sample-and-match verification emits the autoregressive samples of the same seed
+    # (decoding.py, "Randomness"); a chain sent as a tree gives the chain's tokens; the cost policy
+    # grants sampled rows their full limit (policy.py), so it drafts as the fixed one does. The deep
+    # test checks that equality and leaves the chi-square to the case named here.
+    same_samples_as: str | None = None
 
     def env(self, env: Env) -> Env:
         return env if self.target is None else Env(self.target(env), env.draft)
@@ -76,38 +87,45 @@ class Case:
                       eos_token_id=eos, stream=stream)
 
 
+AR = "autoregressive"  # the case sample-and-match methods reproduce sample for sample (same_samples_as)
+
 CASES = [
     Case("autoregressive", True, method="autoregressive", options=lambda env: {}),
     Case("draft", True, method="draft", options=lambda env: dict(draft=env.draft, k=3, policy="fixed")),
-    Case("draft-cost-policy", True, method="draft", options=lambda env: dict(draft=env.draft, k=3)),
+    Case("draft-cost-policy", True, method="draft", options=lambda env: dict(draft=env.draft, k=3),
+         same_samples_as="draft"),
     Case("draft-match", True, method="draft",
-         options=lambda env: dict(draft=env.draft, k=3, verification="match", policy="fixed")),
-    Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3)),
+         options=lambda env: dict(draft=env.draft, k=3, verification="match", policy="fixed"), same_samples_as=AR),
+    Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3), same_samples_as=AR),
     Case("prompt-lookup-tree", True, method="prompt_lookup",
-         options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3)),
-    Case("ngram", True, method="ngram", options=lambda env: dict(k=3, num_candidates=2)),
-    Case("lookahead", True, method="lookahead", options=lambda env: dict(window=3, ngram=3, num_guesses=3)),
+         options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3), same_samples_as=AR),
+    Case("ngram", True, method="ngram", options=lambda env: dict(k=3, num_candidates=2), same_samples_as=AR),
+    Case("lookahead", True, method="lookahead", options=lambda env: dict(window=3, ngram=3, num_guesses=3),
+         same_samples_as=AR),
     Case("lookahead-no-window", True, method="lookahead",
-         options=lambda env: dict(window=0, ngram=4, num_guesses=2, own_candidates=2)),
+         options=lambda env: dict(window=0, ngram=4, num_guesses=2, own_candidates=2), same_samples_as=AR),
     Case("lookahead+draft", True, method="lookahead+draft",
-         options=lambda env: dict(draft=env.draft, k=3, window=3, ngram=3, num_guesses=2)),
+         options=lambda env: dict(draft=env.draft, k=3, window=3, ngram=3, num_guesses=2), same_samples_as=AR),
     Case("medusa-chain", True, method="medusa",
-         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), policy="fixed")),
+         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), policy="fixed"),
+         same_samples_as=AR),
     Case("medusa-tree", True, method="medusa",
-         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), budget=12, policy="fixed")),
+         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), budget=12, policy="fixed"),
+         same_samples_as=AR),
     Case("mtp", True, method="mtp",
          options=lambda env: dict(heads=random_heads(env.target, "mtp", 2, seed=6), k=3, policy="fixed")),
-    Case("chain-as-tree", True, proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3))),
-    Case("guess-tree", True, proposer=lambda env: GuessTree(env.draft, depth=3)),
-    Case("sampled-tree", True, proposer=lambda env: SampledTree(env.target.vocab_size, branching=(2, 2))),
+    Case("chain-as-tree", True, proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3)),
+         same_samples_as="draft"),
+    Case("guess-tree", True, proposer=lambda env: GuessTree(env.draft, depth=3), same_samples_as=AR),
+    Case("sampled-tree", True, proposer=lambda env: SampledTree(env.target.vocab_size, branching=(2, 2, 1))),
     Case("dflash", True, method="dflash",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4, policy="fixed")),
     Case("dflash-greedy-draft", True, method="dflash",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4,
-                                  draft_sampling="greedy", policy="fixed")),
+                                  draft_sampling="greedy", policy="fixed"), same_samples_as=AR),
     Case("ddtree", True, method="ddtree",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
-                                  policy="fixed")),
+                                  policy="fixed"), same_samples_as=AR),
     Case("quantspec", True, method="quantspec", options=lambda env: dict(k=3, group_size=32, policy="fixed"),
          target=lambda env: _quantized_target(env.target)),
 ]
@@ -171,18 +189,155 @@ def test_greedy_equals_autoregressive(envs, case):
         assert 0.0 < out.metrics.acceptance_rate  # the drafts were really verified, some accepted
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.lossless], ids=[c.name for c in CASES if c.lossless])
+LOSSLESS = [c for c in CASES if c.lossless]
+
+
+@dataclass
+class Sampled:
+    """A method's runs: their tokens in seed order, the sequences counted (tuple -> count), and the
+    runs' draft counts per draft position summed (``Metrics.drafted`` / ``Metrics.accepted``: entry
+    j counts the row-steps that drafted / accepted j + 1 or more draft tokens)."""
+
+    rows: list
+    counts: dict
+    drafted: list
+    accepted: list
+
+    def accepted_at(self, depth: int) -> float:
+        """Row-steps that accepted ``depth`` or more draft tokens, per run."""
+        return (self.accepted[depth - 1] if len(self.accepted) >= depth else 0) / len(self.rows)
+
+
+def sample_runs(case, env, new_tokens, samples, first_seed, batch) -> Sampled:
+    """``samples`` runs of ``CHI_PROMPT`` (seeds ``first_seed ..``), ``batch`` rows per decode call."""
+    result = Sampled([], {}, [], [])
+
+    def add(total, more):
+        total.extend([0] * (len(more) - len(total)))
+        for j, value in enumerate(more):
+            total[j] += value
+
+    for start in range(0, samples, batch):
+        rows = min(batch, samples - start)
+        out = case.run(env, [CHI_PROMPT] * rows, new_tokens, temperature=CHI_TEMPERATURE, top_k=CHI_TOP_K,
+                       top_p=CHI_TOP_P, seed=list(range(first_seed + start, first_seed + start + rows)))
+        result.rows.extend(out.tokens)
+        for row in out.tokens:
+            result.counts[tuple(row)] = result.counts.get(tuple(row), 0) + 1
+        add(result.drafted, out.metrics.drafted)
+        add(result.accepted, out.metrics.accepted)
+    return result
+
+
+def shallow_pvalue(case, env) -> float:
+    """The first-tokens check: p-value of the joint of three-token runs. A three-token run drafts
+    at most one token deep (the loop drafts the remaining budget minus the bonus token: 2 - 1)."""
+    sampled = sample_runs(case, env, 3, CHI_SAMPLES, 0, 500)
+    joint = exact_joint(env.target, CHI_PROMPT, SMALL_VOCAB, CHI_TEMPERATURE, CHI_TOP_K, CHI_TOP_P)
+    return chi2_pvalue(sampled.counts, joint, CHI_SAMPLES)
+
+
+@pytest.mark.parametrize("case", LOSSLESS, ids=[c.name for c in LOSSLESS])
 def test_first_three_sampled_tokens_have_the_target_distribution(envs, case):
     env = case.env(envs["small"])
-    counts: dict = {}
-    batch = 500
-    for start in range(0, CHI_SAMPLES, batch):
-        out = case.run(env, [CHI_PROMPT] * batch, 3, temperature=CHI_TEMPERATURE, top_k=CHI_TOP_K,
-                       top_p=CHI_TOP_P, seed=list(range(start, start + batch)))
-        for row in out.tokens:
-            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
-    joint = exact_joint(env.target, CHI_PROMPT, SMALL_VOCAB, CHI_TEMPERATURE, CHI_TOP_K, CHI_TOP_P)
-    assert chi2_pvalue(counts, joint, CHI_SAMPLES) > 1e-3
+    assert shallow_pvalue(case, env) > CHI_ALPHA
+
+
+# -- deep drafts: late tokens of six-token runs -------------------------------------------------------
+#
+# In a six-token run the first decoding step may draft 3 deep (budget 5 less the bonus token), so
+# tokens 2 .. 4 can come from one chain / tree and tokens 3 .. 6 are judged at depths 1 .. 3. Each
+# method's runs are checked against the exact distribution of the six tokens (every prefix of
+# nonzero probability enumerated on the six-token vocabulary) by DEEP_CHECKS: the marginals of
+# tokens 3, 4, 5, 6 and the joints of tokens (3, 4) and (5, 6).
+#
+# Error rates. Each check fails at p < DEEP_ALPHA = 1e-5; the suite makes 6 checks per method and
+# backend, about 20 methods x 2 backends: by the union bound a lossless suite fails with probability
+# < 240 * 1e-5 = 0.24% for a fresh choice of seeds (the seeds are fixed, so a given tree of code
+# passes or fails deterministically; a library change that moves the random streams re-draws).
+# Power: a marginal (5 degrees of freedom, 1e-5 point 30.9) fails with probability 0.95 once its
+# chi-square divergence from the target reaches 47 / DEEP_SAMPLES (noncentrality 47): 0.0047 at
+# 10^4 runs, e.g. 0.027 of probability moved between two tokens of probability ~0.3. The mutant
+# (DeepOffByOne: draft logits off by one position from depth 2 on, which moves ~0.05 of a token's
+# probability) fails x3 and x4 at p ~ 1e-46 while its first-tokens p-value is 0.26; its x5 and x6
+# alone (p ~ 3e-3) would not catch it, which is why tokens 3 and 4 are checked too.
+
+DEEP_TOKENS, DEEP_SAMPLES, DEEP_BATCH, DEEP_FIRST_SEED = 6, 10_000, 2_500, 1_000_000
+DEEP_ALPHA = 1e-5
+DEEP_CHECKS = {"x3": (2,), "x4": (3,), "x5": (4,), "x6": (5,), "x3,x4": (2, 3), "x5,x6": (4, 5)}
+# Cases with ``same_samples_as`` run DEEP_EQUAL_ROWS six-token runs and must give the named case's
+# tokens on every one: stronger than a chi-square of their own (a bug that changes one run in a
+# few hundred fails it) and a tenth of the cost.
+DEEP_EQUAL_ROWS = 1_000
+# A method's six-token runs must accept 2 or more drafts in one step on at least this share of the
+# runs, so that the deep checks really judge deep acceptances (measured: 6% .. 99%).
+DEEP_MIN_ACCEPTED_AT_2 = 0.02
+CASE_BY_NAME = {c.name: c for c in CASES}
+_EXACT: dict = {}
+
+
+def exact_six(model) -> dict:
+    """P(x1 .. x6 | CHI_PROMPT) under ``model`` (computed once per model object)."""
+    if id(model) not in _EXACT or _EXACT[id(model)][0] is not model:
+        _EXACT[id(model)] = (model, exact_sequences(model, CHI_PROMPT, SMALL_VOCAB, DEEP_TOKENS, CHI_TEMPERATURE,
+                                                    CHI_TOP_K, CHI_TOP_P))
+    return _EXACT[id(model)][1]
+
+
+@dataclass
+class DeepCheck:
+    pvalues: dict  # DEEP_CHECKS name -> p-value
+    sampled: Sampled
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, p in self.pvalues.items() if not p > DEEP_ALPHA]
+
+
+def deep_check(case, env) -> DeepCheck:
+    """The late-token checks of ``case`` on ``env``: DEEP_SAMPLES six-token runs against the exact
+    distribution of six tokens."""
+    sampled = sample_runs(case, env, DEEP_TOKENS, DEEP_SAMPLES, DEEP_FIRST_SEED, DEEP_BATCH)
+    exact = exact_six(env.target)
+    pvalues = {name: chi2_pvalue(project(sampled.counts, idx), project(exact, idx), DEEP_SAMPLES)
+               for name, idx in DEEP_CHECKS.items()}
+    return DeepCheck(pvalues, sampled)
+
+
+def _assert_deep_drafts_accepted(case, sampled):
+    assert sampled.accepted_at(2) >= DEEP_MIN_ACCEPTED_AT_2, (
+        f"{case.name}: 2 or more drafts accepted in a step on {sampled.accepted_at(2):.1%} of the runs (per "
+        f"position: drafted {sampled.drafted}, accepted {sampled.accepted}); the deep checks would not see deep drafts")
+
+
+@pytest.mark.parametrize("case", LOSSLESS, ids=[c.name for c in LOSSLESS])
+def test_late_sampled_tokens_of_deep_drafts_have_the_target_distribution(envs, case):
+    env = case.env(envs["small"])
+    if case.same_samples_as is not None:
+        sampled = sample_runs(case, env, DEEP_TOKENS, DEEP_EQUAL_ROWS, DEEP_FIRST_SEED, DEEP_EQUAL_ROWS)
+        reference = sample_runs(CASE_BY_NAME[case.same_samples_as], env, DEEP_TOKENS, DEEP_EQUAL_ROWS,
+                                DEEP_FIRST_SEED, DEEP_EQUAL_ROWS)
+        differ = [i for i, (a, b) in enumerate(zip(sampled.rows, reference.rows)) if a != b]
+        assert not differ, (f"{len(differ)} of {DEEP_EQUAL_ROWS} six-token runs differ from {case.same_samples_as}'s "
+                            f"of the same seed, e.g. seed {DEEP_FIRST_SEED + differ[0]}: {sampled.rows[differ[0]]} "
+                            f"vs {reference.rows[differ[0]]}")
+        _assert_deep_drafts_accepted(case, sampled)
+        return
+    check = deep_check(case, env)
+    if case.name != AR:
+        _assert_deep_drafts_accepted(case, check.sampled)
+    assert not check.failed, f"{case.name}: late tokens off the target distribution: p-values {check.pvalues}"
+
+
+def test_deep_check_catches_what_the_first_tokens_check_cannot(folders):
+    """A proposer wrong only from draft depth 2 on (DeepOffByOne) passes the first-tokens check and
+    fails the deep one: the deep check adds coverage the first-tokens check cannot have."""
+    env = Env(load_backend(folders["small"][0], "builtin"), load_backend(folders["small"][1], "builtin"))
+    mutant = Case("deep-off-by-one", False, proposer=lambda env: DeepOffByOne(DraftModelProposer(env.draft, k=3)))
+    assert shallow_pvalue(mutant, env) > CHI_ALPHA
+    check = deep_check(mutant, env)
+    _assert_deep_drafts_accepted(mutant, check.sampled)
+    assert check.failed, f"the deep checks missed wrong draft logits at depth >= 2: p-values {check.pvalues}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
