@@ -161,4 +161,19 @@ TORCH_LIBRARY(specdec, m) {
       "mtp_input(Tensor h, Tensor tokens, Tensor embed, Tensor enorm_weight, Tensor hnorm_weight, "
       "Tensor eh_proj, float eps, Tensor(a!) out, Tensor(b!) status) -> ()");
   // ---- end family: mtp ----
+
+  // ---- family: gguf (csrc/kernels/gguf, ops/gguf_{cpu,cuda}.cpp) ----
+  // GGUF (ggml) quantized weights read as stored in the file: `weight` is the uint8 bytes of the
+  // blocks of W [N, K] (N rows of K / QK blocks), `type` the GGML type id (3 Q4_1, 6 Q5_0, 8 Q8_0,
+  // 12 Q4_K, 14 Q6_K; layouts in kernels/gguf/blocks.h, reference/gguf.py).
+  // gguf_matmul: out [M, N] = x [M, K] · dequant(W)ᵀ, accumulated in float32, each output's order
+  // depending only on K (a row of x gets the same bits in any batch).
+  m.def("gguf_matmul(Tensor x, Tensor weight, int type, Tensor(a!) out) -> ()");
+  // gguf_dequantize: out [N, K] = dequant(W): float32, or bfloat16 (CPU, CUDA) / float16 (CUDA)
+  // rounded once.
+  m.def("gguf_dequantize(Tensor weight, int type, Tensor(a!) out) -> ()");
+  // _gguf_cpu_isa: code[0] = the CPU matmul tier running (0 portable, 1 AVX2, 2 AVX-512), for the
+  // tests and benches (ops/gguf.py cpu_isa()). CPU only.
+  m.def("_gguf_cpu_isa(Tensor(a!) code) -> ()");
+  // ---- end family: gguf ----
 }

@@ -15,6 +15,8 @@ from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention o
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
 from .skinny_linear import pack_weight, skinny_linear, skinny_linear_packed  # noqa: E402,F401  (few-row linears, CPU)
 from .decoder_layer import decoder_layer  # noqa: E402,F401  (one decoder layer as one op, CPU)
+from . import gguf  # noqa: E402,F401  (GGUF k-quant / legacy blocks read as stored in the file)
+from .gguf import GgufWeight, gguf_dequantize, gguf_matmul, gguf_weight  # noqa: E402,F401
 
 __all__ = [
     *_sampling_all,
@@ -27,4 +29,5 @@ __all__ = [
     "mtp",
     "skinny_linear", "pack_weight", "skinny_linear_packed",
     "decoder_layer",
+    "gguf", "GgufWeight", "gguf_weight", "gguf_matmul", "gguf_dequantize",
 ]

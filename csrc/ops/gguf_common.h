@@ -1,0 +1,45 @@
+// Checks shared by the CPU and CUDA glue of the `gguf` family: a GGUF weight [N, K] is a uint8
+// tensor of its blocks as stored in the file (kernels/gguf/blocks.h), N rows of K / QK blocks.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+#include "kernels/gguf/blocks.h"
+
+namespace specdec::ops {
+
+inline const char* gguf_type_name(int64_t type) {
+  switch (type) {
+    case 3: return "Q4_1";
+    case 6: return "Q5_0";
+    case 8: return "Q8_0";
+    case 12: return "Q4_K";
+    case 14: return "Q6_K";
+    default: return "unsupported";
+  }
+}
+
+// weight: (N, K / QK * block_bytes) or (N * K / QK * block_bytes,) uint8, contiguous, 2-byte aligned
+// (the blocks' fp16 scales). `op` names the caller in the messages.
+inline void check_gguf_weight(const char* op, const at::Tensor& weight, int64_t type, int64_t N, int64_t K) {
+  const int qk = gguf::block_weights(static_cast<int32_t>(type));
+  TORCH_CHECK(qk > 0, op, ": type must be a GGML type id of Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12) or Q6_K (14); got ",
+              type);
+  const int64_t bytes = gguf::block_bytes(static_cast<int32_t>(type));
+  TORCH_CHECK(N >= 0 && K > 0 && K % qk == 0, op, ": in_features K must be a positive multiple of ", gguf_type_name(type),
+              "'s ", qk, "-weight block; got weight shape [", N, ", ", K, "]");
+  const int64_t row_bytes = K / qk * bytes;
+  TORCH_CHECK(weight.scalar_type() == at::kByte, op, ": weight must be the uint8 bytes of the ", gguf_type_name(type),
+              " blocks; got ", weight.scalar_type(), " ", weight.sizes());
+  TORCH_CHECK(weight.numel() == N * row_bytes && (weight.dim() == 1 || (weight.dim() == 2 && weight.size(0) == N)),
+              op, ": a ", gguf_type_name(type), " weight [", N, ", ", K, "] is N * K / ", qk, " blocks * ", bytes,
+              " bytes = [", N, ", ", row_bytes, "] uint8 (or that many bytes flat); got weight ", weight.sizes());
+  TORCH_CHECK(weight.is_contiguous(), op, ": weight must be contiguous; got strides ", weight.strides());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(weight.data_ptr()) % 2 == 0, op,
+              ": weight must start on an even address (its blocks hold fp16 scales); clone it");
+}
+
+}  // namespace specdec::ops

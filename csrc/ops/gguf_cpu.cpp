@@ -1,0 +1,82 @@
+// CPU glue of the `gguf` family: matmul and dequantisation straight from GGUF blocks
+// (kernels: csrc/kernels/gguf/gguf_cpu.h). Rows of W are independent, so they are split over
+// torch's threads; every output's accumulation order depends only on K.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "kernels/gguf/gguf_cpu.h"
+#include "ops/gguf_common.h"
+#include "ops/quant_parallel.h"
+
+namespace specdec::ops {
+namespace {
+
+// Rows of W per thread chunk: at least 64 KiB of blocks, worth a thread start.
+int64_t row_grain(int64_t row_bytes) { return std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(row_bytes, 1)); }
+
+void gguf_matmul_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t type, at::Tensor& out) {
+  // x: (M, K) float32 / bfloat16 / float16; weight: GGUF blocks of W (N, K); out: (M, N) of x's dtype
+  TORCH_CHECK(x.dim() == 2, "gguf_matmul: x must be [M, K]; got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              "gguf_matmul: x must be float32, bfloat16 or float16; got ", x.scalar_type());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
+              "gguf_matmul: out must be a contiguous [M=", x.size(0), ", N] tensor of x's dtype ", x.scalar_type(),
+              "; got ", out.scalar_type(), " ", out.sizes());
+  TORCH_CHECK(weight.device() == x.device() && out.device() == x.device(), "gguf_matmul: x (", x.device(),
+              "), weight (", weight.device(), ") and out (", out.device(), ") must be on one device");
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  check_gguf_weight("gguf_matmul", weight, type, N, K);
+  if (M == 0 || N == 0) return;
+  // bf16 / fp16 activations widen exactly; the float32 result is rounded once to x's dtype.
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({M, N}, out.options().dtype(at::kFloat));
+  const int32_t t = static_cast<int32_t>(type);
+  const int64_t row_bytes = weight.numel() / N;
+  parallel_range(0, N, row_grain(row_bytes), [&](int64_t begin, int64_t end) {
+    gguf::matmul_cpu_rows(t, xf.data_ptr<float>(), M, K, weight.data_ptr<uint8_t>(), yf.data_ptr<float>(), N, begin,
+                          end);
+  });
+  if (!yf.is_same(out)) out.copy_(yf);
+}
+
+void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out) {
+  // weight: GGUF blocks of W (N, K); out: (N, K) float32 or bfloat16
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "gguf_dequantize: out must be a contiguous float32 or bfloat16 [N, K] tensor on the CPU; got ",
+              out.scalar_type(), " ", out.sizes());
+  TORCH_CHECK(weight.device() == out.device(), "gguf_dequantize: weight (", weight.device(), ") and out (",
+              out.device(), ") must be on one device");
+  const int64_t N = out.size(0), K = out.size(1);
+  check_gguf_weight("gguf_dequantize", weight, type, N, K);
+  if (N == 0) return;
+  const int32_t t = static_cast<int32_t>(type);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  parallel_range(0, N, row_grain(weight.numel() / N), [&](int64_t begin, int64_t end) {
+    if (out.scalar_type() == at::kFloat) {
+      gguf::dequantize_cpu_rows(t, w, K, out.data_ptr<float>(), begin, end);
+    } else {
+      gguf::dequantize_cpu_rows_bf16(t, w, K, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), begin, end);
+    }
+  });
+}
+
+void gguf_cpu_isa(at::Tensor& code) {
+  // code: (1,) int32
+  TORCH_CHECK(code.numel() == 1 && code.scalar_type() == at::kInt, "_gguf_cpu_isa: code must be one int32; got ",
+              code.scalar_type(), " ", code.sizes());
+  const std::string isa = gguf::matmul_cpu_isa();
+  code.fill_(isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("gguf_matmul", &gguf_matmul_cpu);
+  m.impl("gguf_dequantize", &gguf_dequantize_cpu);
+  m.impl("_gguf_cpu_isa", &gguf_cpu_isa);
+}
+
+}  // namespace specdec::ops

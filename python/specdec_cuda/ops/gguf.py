@@ -1,0 +1,164 @@
+"""GGUF quantized weights read as stored in the file: ``gguf_matmul`` and ``gguf_dequantize``.
+
+A ``.gguf`` file keeps each quantized weight ``W [N, K]`` as N rows of ``K / QK`` blocks (fp16
+scales + packed codes; layouts in ``specdec_cuda.reference.gguf``). These ops take those bytes as
+they are, a ``uint8`` tensor ``[N, K / QK * block_bytes]``, so a decoding step streams 4.5 bits
+per weight for Q4_K instead of 16 for bf16. Formats, by GGML type id (``gguf.GGMLQuantizationType``
+values are accepted too): Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12), Q6_K (14).
+
+``gguf_matmul`` accumulates in float32 on the CPU with an order that depends only on K: a row of
+``x`` gives the same bits alone or in a batch of any size (one-token decoding and a verification
+forward agree, so greedy speculative decoding is exact), and the AVX-512, AVX2 and portable
+kernels give the same bits. ``gguf_dequantize`` equals ``gguf.quants.dequantize`` bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .. import _native  # noqa: F401  (registers the ops)
+from ..reference import gguf as ref
+
+__all__ = ["GgufWeight", "gguf_weight", "gguf_matmul", "gguf_dequantize", "FORMATS", "cpu_isa"]
+
+FORMATS = ref.FORMATS
+_NAMES = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
+
+
+class GgufWeight(NamedTuple):
+    """A GGUF weight ready for ``gguf_matmul``: its blocks' bytes, type id and shape ``[N, K]``."""
+
+    data: torch.Tensor  # uint8 [N, K / QK * block_bytes]
+    qtype: int
+    out_features: int
+    in_features: int
+
+
+def _qtype(qtype) -> int:
+    if isinstance(qtype, str):
+        if qtype.upper() not in _NAMES:
+            raise ValueError(f"unsupported GGUF type {qtype!r}; supported: {', '.join(_NAMES)}")
+        return _NAMES[qtype.upper()]
+    q = int(qtype)  # gguf.GGMLQuantizationType is an IntEnum
+    if q not in FORMATS:
+        raise ValueError(f"unsupported GGML type id {q}; supported: "
+                         + ", ".join(f"{n} ({t})" for t, (n, _, _) in FORMATS.items()))
+    return q
+
+
+def gguf_weight(data, qtype, shape: tuple[int, int]) -> GgufWeight:
+    """Wrap a tensor's blocks (e.g. ``gguf.GGUFReader(...).tensors[i].data``) as a ``GgufWeight``.
+
+    Parameters
+    ----------
+    data : Tensor or numpy array
+        The blocks' bytes, uint8. Shape: ``[N, K / QK * block_bytes]`` or flat.
+    qtype : int, str or gguf.GGMLQuantizationType
+        The format: 3 / "Q4_1", 6 / "Q5_0", 8 / "Q8_0", 12 / "Q4_K", 14 / "Q6_K".
+    shape : (int, int)
+        ``(N, K)`` = (out_features, in_features) in torch order (a GGUF tensor lists them the other
+        way round: ``ne = [K, N]``).
+
+    Example
+    -------
+    >>> w = gguf_weight(torch.zeros(4, 144, dtype=torch.uint8), "Q4_K", (4, 256))
+    >>> gguf_matmul(torch.randn(2, 256), w).shape
+    torch.Size([2, 4])
+    """
+    q = _qtype(qtype)
+    t = data if isinstance(data, torch.Tensor) else torch.as_tensor(data)
+    if t.dtype != torch.uint8:
+        raise TypeError(f"data must be the uint8 bytes of the blocks, got {t.dtype}")
+    n, k = (int(s) for s in shape)
+    name, qk, nbytes = FORMATS[q]
+    if n < 0 or k <= 0 or k % qk:
+        raise ValueError(f"{name} weights need in_features to be a positive multiple of {qk}; got shape [{n}, {k}]")
+    rb = k // qk * nbytes
+    if t.numel() != n * rb:
+        raise ValueError(f"a {name} weight [{n}, {k}] is {n} x {rb} bytes; data has {t.numel()} "
+                         f"(shape {tuple(t.shape)})")
+    t = t.reshape(n, rb)
+    if not t.is_contiguous() or t.data_ptr() % 2:
+        t = t.contiguous() if not t.is_contiguous() else t.clone()
+    return GgufWeight(t, q, n, k)
+
+
+def gguf_matmul(x: torch.Tensor, weight: GgufWeight) -> torch.Tensor:
+    """``x · dequant(W)ᵀ``, accumulated in float32 and rounded once to x's dtype.
+
+    Parameters
+    ----------
+    x : Tensor
+        Shape: ``[..., K]``; float32, bfloat16 or float16 (widened exactly), on W's device.
+    weight : GgufWeight
+        From ``gguf_weight``.
+
+    Returns
+    -------
+    Tensor
+        Shape: ``[..., N]``, x's dtype (freshly allocated).
+
+    Example
+    -------
+    >>> w = gguf_weight(torch.zeros(3, 34, dtype=torch.uint8), "Q8_0", (3, 32))
+    >>> gguf_matmul(torch.randn(5, 32), w).shape
+    torch.Size([5, 3])
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if not isinstance(weight, GgufWeight):
+        raise TypeError(f"weight must be a GgufWeight (from gguf_weight), got {type(weight).__name__}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] != weight.in_features:
+        raise ValueError(f"x must be [..., {weight.in_features}] for this weight; got shape {tuple(x.shape)}")
+    if x.device != weight.data.device:
+        raise ValueError(f"x is on {x.device} but the weight is on {weight.data.device}")
+    shape = x.shape
+    x2 = x.contiguous() if x.dim() == 2 else x.reshape(-1, weight.in_features).contiguous()
+    out = x2.new_empty((x2.shape[0], weight.out_features))
+    torch.ops.specdec.gguf_matmul(x2, weight.data, weight.qtype, out)
+    return out if x.dim() == 2 else out.reshape(*shape[:-1], weight.out_features)
+
+
+def gguf_dequantize(weight: GgufWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The dense weight ``dequant(W)``.
+
+    Shape: ``[N, K]`` in ``dtype`` (float32 exact; bfloat16 / float16 rounded once to nearest even;
+    float16 only on CUDA), on the weight's device.
+
+    Example
+    -------
+    >>> w = gguf_weight(torch.zeros(2, 22, dtype=torch.uint8), "Q5_0", (2, 32))
+    >>> gguf_dequantize(w).shape
+    torch.Size([2, 32])
+    """
+    if not isinstance(weight, GgufWeight):
+        raise TypeError(f"weight must be a GgufWeight (from gguf_weight), got {type(weight).__name__}")
+    out = torch.empty(weight.out_features, weight.in_features, dtype=dtype, device=weight.data.device)
+    torch.ops.specdec.gguf_dequantize(weight.data, weight.qtype, out)
+    return out
+
+
+def cpu_isa() -> str:
+    """The CPU matmul kernel this process runs: "avx512", "avx2" or "portable" (SPECDEC_CPU_ISA caps it)."""
+    code = torch.zeros(1, dtype=torch.int32)
+    torch.ops.specdec._gguf_cpu_isa(code)
+    return ("portable", "avx2", "avx512")[int(code)]
+
+
+@torch.library.register_fake("specdec::gguf_matmul")
+def _gguf_matmul_fake(x, weight, qtype, out):
+    return None
+
+
+@torch.library.register_fake("specdec::gguf_dequantize")
+def _gguf_dequantize_fake(weight, qtype, out):
+    return None
+
+
+@torch.library.register_fake("specdec::_gguf_cpu_isa")
+def _gguf_cpu_isa_fake(code):
+    return None
