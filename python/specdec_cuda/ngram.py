@@ -32,16 +32,15 @@ from typing import Iterable, NamedTuple, Sequence
 import torch
 
 from ._native import _C
+from .ops import args
 
 __all__ = ["NgramIndex", "NgramDraft", "lookup", "extend_rows"]
 
 
 def _tokens_1d(tokens, name: str) -> torch.Tensor:
-    t = torch.as_tensor(tokens)
-    if t.numel() == 0:
+    if isinstance(tokens, (list, tuple, range)) and len(tokens) == 0:  # torch makes [] a float tensor
         return torch.zeros(0, dtype=torch.int64)
-    if t.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name}: expected int64 or int32 token ids, got {t.dtype}")
+    t = args.index_tensor(tokens, name, torch.device("cpu"))
     if t.dim() != 1:
         raise ValueError(f"{name}: expected a 1-D sequence of token ids, got shape {tuple(t.shape)}")
     return t
@@ -170,15 +169,6 @@ def _indexes(indexes: Sequence[NgramIndex | None], name: str = "indexes") -> lis
     return out
 
 
-def _per_row(value, name: str, batch: int) -> torch.Tensor:
-    t = torch.as_tensor(value)
-    if t.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name}: expected integers, got {t.dtype}")
-    if t.dim() == 0:
-        t = t.expand(batch)
-    return t.cpu()  # (B,) checked against the batch by the binding
-
-
 def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1, *,
            max_nodes=None, max_depth=None, corpus: NgramIndex | None = None, max_occurrences: int = 64,
            device: torch.device | str | None = None) -> NgramDraft:
@@ -212,8 +202,9 @@ def lookup(indexes: Sequence[NgramIndex | None], k: int, num_candidates: int = 1
     if corpus is not None and not isinstance(corpus, NgramIndex):
         raise TypeError(f"corpus: expected an NgramIndex or None, got {type(corpus).__name__}")
     width = int(k) * int(num_candidates)
-    budget = _per_row(width if max_nodes is None else max_nodes, "max_nodes", batch)
-    depth = None if max_depth is None else _per_row(max_depth, "max_depth", batch)
+    cpu = torch.device("cpu")  # the lookup runs on the host
+    budget = args.per_row(width if max_nodes is None else max_nodes, "max_nodes", batch, torch.int64, cpu)
+    depth = None if max_depth is None else args.per_row(max_depth, "max_depth", batch, torch.int64, cpu)
     tokens, parents, num_nodes = _C.ngram_lookup(rows, None if corpus is None else corpus._index,
                                                  int(k), int(num_candidates), int(max_occurrences),
                                                  budget, depth)

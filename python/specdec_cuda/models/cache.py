@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.args import index_tensor
 from ..ops.tree import compact_kv
-from .protocol import as_index_tensor, check_commit_args
+from .protocol import check_commit_args
 
 
 class StaticKVCache:
@@ -101,7 +102,7 @@ class StaticKVCache:
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll rows back to ``lengths`` [B] int64 (each between 0 and the row's current length)."""
-        lengths = as_index_tensor(lengths, "lengths", self.device)
+        lengths = index_tensor(lengths, "lengths", self.device, dtypes=None)
         if lengths.shape != (self.batch_size,):
             raise ValueError(f"lengths must have shape [{self.batch_size}], got {tuple(lengths.shape)}")
         host = torch.cat((lengths, self.lengths)).tolist()  # the one host sync of this call

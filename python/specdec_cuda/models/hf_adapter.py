@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from .config import UnsupportedModelError, eos_token_ids
+from ..ops.args import index_tensor
 from ..ops.tree import compact_kv
-from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args, logits_rows
+from .protocol import ModelOutput, check_commit_args, check_forward_args, logits_rows
 
 _MASKABLE = ("sdpa", "eager")
 
@@ -104,7 +105,7 @@ class HFCache:
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll rows back to ``lengths`` [B] int64 (each between 0 and the row's current length)."""
-        lengths = as_index_tensor(lengths, "lengths", self.device)
+        lengths = index_tensor(lengths, "lengths", self.device, dtypes=None)
         if lengths.shape != (self.batch_size,):
             raise ValueError(f"lengths must have shape [{self.batch_size}], got {tuple(lengths.shape)}")
         lo, hi, bad = torch.stack(

@@ -35,6 +35,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
+from ..ops.args import index_tensor
+
 
 def logits_rows(x: torch.Tensor, logits_at: torch.Tensor | None) -> torch.Tensor:
     """x [B, n, H] -> the rows the LM head runs on: all, or [B, 1, H] at ``logits_at`` [B]."""
@@ -102,19 +104,6 @@ class CausalLM(Protocol):
         """
 
 
-def as_index_tensor(value, name: str, device: torch.device) -> torch.Tensor:
-    """``value`` (a tensor or a list of ints) as int64 on ``device``; a float or bool input raises
-    ``TypeError`` naming ``name`` instead of being truncated to integers."""
-    try:
-        t = torch.as_tensor(value, device=device)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise TypeError(f"{name} must be an integer tensor or a list of ints, got {type(value).__name__} "
-                        f"({exc})") from None
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integers, got {t.dtype}")
-    return t.to(torch.int64)
-
-
 def check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, num_layers: int,
                        logits_at=None) -> tuple[int, int]:
     """The argument checks of ``CausalLM.forward`` that every model shares; returns (B, n).
@@ -150,12 +139,12 @@ def check_commit_args(
     caller reads it with its one host sync. Returns num_kept [B] int64, kept_indices [B, m] int64
     (or None) and that flag (None without kept_indices).
     """
-    num_kept = as_index_tensor(num_kept, "num_kept", device)
+    num_kept = index_tensor(num_kept, "num_kept", device, dtypes=None)
     if num_kept.shape != (batch_size,):
         raise ValueError(f"num_kept must have shape [{batch_size}], got {tuple(num_kept.shape)}")
     if kept_indices is None:
         return num_kept, None, None
-    kept_indices = as_index_tensor(kept_indices, "kept_indices", device)
+    kept_indices = index_tensor(kept_indices, "kept_indices", device, dtypes=None)
     if kept_indices.dim() != 2 or kept_indices.shape[0] != batch_size:
         raise ValueError(f"kept_indices must have shape [{batch_size}, m], got {tuple(kept_indices.shape)}")
     if kept_indices.shape[1] > num_pending:

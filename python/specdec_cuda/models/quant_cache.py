@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import kv_quant as kvops
+from ..ops.args import index_tensor
 from ..ops.quant_attention import quant_kv_attention
 from ..ops.skinny_linear import linear as skinny_or_blas_linear
 from .layers import rms_norm
-from .protocol import ModelOutput, as_index_tensor, check_commit_args, check_forward_args, logits_rows
+from .protocol import ModelOutput, check_commit_args, check_forward_args, logits_rows
 from .rope import apply_rope
 
 
@@ -190,7 +191,7 @@ class QuantKVCache:
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll rows back to ``lengths`` [B] int64, at most ``residual`` tokens behind the furthest
         length since the buffer last slid (the codes are never touched)."""
-        lengths = as_index_tensor(lengths, "lengths", self.device)
+        lengths = index_tensor(lengths, "lengths", self.device, dtypes=None)
         if lengths.shape != (self.batch_size,):
             raise ValueError(f"lengths must have shape [{self.batch_size}], got {tuple(lengths.shape)}")
         new = lengths.tolist()  # the one host sync of this call

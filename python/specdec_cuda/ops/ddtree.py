@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _native  # noqa: F401  (registers torch.ops.specdec)
+from . import args
 from .status import describe, flagged_rows
 
 __all__ = ["DDTree", "ddtree_build"]
@@ -74,12 +75,7 @@ def ddtree_build(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, max_dep
     B, device = topk_logprobs.shape[0], topk_logprobs.device
     lp = topk_logprobs.to(torch.float32).contiguous()
     tok = topk_tokens.to(torch.int64).contiguous()
-    if isinstance(max_depth, int):
-        max_depth = torch.full((B,), max_depth, dtype=torch.int64, device=device)
-    max_depth = torch.as_tensor(max_depth, device=device)
-    if max_depth.dtype.is_floating_point or max_depth.shape != (B,):
-        raise ValueError(f"max_depth must be an int or [B={B}] integers, got {max_depth.dtype} {tuple(max_depth.shape)}")
-    max_depth = max_depth.to(torch.int64).contiguous()
+    max_depth = args.per_row(max_depth, "max_depth", B, torch.int64, device)
     M = budget
     tokens = torch.empty(B, M, dtype=torch.int64, device=device)
     parents = torch.empty(B, M, dtype=torch.int64, device=device)

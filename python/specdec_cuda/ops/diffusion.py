@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import Scalar, _per_row
+from . import args
+from .sampling import Scalar
 
 __all__ = ["UnmaskResult", "diffusion_unmask"]
 
@@ -97,7 +98,7 @@ def diffusion_unmask(
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must hold integers, got {tokens.dtype}")
     tokens = tokens.to(device=device, dtype=torch.int64).contiguous()
-    step = _per_row(step, "step", batch, torch.int64, device)
+    step = args.per_row(step, "step", batch, torch.int64, device)
     if device.type == "cuda" or torch.compiler.is_compiling():
         step = step & (2**24 - 1)  # no host sync (nor graph break): out-of-range substreams wrap
     elif batch and not bool(((step >= 0) & (step < 2**24)).all()):
@@ -108,14 +109,14 @@ def diffusion_unmask(
     status = torch.empty(batch, dtype=torch.int32, device=device)
     torch.ops.specdec.diffusion_unmask(
         logits, tokens, int(mask_id),
-        _per_row(temperature, "temperature", batch, torch.float32, device),
-        _per_row(top_k, "top_k", batch, torch.int32, device),
-        _per_row(top_p, "top_p", batch, torch.float32, device),
-        _per_row(seed, "seed", batch, torch.int64, device),
-        _per_row(position, "position", batch, torch.int64, device),
+        args.per_row(temperature, "temperature", batch, torch.float32, device),
+        args.per_row(top_k, "top_k", batch, torch.int32, device),
+        args.per_row(top_p, "top_p", batch, torch.float32, device),
+        args.per_row(seed, "seed", batch, torch.int64, device),
+        args.per_row(position, "position", batch, torch.int64, device),
         step,
-        _per_row(num_transfer, "num_transfer", batch, torch.int64, device),
-        _per_row(threshold, "threshold", batch, torch.float32, device),
+        args.per_row(num_transfer, "num_transfer", batch, torch.int64, device),
+        args.per_row(threshold, "threshold", batch, torch.float32, device),
         sampled, confidence, keep, status,
     )
     return UnmaskResult(sampled, confidence, keep, status)

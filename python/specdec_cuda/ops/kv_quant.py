@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from . import args
+
 __all__ = [
     "allocate_kv_cache",
     "kv_quantize_keys",
@@ -51,14 +53,8 @@ def allocate_kv_cache(
     }
 
 
-def _tensor(t, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-    return t
-
-
 def _block(x, name: str) -> torch.Tensor:
-    x = _tensor(x, name)
+    x = args.tensor(x, name)
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.dim() != 4:
         raise TypeError(f"{name} must be a float32 / float16 / bfloat16 [B, H, n, D] tensor, got "
                         f"{x.dtype} {list(x.shape)}")
@@ -71,14 +67,14 @@ def _start(start, batch: int, device) -> torch.Tensor:
         if not -2**63 <= start < 2**63:
             raise ValueError(f"start {start} does not fit in int64")
         return torch.full((batch,), start, dtype=torch.int64, device=device)
-    start = _tensor(start, "start")
+    start = args.tensor(start, "start")
     if start.dtype.is_floating_point or start.dtype.is_complex or start.dtype == torch.bool:
         raise TypeError(f"start must be an int or an integer tensor, got {start.dtype}")
     return start.to(device=device, dtype=torch.int64).contiguous()
 
 
 def _codes(t, name: str) -> torch.Tensor:
-    t = _tensor(t, name)
+    t = args.tensor(t, name)
     if t.dtype != torch.uint8 or t.dim() != 4:
         raise TypeError(f"{name} must be a uint8 [B, H, capacity, D/2] tensor, got {t.dtype} {list(t.shape)}")
     return t

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _native
+from . import args
 from ..reference import quant as ref
 
 LAYOUT_CPU = ref.LAYOUT_CPU
@@ -96,8 +97,7 @@ def quantize_w4(
     >>> q = quantize_w4(w, group_size=64)
     >>> y = w4a16_matmul(torch.randn(3, 512), q)          # Shape: [3, 256]
     """
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight must be a tensor, got {type(weight).__name__}")
+    args.tensor(weight, "weight")
     if not weight.is_floating_point():
         raise TypeError(f"weight must be floating point, got {weight.dtype}")
     if isinstance(group_size, bool) or not isinstance(group_size, int):
@@ -147,8 +147,7 @@ def w4a16_matmul(x: torch.Tensor, weight: PackedW4, *, tuning: int | None = None
     >>> w4a16_matmul(torch.randn(2, 5, 128), q).shape
     torch.Size([2, 5, 64])
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    args.tensor(x, "x")
     if not isinstance(weight, PackedW4):
         raise TypeError(f"weight must be a PackedW4 (from quantize_w4), got {type(weight).__name__}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):

@@ -21,6 +21,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from ..reference.philox import Purpose
+from . import args
 from .status import (
     STATUS_BAD_PARAMS,
     STATUS_DRAFT_OUT_OF_RANGE,
@@ -71,28 +72,8 @@ def raise_on_status(status: torch.Tensor, what: str = "sampling") -> None:
     raise_for(status, what)
 
 
-def _per_row(value: Scalar, name: str, rows: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """A scalar or a [rows] tensor as a contiguous [rows] tensor of ``dtype`` on ``device``."""
-    if isinstance(value, torch.Tensor):
-        if value.dtype == dtype and value.shape == (rows,) and value.device == device and value.is_contiguous():
-            return value  # the decoding loop's per-row parameters: nothing to convert
-        if value.dim() == 0:
-            return value.to(device=device, dtype=dtype).expand(rows).contiguous()
-        if value.shape != (rows,):
-            raise ValueError(f"{name} must be a scalar or have shape [{rows}], got {tuple(value.shape)}")
-        if value.is_floating_point() and not dtype.is_floating_point:
-            raise TypeError(f"{name} must hold integers, got {value.dtype}")
-        return value.to(device=device, dtype=dtype).contiguous()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
-    if isinstance(value, float) and not dtype.is_floating_point:
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    return torch.full((rows,), value, dtype=dtype, device=device)
-
-
 def _check_logits(logits: torch.Tensor, name: str) -> torch.Tensor:
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(logits).__name__}")
+    args.tensor(logits, name)
     if logits.dim() != 2:
         raise ValueError(f"{name} must have shape [rows, vocab], got {tuple(logits.shape)}")
     if logits.dtype not in _LOGIT_DTYPES:
@@ -148,11 +129,11 @@ def sample(
     status = torch.empty(rows, dtype=torch.int32, device=device)
     torch.ops.specdec.sample(
         logits,
-        _per_row(temperature, "temperature", rows, torch.float32, device),
-        _per_row(top_k, "top_k", rows, torch.int32, device),
-        _per_row(top_p, "top_p", rows, torch.float32, device),
-        _per_row(seed, "seed", rows, torch.int64, device),
-        _per_row(position, "position", rows, torch.int64, device),
+        args.per_row(temperature, "temperature", rows, torch.float32, device),
+        args.per_row(top_k, "top_k", rows, torch.int32, device),
+        args.per_row(top_p, "top_p", rows, torch.float32, device),
+        args.per_row(seed, "seed", rows, torch.int64, device),
+        args.per_row(position, "position", rows, torch.int64, device),
         purpose,
         int(substream),
         tokens,
@@ -273,11 +254,11 @@ def verify_chain(
         cu_num_draft,
         target_logits,
         draft_logits,
-        _per_row(temperature, "temperature", batch, torch.float32, device),
-        _per_row(top_k, "top_k", batch, torch.int32, device),
-        _per_row(top_p, "top_p", batch, torch.float32, device),
-        _per_row(seed, "seed", batch, torch.int64, device),
-        _per_row(position, "position", batch, torch.int64, device),
+        args.per_row(temperature, "temperature", batch, torch.float32, device),
+        args.per_row(top_k, "top_k", batch, torch.int32, device),
+        args.per_row(top_p, "top_p", batch, torch.float32, device),
+        args.per_row(seed, "seed", batch, torch.int64, device),
+        args.per_row(position, "position", batch, torch.int64, device),
         bool(typical),
         float(typical_epsilon),
         float(typical_alpha),

@@ -33,6 +33,7 @@ import torch
 
 from .. import _native  # noqa: F401  (registers torch.ops.specdec)
 from ..reference.tree import tree_problem
+from . import args
 from .status import STATUS_BAD_COMPACTION, STATUS_MALFORMED_TREE, describe, flagged_rows
 
 __all__ = ["TreeLayout", "VerifyTreeResult", "build_tree", "verify_tree", "compact_kv",
@@ -55,31 +56,6 @@ class VerifyTreeResult(NamedTuple):
     accepted_nodes: torch.Tensor
     num_accepted: torch.Tensor
     status: torch.Tensor
-
-
-def _as_index(t, name: str, device=None) -> torch.Tensor:
-    try:
-        t = torch.as_tensor(t, device=device)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise TypeError(f"{name}: expected an int64 or int32 tensor, got {type(t).__name__} ({exc})") from None
-    if t.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name}: expected an int64 or int32 tensor, got {t.dtype}")
-    return t.to(torch.int64).contiguous()
-
-
-def _per_row(value, name: str, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
-    try:
-        t = torch.as_tensor(value, device=device)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise TypeError(f"{name}: expected a number or a tensor, got {type(value).__name__} ({exc})") from None
-    if not dtype.is_floating_point and (t.dtype.is_floating_point or t.dtype.is_complex):
-        # an integer parameter (seed, position, top_k, offsets) is never silently truncated
-        raise TypeError(f"{name}: expected integers, got {t.dtype}")
-    if t.dim() == 0:
-        t = t.expand(batch)
-    if t.shape != (batch,):
-        raise ValueError(f"{name}: expected a scalar or shape ({batch},), got {tuple(t.shape)}")
-    return t.to(dtype).contiguous()
 
 
 def _max_nodes(cu: torch.Tensor, max_nodes: int | None, num_flat: int) -> int:
@@ -164,13 +140,13 @@ def build_tree(parents, cu_num_nodes, cache_len, max_nodes: int | None = None, *
     >>> layout.positions.tolist()
     [[7, 8, 8, 9], [3, 4, 3, 3]]
     """
-    parents = _as_index(parents, "parents")
+    parents = args.index_tensor(parents, "parents")
     device = parents.device
-    cu = _as_index(cu_num_nodes, "cu_num_nodes", device)
+    cu = args.index_tensor(cu_num_nodes, "cu_num_nodes", device)
     if cu.dim() != 1 or cu.numel() < 1:
         raise ValueError(f"cu_num_nodes: expected shape (B + 1,), got {tuple(cu.shape)}")
     batch = cu.numel() - 1
-    cache_len = _per_row(cache_len, "cache_len", batch, torch.int64, device)
+    cache_len = args.per_row(cache_len, "cache_len", batch, torch.int64, device)
     m = _max_nodes(cu, max_nodes, parents.numel())
     if m < 1:
         raise ValueError(f"max_nodes: must be >= 1, got {m}")
@@ -276,10 +252,10 @@ def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits
     >>> r.tokens.tolist(), r.accepted_nodes.tolist()
     ([[2, 4, -1]], [[0, 1, -1]])
     """
-    parents = _as_index(parents, "parents")
+    parents = args.index_tensor(parents, "parents")
     device = parents.device
-    draft_tokens = _as_index(draft_tokens, "draft_tokens", device)
-    cu = _as_index(cu_num_nodes, "cu_num_nodes", device)
+    draft_tokens = args.index_tensor(draft_tokens, "draft_tokens", device)
+    cu = args.index_tensor(cu_num_nodes, "cu_num_nodes", device)
     if cu.dim() != 1 or cu.numel() < 1:
         raise ValueError(f"cu_num_nodes: expected shape (B + 1,), got {tuple(cu.shape)}")
     batch = cu.numel() - 1
@@ -294,11 +270,11 @@ def verify_tree(draft_tokens, parents, cu_num_nodes, target_logits, draft_logits
     if draft_logits is not None and draft_logits.stride(-1) != 1:
         draft_logits = draft_logits.contiguous()
     params = (
-        _per_row(temperature, "temperature", batch, torch.float32, device),
-        _per_row(top_k, "top_k", batch, torch.int32, device),
-        _per_row(top_p, "top_p", batch, torch.float32, device),
-        _per_row(seed, "seed", batch, torch.int64, device),
-        _per_row(position, "position", batch, torch.int64, device),
+        args.per_row(temperature, "temperature", batch, torch.float32, device),
+        args.per_row(top_k, "top_k", batch, torch.int32, device),
+        args.per_row(top_p, "top_p", batch, torch.float32, device),
+        args.per_row(seed, "seed", batch, torch.int64, device),
+        args.per_row(position, "position", batch, torch.int64, device),
     )
     longs = dict(dtype=torch.int64, device=device)
     tokens = torch.empty(batch, m, **longs)
@@ -343,14 +319,14 @@ def compact_kv(caches: Sequence[torch.Tensor], accepted_nodes, num_accepted, src
     >>> k.flatten().tolist()
     [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
     """
-    accepted_nodes = _as_index(accepted_nodes, "accepted_nodes")
+    accepted_nodes = args.index_tensor(accepted_nodes, "accepted_nodes")
     device = accepted_nodes.device
     if accepted_nodes.dim() != 2:
         raise ValueError(f"accepted_nodes: expected shape (B, W), got {tuple(accepted_nodes.shape)}")
     batch = accepted_nodes.shape[0]
-    num_accepted = _per_row(num_accepted, "num_accepted", batch, torch.int64, device)
-    src_start = _per_row(src_start, "src_start", batch, torch.int64, device)
-    dst_start = src_start if dst_start is None else _per_row(
+    num_accepted = args.per_row(num_accepted, "num_accepted", batch, torch.int64, device)
+    src_start = args.per_row(src_start, "src_start", batch, torch.int64, device)
+    dst_start = src_start if dst_start is None else args.per_row(
         dst_start, "dst_start", batch, torch.int64, device)
     if isinstance(caches, torch.Tensor) or not all(isinstance(c, torch.Tensor) for c in caches):
         raise TypeError("caches: expected a list of (B, H, T, D) tensors, got "
@@ -425,11 +401,11 @@ def lookahead_mask(cache_len, guess_lens, guess_len: int, window: int, levels: i
         device = guess_lens.device
     else:
         device = None
-    cache_len = _as_index(cache_len, "cache_len", device)
+    cache_len = args.index_tensor(cache_len, "cache_len", device)
     if cache_len.dim() != 1:
         raise ValueError(f"cache_len: expected shape (B,), got {tuple(cache_len.shape)}")
     batch = cache_len.numel()
-    guess_lens = _as_index(guess_lens, "guess_lens", cache_len.device)
+    guess_lens = args.index_tensor(guess_lens, "guess_lens", cache_len.device)
     if guess_lens.dim() != 2 or guess_lens.shape[0] != batch:
         raise ValueError(f"guess_lens: expected shape ({batch}, G), got {tuple(guess_lens.shape)}")
     sizes = {}
