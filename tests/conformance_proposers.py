@@ -25,7 +25,10 @@ from specdec_cuda.proposers.base import Draft, DraftKind, Proposer
 from specdec_cuda.reference.philox import Purpose
 
 
-class ChainAsTree(Proposer):
+class Wrapped(Proposer):
+    """A proposer that rewrites ``inner``'s drafts: the draft it hands the loop carries the
+    original in ``context``, which goes back to ``inner`` on accept."""
+
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
         self.max_draft = inner.max_draft
@@ -37,6 +40,11 @@ class ChainAsTree(Proposer):
     def prefill(self, ctx) -> None:
         self.inner.prefill(ctx)
 
+    def accept(self, draft, outcome) -> None:
+        self.inner.accept(None if draft is None else draft.context, outcome)
+
+
+class ChainAsTree(Wrapped):
     def propose(self, state):
         draft = self.inner.propose(state)
         if draft is None:
@@ -45,9 +53,6 @@ class ChainAsTree(Proposer):
         parents = torch.arange(n, device=draft.tokens.device).expand(B, n).contiguous()
         return Draft(draft.tokens, draft.num_nodes, draft.kind, parents=parents, logits=draft.logits,
                      context=draft)
-
-    def accept(self, draft, outcome) -> None:
-        self.inner.accept(None if draft is None else draft.context, outcome)
 
 
 class GuessTree(Proposer):
@@ -173,23 +178,12 @@ class SampledTree(Proposer):
         pass
 
 
-class DeepOffByOne(Proposer):
+class DeepOffByOne(Wrapped):
     """MUTANT (test-only, not lossless): ``inner``'s SAMPLED chains with the draft logits of node
     ``j >= 1`` replaced by those of node ``j - 1``, the off-by-one of pairing a drafter's logits
     with the wrong token. Depth 1 is verified against the true q, so every run that drafts one
     token deep (three-token runs) is exactly ``inner``'s; from depth 2 on the verifier accepts
     with min(1, p / q') for a q' the token was not drawn from, and the output is biased."""
-
-    def __init__(self, inner: Proposer) -> None:
-        self.inner = inner
-        self.max_draft = inner.max_draft
-        self.hidden_layers = inner.hidden_layers
-
-    def max_pending_tokens(self) -> int:
-        return self.inner.max_pending_tokens()
-
-    def prefill(self, ctx) -> None:
-        self.inner.prefill(ctx)
 
     def propose(self, state):
         draft = self.inner.propose(state)
@@ -200,6 +194,3 @@ class DeepOffByOne(Proposer):
         logits = draft.logits.clone()
         logits[:, 1:] = draft.logits[:, :-1]
         return Draft(draft.tokens, draft.num_nodes, draft.kind, logits=logits, context=draft)
-
-    def accept(self, draft, outcome) -> None:
-        self.inner.accept(None if draft is None else draft.context, outcome)
