@@ -130,16 +130,16 @@ def test_packed_narrower_tiers_give_the_vector_kernels_bits(cap):
     # reads it at load). Odd widths and bias exercise the AVX2 kernel's masked tails.
     isa = "avx2" if cap == "avx2" and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "portable"
     g = torch.Generator().manual_seed(11)
-    x, w, b = torch.randn(7, 72, generator=g), torch.randn(90, 72, generator=g), torch.randn(90, generator=g)
+    x, w, b = torch.randn(14, 72, generator=g), torch.randn(90, 72, generator=g), torch.randn(90, generator=g)
     wb = torch.randn(77, 72, generator=g).bfloat16().float()
-    here = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 8)]
-    here += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 8)]
+    here = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]
+    here += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]
     code = ("import sys, torch; from specdec_cuda._native import _C; "
             "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
             f"assert _C.skinny_linear_packed_isa() == {isa!r}, _C.skinny_linear_packed_isa(); "
             "x, w, b, wb = torch.load(sys.argv[1]); "
-            "out = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 8)]; "
-            "out += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 8)]; "
+            "out = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]; "
+            "out += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]; "
             "torch.save(out, sys.argv[1])")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "io.pt")
@@ -151,3 +151,63 @@ def test_packed_narrower_tiers_give_the_vector_kernels_bits(cap):
         theirs = torch.load(path)
     for m, (a, c) in enumerate(zip(theirs, here)):
         assert torch.equal(a, c), m
+
+def test_pack_weight_takes_bf16_weights_and_unpacks_exactly():
+    from specdec_cuda.ops.skinny_linear import unpack_weight
+
+    g = torch.Generator().manual_seed(12)
+    for N in (1, 64, 130):
+        w = torch.randn(N, 40, generator=g)
+        assert torch.equal(unpack_weight(pack_weight(w)), w)
+        packed = pack_weight(w.bfloat16())  # a bf16 model's weight: bf16 panels, the same as its float32 copy's
+        assert packed.panels.dtype == torch.bfloat16
+        assert torch.equal(packed.panels, pack_weight(w.bfloat16().float()).panels)
+        assert torch.equal(unpack_weight(packed), w.bfloat16())
+        assert torch.equal(ref.unpack_weight(packed.panels, N), w.bfloat16().float())
+
+
+@pytest.mark.parametrize("K", [100, 33])  # several k-blocks of the AVX2 kernel, and a partial one
+def test_packed_rows_of_a_prefill_chunk_get_the_bits_of_one_row(K):
+    # Up to 96 rows (a prefill chunk) in row blocks of 6 over each k-block: every row's outputs are
+    # still one fma chain over k in order, the bits of that row alone.
+    g = torch.Generator().manual_seed(K)
+    x, b = torch.randn(96, K, generator=g), torch.randn(130, generator=g)
+    w = torch.randn(130, K, generator=g).bfloat16()
+    packed = pack_weight(w)
+    together = skinny_linear_packed(x, packed, b)
+    torch.testing.assert_close(together, ref.skinny_linear(x, w.float(), b), rtol=1e-4, atol=1e-4 * K ** 0.5)
+    for m in (0, 5, 6, 11, 47, 95):
+        assert torch.equal(skinny_linear_packed(x[m : m + 1], packed, b)[0], together[m]), m
+
+
+def test_packed_threads_claim_panels_without_changing_bits():
+    # The panels are claimed by whichever thread is free (ops/claim_parallel.h): many calls on 2
+    # threads, and calls from two Python threads at once (one of them then runs serially), give
+    # the bits of one thread.
+    import threading
+
+    g = torch.Generator().manual_seed(13)
+    x, w = torch.randn(5, 256, generator=g), torch.randn(2048, 256, generator=g)
+    packed = pack_weight(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = skinny_linear_packed(x, packed)
+        torch.set_num_threads(2)
+        for _ in range(200):
+            assert torch.equal(skinny_linear_packed(x, packed), want)
+        bad = []
+
+        def worker():
+            for _ in range(100):
+                if not torch.equal(skinny_linear_packed(x, packed), want):
+                    bad.append(1)
+
+        pool = [threading.Thread(target=worker) for _ in range(2)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        assert not bad
+    finally:
+        torch.set_num_threads(threads)

@@ -10,8 +10,8 @@
 
 #include "kernels/decoder_layer/decoder_layer_cpu.h"
 #include "kernels/skinny_linear/packed_cpu.h"
+#include "ops/claim_parallel.h"
 #include "ops/packed_linear.h"
-#include "ops/quant_parallel.h"
 
 namespace specdec::ops {
 namespace {
@@ -112,7 +112,9 @@ void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::T
                         q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr,
                         k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr, eps, k_cache.data_ptr<float>(),
                         v_cache.data_ptr<float>(), len, shape);
-  parallel_range(0, B * Hq, 1, [&](int64_t begin, int64_t end) {
+  // (row, query head) items, claimed one at a time (ops/claim_parallel.h: no wait for a helper the
+  // OS has not scheduled); each item's outputs are computed whole by one thread.
+  claim_parallel_range(0, B * Hq, 1, [&](int64_t begin, int64_t end) {
     layer::attend(qkv, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), len, mask,
                   static_cast<float>(sm_scale), shape, attn, begin, end);
   });

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/common/dtype.h"
@@ -115,7 +116,7 @@ SPECDEC_AVX512 void panels_avx512(const float* x, int64_t M, int64_t K, const W*
 #define SPECDEC_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 
 // 16 consecutive weights as two float32 vectors: outputs 0..7 and 8..15 (float32), or the even and
-// the odd outputs (bfloat16; two shifts, so no mask constant takes a register).
+// the odd outputs (bfloat16: a shift and a mask, no shuffle).
 SPECDEC_AVX2_INLINE void widen2(const float* w, __m256& w0, __m256& w1) {
   w0 = _mm256_loadu_ps(w);
   w1 = _mm256_loadu_ps(w + 8);
@@ -123,59 +124,155 @@ SPECDEC_AVX2_INLINE void widen2(const float* w, __m256& w0, __m256& w1) {
 SPECDEC_AVX2_INLINE void widen2(const uint16_t* w, __m256& w0, __m256& w1) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16));
+  w1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-// AVX2 has 16 ymm registers of 8 lanes, so a pass covers NV * 8 outputs of the panel (a slice)
-// against MB rows: MB * NV accumulators + MB broadcasts + 2 weights <= 16 (NV = 8 for one row, 4
-// for two, 2 for three or four). The panel then takes kPanel / (8 * NV) passes; each reads its own
-// cache lines of every k-row, so the weights still stream from memory once. Each output is the
-// same fma chain over k as in the other kernels. (Loading a k's weights first and broadcasting
-// each row against them, 6 rows per pass, measured slower: GCC spills there.)
+// The AVX2 kernel walks each panel in blocks of kKBlock k-rows (4 KiB of bfloat16 weights, 8 KiB
+// of float32) and, for every block, runs all the rows of x over it before moving on:
 //
-// bfloat16 weights are widened two vectors at a time without a shuffle: a 32-bit lane of 16
-// loaded bf16 holds outputs 2l (low half) and 2l + 1 (high half), so a shift left by 16 gives the
-// even outputs as float32 and a shift right then left by 16 the odd ones. Accumulator pair
-// (j, j + 1) then holds the even and odd outputs of those 16, and the store puts them back in order.
+//          panel p: [K][64] weights                      y rows: accumulators in a scratch [M][64]
+//   k0 ┌──────────────────────────────┐                 (raw order; see widen2), reloaded and
+//      │ block: 32 k-rows x 64        │ ── rows 0..5 ──▶ stored once per block and slice: exact,
+//      │ (from memory once, then L1)  │ ── rows 6..11 ─▶ so each output stays one fma chain over k
+//   k1 └──────────────────────────────┘ ...             in order)
+//
+// so a panel streams from memory once, in order, for any number of rows (a 5-row verification or a
+// 96-row prefill chunk reads the weights once, as one-token decoding does). AVX2 has 16 ymm
+// registers of 8 lanes: a pass covers MB rows x NV vectors (8 * NV outputs of the block), with MB *
+// NV >= 8 accumulators to cover the FMA latency (4 cycles x 2 pipes) and MB * NV + 3 <= 16:
+// (MB, NV) = (1, 8), (2, 4), (4, 2), (5, 2), (6, 2). Rows go in blocks of 6; three rows go as 2 + 1
+// (3 x 4 accumulators, their broadcasts and the weights would spill, and a spilled accumulator
+// adds a store-to-load round trip to its chain on every k). The 16-output passes (4 to 6 rows)
+// read the block from a copy staged in L1 by their first pass (kblock_stage_avx2). Measured on
+// Zen 3 (one core, data in L2; peak 50 G multiply-add lanes/s): 22 G at 1 row (memory-bound
+// anyway), 31 at 2, 35 at 5, 41 at 16, 43 at 96; a 5-row block streams from memory at 1.3x the
+// time of a 1-row one.
+//
+// bfloat16 weights are widened two vectors at a time without a shuffle: a 32-bit lane of 16 loaded
+// bf16 holds outputs 2l (low half) and 2l + 1 (high half), so a shift left by 16 gives the even
+// outputs as float32 and masking the low half the odd ones. Accumulator pair (j, j + 1) holds the
+// even and odd outputs of those 16; the final store puts them back in order.
+// 32 k-rows per block: 4 KiB of bf16 weights, staged in L1 next to the accumulators; 64 or 128
+// measured slower out of cache (Zen 3), not faster in it.
+constexpr int64_t kKBlock = 32;
+// Prefetch distance of a block's first pass, in k-rows: 16 KiB of bf16 ahead, four blocks (48 to
+// 256 measured within noise of each other; none is slower than the hardware prefetcher alone).
+constexpr int64_t kPrefetchRows = 128;
+constexpr int kBlockM2 = 6;
+
+// MB rows x NV vectors over k-rows [k0, k1) of a block whose k-row k holds the 8 * NV weights at
+// w + (k - k0) * ld (the panel itself: ld = kPanel; a staged slice: ld = 16). Accumulators start
+// from zero (first) or from acc [MB][kPanel] (raw order; see widen2) and go back there. With pf,
+// each step prefetches the whole panel k-row at pf + (k - k0) * kPanel.
 template <int MB, int NV, typename W>
-SPECDEC_AVX2 void slice_block_avx2(const float* x, int64_t K, const W* panel, int64_t col0, const float* bias,
-                                   float* y, int64_t ldy, int64_t n0, int64_t width) {
-  static_assert(NV % 2 == 0, "bf16 weights widen in pairs of vectors");
-  constexpr bool kBf16 = sizeof(W) == 2;
-  constexpr int64_t kLineElems = 64 / sizeof(W);
-  __m256 acc[MB][NV];
+SPECDEC_AVX2 void kblock_avx2(const float* x, int64_t K, const W* w, int64_t ld, int64_t k0, int64_t k1, float* acc,
+                              bool first, const W* pf) {
+  static_assert(NV % 2 == 0, "weights widen in pairs of vectors");
+  // Every loop over the accumulators fully unrolled: an accumulator array GCC cannot scalarise is
+  // kept in memory, stored on every k.
+  __m256 a[MB][NV];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < NV; ++j) acc[m][j] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const W* w = panel + k * kPanel + col0;
-    for (int64_t e = 0; e < 8 * NV; e += kLineElems)
-      _mm_prefetch(reinterpret_cast<const char*>(w + e) + kPrefetchBytes, _MM_HINT_T0);
-    __m256 xb[MB];
-    for (int m = 0; m < MB; ++m) xb[m] = _mm256_broadcast_ss(x + m * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) a[m][j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + m * kPanel + 8 * j);
+  for (int64_t k = k0; k < k1; ++k, w += ld) {
+    if (pf != nullptr)
+      for (int64_t e = 0; e < kPanel; e += 64 / static_cast<int64_t>(sizeof(W)))
+        _mm_prefetch(reinterpret_cast<const char*>(pf + (k - k0) * kPanel + e), _MM_HINT_T0);
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j += 2) {
       __m256 w0, w1;
       widen2(w + 8 * j, w0, w1);
+#pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
-        acc[m][j] = _mm256_fmadd_ps(xb[m], w0, acc[m][j]);
-        acc[m][j + 1] = _mm256_fmadd_ps(xb[m], w1, acc[m][j + 1]);
+        const __m256 xb = _mm256_broadcast_ss(x + m * K + k);
+        a[m][j] = _mm256_fmadd_ps(xb, w0, a[m][j]);
+        a[m][j + 1] = _mm256_fmadd_ps(xb, w1, a[m][j + 1]);
       }
     }
   }
-  // Outputs col0 .. col0 + 8 * NV - 1 of the panel; those at or past width are its zero padding.
-  // Fully unrolled, shuffles and masked stores: an accumulator indexed at run time (or read
-  // through memory) makes GCC keep them all in memory, storing each one on every k.
 #pragma GCC unroll 8
-  for (int j = 0; j < NV; j += 2) {
-    const int64_t first = col0 + 8 * j;
-    if (first >= width) continue;
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(acc + m * kPanel + 8 * j, a[m][j]);
+}
+
+// The first 16-output pass over block k-rows [k0, k1) (MB >= 4 rows, slice 0), which also stages
+// the whole block, stage[s][k - k0][16] for the four slices s of 16 outputs (raw: bf16 stays bf16),
+// and prefetches the panel rows kPrefetchRows ahead. The other passes then read contiguous rows
+// from L1; read in place, their 32-byte pieces of 128-byte bf16 k-rows ran at two thirds of the
+// speed (measured, Zen 3). Staging inside this pass lets its stores (4 per k-row as bf16) run
+// under the pass's 2 * MB FMAs: a separate copy loop cost about a quarter of a 5-row block's time,
+// and staging widened float32 (8 stores per k-row) made this pass store-bound.
+template <int MB, typename W>
+SPECDEC_AVX2 void kblock_stage_avx2(const float* x, int64_t K, const W* panel, int64_t k0, int64_t k1, float* acc,
+                                    bool first, W* stage, bool prefetch) {
+  constexpr int64_t kVec = 32 / sizeof(W);  // elements per 32-byte vector
+  __m256 a[MB][2];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) a[m][j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + m * kPanel + 8 * j);
+  for (int64_t k = k0; k < k1; ++k) {
+    const W* row = panel + k * kPanel;
+    if (prefetch)
+      for (int64_t e = 0; e < kPanel; e += 64 / static_cast<int64_t>(sizeof(W)))
+        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * kPanel + e), _MM_HINT_T0);
+    W* dst = stage + (k - k0) * 16;
+#pragma GCC unroll 8
+    for (int64_t e = 0; e < kPanel; e += kVec)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (e / 16) * kKBlock * 16 + e % 16),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + e)));
+    __m256 w0, w1;
+    widen2(row, w0, w1);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xb = _mm256_broadcast_ss(x + m * K + k);
+      a[m][0] = _mm256_fmadd_ps(xb, w0, a[m][0]);
+      a[m][1] = _mm256_fmadd_ps(xb, w1, a[m][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(acc + m * kPanel + 8 * j, a[m][j]);
+}
+
+// Rows [0, MB) of x over block k-rows [k0, k1) of a panel whose outputs past `width` are padding:
+// 16-output passes (MB >= 4), the first of the block staging it (`stage_now`), the others reading
+// the staged block; else 64- or 32-output passes from the panel, the first of them prefetching
+// when asked (no row block stages).
+template <int MB, typename W>
+SPECDEC_AVX2 void rows_kblock_avx2(const float* x, int64_t K, const W* panel, W* stage, int64_t width,
+                                   int64_t k0, int64_t k1, float* acc, bool first, bool prefetch, bool stage_now) {
+  constexpr int NV = MB == 1 ? 8 : MB == 2 ? 4 : 2;
+  for (int64_t col0 = 0; col0 < width; col0 += 8 * NV) {
+    if constexpr (NV == 2) {
+      if (col0 == 0 && stage_now)
+        kblock_stage_avx2<MB, W>(x, K, panel, k0, k1, acc, first, stage, prefetch);
+      else
+        kblock_avx2<MB, NV, W>(x, K, stage + (col0 / 16) * kKBlock * 16, 16, k0, k1, acc + col0, first, nullptr);
+    } else {
+      kblock_avx2<MB, NV, W>(x, K, panel + k0 * kPanel + col0, kPanel, k0, k1, acc + col0, first,
+                             prefetch && col0 == 0 ? panel + (k0 + kPrefetchRows) * kPanel : nullptr);
+    }
+  }
+}
+
+// y[m * ldy + j] = acc[m][j] (+ bias[n0 + j]) for j < width, accumulators back in output order.
+template <typename W>
+SPECDEC_AVX2 void store_panel_avx2(const float* acc_rows, int64_t M, const float* bias, float* y, int64_t ldy,
+                                   int64_t n0, int64_t width) {
+  constexpr bool kBf16 = sizeof(W) == 2;
+  for (int64_t first = 0; first < width; first += 16) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - first)), lanes);
     const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - first - 8)), lanes);
     const __m256 b0 = bias == nullptr ? _mm256_setzero_ps() : _mm256_maskload_ps(bias + n0 + first, mask0);
     const __m256 b1 = bias == nullptr ? _mm256_setzero_ps() : _mm256_maskload_ps(bias + n0 + first + 8, mask1);
-#pragma GCC unroll 4
-    for (int m = 0; m < MB; ++m) {
-      __m256 lo = acc[m][j], hi = acc[m][j + 1];
+    for (int64_t m = 0; m < M; ++m) {
+      __m256 lo = _mm256_loadu_ps(acc_rows + m * kPanel + first);
+      __m256 hi = _mm256_loadu_ps(acc_rows + m * kPanel + first + 8);
       if constexpr (kBf16) {  // even / odd outputs -> outputs 0..7 and 8..15 of these 16
         const __m256 a = _mm256_unpacklo_ps(lo, hi), c = _mm256_unpackhi_ps(lo, hi);
         lo = _mm256_permute2f128_ps(a, c, 0x20);
@@ -191,33 +288,44 @@ SPECDEC_AVX2 void slice_block_avx2(const float* x, int64_t K, const W* panel, in
   }
 }
 
-// One panel against MB <= 4 rows of x, in slices of 64 (MB = 1), 32 (MB = 2) or 16 outputs.
-template <int MB, typename W>
-SPECDEC_AVX2 void panel_block_avx2(const float* x, int64_t K, const W* panel, const float* bias, float* y,
-                                   int64_t ldy, int64_t n0, int64_t width) {
-  constexpr int NV = MB == 1 ? 8 : MB == 2 ? 4 : 2;
-  for (int64_t col0 = 0; col0 < width; col0 += 8 * NV)
-    slice_block_avx2<MB, NV>(x, K, panel, col0, bias, y, ldy, n0, width);
-}
-
-constexpr int kBlockM2 = 4;
-
 template <typename W>
 SPECDEC_AVX2 void panels_avx2(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y,
                               int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
+  // Accumulators of every row for one panel: [M][kPanel] (24 KiB at M = 96), and one staged
+  // block (4 KiB of bf16), reused per call.
+  thread_local std::vector<float> acc;
+  thread_local std::vector<W> stage;
+  acc.resize(static_cast<size_t>(M * kPanel));
+  stage.resize(static_cast<size_t>(kKBlock * kPanel));
+  const bool staged = M >= 4;  // some row block runs 16-output passes
   for (int64_t p = p_begin; p < p_end; ++p) {
     const W* panel = packed + p * K * kPanel;
     const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
-    for (int64_t m0 = 0; m0 < M; m0 += kBlockM2) {
-      const float* xb = x + m0 * K;
-      float* yb = y + m0 * ldy + n0 - y_col0;
-      switch (std::min<int64_t>(kBlockM2, M - m0)) {
-        case 1: panel_block_avx2<1>(xb, K, panel, bias, yb, ldy, n0, width); break;
-        case 2: panel_block_avx2<2>(xb, K, panel, bias, yb, ldy, n0, width); break;
-        case 3: panel_block_avx2<3>(xb, K, panel, bias, yb, ldy, n0, width); break;
-        default: panel_block_avx2<4>(xb, K, panel, bias, yb, ldy, n0, width); break;
+    for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+      const int64_t k1 = std::min(K, k0 + kKBlock);
+      // Row blocks of 6 (the last one shorter); the first, of 4 rows or more when M >= 4, stages
+      // the k-block for the 16-output passes of all of them.
+      bool stage_now = staged;
+      for (int64_t m0 = 0, mb; m0 < M; m0 += mb) {
+        mb = std::min<int64_t>(kBlockM2, M - m0);
+        const float* xb = x + m0 * K;
+        float* ab = acc.data() + m0 * kPanel;
+        // Prefetch in the block's first pass, not past this call's last panel (another thread's).
+        const bool first = k0 == 0, pf = m0 == 0 && (p + 1 < p_end || k1 + kPrefetchRows <= K);
+        W* st = stage.data();
+        switch (mb) {
+          case 1: rows_kblock_avx2<1>(xb, K, panel, st, width, k0, k1, ab, first, pf, false); break;
+          case 2: rows_kblock_avx2<2>(xb, K, panel, st, width, k0, k1, ab, first, pf, false); break;
+          case 3: mb = 2; rows_kblock_avx2<2>(xb, K, panel, st, width, k0, k1, ab, first, pf, false); break;  // then 1
+          case 4: rows_kblock_avx2<4>(xb, K, panel, st, width, k0, k1, ab, first, pf, stage_now); break;
+          case 5: rows_kblock_avx2<5>(xb, K, panel, st, width, k0, k1, ab, first, pf, stage_now); break;
+          default: rows_kblock_avx2<6>(xb, K, panel, st, width, k0, k1, ab, first, pf, stage_now); break;
+        }
+        if (mb >= 4) stage_now = false;
       }
     }
+    if (K == 0) std::fill(acc.begin(), acc.end(), 0.0f);
+    store_panel_avx2<W>(acc.data(), M, bias, y + n0 - y_col0, ldy, n0, width);
   }
 }
 

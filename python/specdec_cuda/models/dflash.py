@@ -386,10 +386,9 @@ class DFlashDrafter(nn.Module):
 
 def target_embedding_and_head(target) -> tuple[torch.Tensor, torch.Tensor]:
     """The token embedding [V, H] and LM head [V, H] weights of a built-in or HF-adapted target."""
-    if hasattr(target, "embed_tokens"):  # built-in LlamaModel
-        embed = target.embed_tokens.weight
-        head = embed if target.lm_head is None else target.lm_head.weight
-        return embed, head
+    if hasattr(target, "embed_tokens"):  # built-in LlamaModel (dense copies when it keeps packed panels)
+        head = target.output_weight()
+        return (head if target.lm_head is None else target.embed_tokens.weight), head
     model = getattr(target, "model", None)
     if model is not None and hasattr(model, "get_input_embeddings"):  # HFCausalLM
         head = model.get_output_embeddings()

@@ -277,6 +277,7 @@ def from_causal_lm(folder: str | Path, mask_token_id: int | None = None,
     from .loader import load
 
     ar = load(folder)
+    ar.unpack()  # dense weights to copy from (a no-op unless the CPU path packed them)
     c = ar.config
     unsupported = [name for name, bad in (
         ("attention / MLP biases", c.qkv_bias or c.o_bias or c.mlp_bias), ("QK-norm", c.qk_norm),

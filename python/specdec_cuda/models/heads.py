@@ -103,9 +103,12 @@ def target_head(target) -> TargetHead:
     from .llama import LlamaModel
 
     if isinstance(target, LlamaModel):
-        embed = target.embed_tokens.weight
-        lm_head = embed if target.lm_head is None else target.lm_head.weight
-        return TargetHead(embed, target.norm.weight, target.norm.eps, lm_head, target.config)
+        # A packed target keeps its LM head (and a tied embedding) only as panels: the heads get
+        # dense copies, and the draft's fused top-k reads the target's own panels (float32 heads).
+        lm_head = target.output_weight()
+        embed = lm_head if target.lm_head is None else target.embed_tokens.weight
+        packed = target._head_packed if lm_head.dtype == torch.float32 else None
+        return TargetHead(embed, target.norm.weight, target.norm.eps, lm_head, target.config, lm_head_packed=packed)
     if isinstance(target, HFCausalLM):
         model = target.model
         base = getattr(model, model.base_model_prefix, None) if hasattr(model, "base_model_prefix") else None

@@ -11,12 +11,17 @@ of through ``nn.Module.__getattr__`` (about 1 us per access, ~20 per layer per f
 ``LlamaModel`` drops the binding whenever ``.to()`` / ``to_empty()`` replace the parameters, and
 whenever a parameter is written in place.
 
-Bound with ``pack=True`` (what ``LlamaModel`` does for a float32 model on a CPU with AVX-512 or
-AVX2), each projection also carries its weight packed for ``skinny_linear_packed`` (bfloat16 when
-the values allow it exactly), and ``forward_packed`` runs the whole layer as one ``decoder_layer`` op: what
-``LlamaModel`` does for decoding and verification forwards of up to ``PACKED_MAX_ROWS`` token rows
-(per-op overhead, about 35 torch ops per layer, is most of a small model's step on a CPU). A
-prefill runs ``forward``, through BLAS.
+On a CPU with AVX-512 or AVX2, ``LlamaModel`` keeps its projections packed for
+``skinny_linear_packed`` instead (``DecoderLayer.pack_weights``: column panels, bfloat16 for a
+bf16 model or when a float32 weight's values allow it exactly) and drops the dense weights, so a
+model of several GB is held once; ``forward_packed`` then runs the whole layer as one
+``decoder_layer`` op for every forward, decoding, verification and prefill alike (per-op overhead,
+about 35 torch ops per layer, is most of a small model's step on a CPU, and a large model's step is
+the weight stream, which the op reads once for all the rows). Each row's bits do not depend on the
+other rows, so a prefill's K/V are the ones token-by-token decoding would write.
+``bind(pack=True)`` on a layer with dense weights (the MTP modules' blocks, small) packs copies
+instead and keeps both: ``forward`` then runs up to ``PACKED_MAX_ROWS`` rows from the copies and
+longer inputs through BLAS.
 """
 
 from __future__ import annotations
@@ -27,27 +32,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available
+from ..ops.skinny_linear import PANEL as PACKED_PANEL  # outputs per panel of a packed weight
+from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available, unpack_weight
 from .config import LlamaConfig
 from .rope import apply_rope
 
-# Token rows up to which a forward runs the packed path: one-token decoding, a verification of a
-# chain or tree (Medusa's 64-node trees), a batch of 8 verifying up to 11 drafts each, a short
-# prompt's prefill. bench/bench_cpu_layer.py on the v4 target, 200 tokens of context: 3.1x the torch
-# path at 1 row, 1.7x at 33, 1.45x at 64, 1.22x at 96, 1.11x at 128 (the packed kernel's fixed order
-# of multiply-adds, one chain per output, gives way to BLAS's blocking as rows grow); longer
-# prefills go to BLAS.
+# Token rows per decoder_layer call in a long causal forward of a packed model (a prefill runs in
+# chunks of this many rows, each chunk's K/V written before the next attends to them; the chunks
+# bound the op's scratch, [rows, hidden + qkv + attention + 3 * intermediate] floats, 12 MB here
+# for Qwen2.5-1.5B). For layers holding both dense weights and packed copies (MTP blocks), the
+# rows up to which ``project`` reads the copies: bench/bench_cpu_layer.py on the v4 target, 200
+# tokens of context: 3.1x the torch path at 1 row, 1.7x at 33, 1.45x at 64, 1.22x at 96, 1.11x at
+# 128; longer inputs go to BLAS there.
 PACKED_MAX_ROWS = 96
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def project(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
             packed: PackedWeight | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, from ``packed`` when there is one and x has at most
-    ``PACKED_MAX_ROWS`` rows. Shape: x [..., K] -> [..., N]."""
-    if packed is not None and x.numel() <= PACKED_MAX_ROWS * x.shape[-1]:
-        out = x.new_empty(*x.shape[:-1], packed.out_features)
-        torch.ops.specdec.skinny_linear_packed(x, packed.panels, bias, out)
-        return out
+    ``PACKED_MAX_ROWS`` rows, or whenever ``weight`` is None (a packed model keeps only its
+    panels). The packed product runs in float32 (bias included) and comes back in x's dtype.
+    Shape: x [..., K] -> [..., N]."""
+    if packed is not None and (weight is None or x.numel() <= PACKED_MAX_ROWS * x.shape[-1]):
+        xf = x.float().contiguous()
+        out = xf.new_empty(*x.shape[:-1], packed.out_features)
+        torch.ops.specdec.skinny_linear_packed(xf, packed.panels, None if bias is None else bias.float(), out)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
     return F.linear(x, weight, bias)
 
 
@@ -59,9 +69,28 @@ def packed_path_wanted(device: torch.device, dtype: torch.dtype) -> bool:
             and packed_kernel_available())
 
 
+def packable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model of ``dtype`` on ``device`` keeps its weights packed (``LlamaModel``): float32
+    or bfloat16 on a CPU whose packed kernel is vectorised, unless ``SPECDEC_PACKED_LINEAR=0``."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available())
+
+
 def maybe_pack(weight: torch.Tensor | None, pack: bool) -> PackedWeight | None:
     """``pack_weight(weight)`` when ``pack`` (bfloat16 panels when exact), else None."""
     return pack_weight(weight) if pack and weight is not None else None
+
+
+def dropped(weight: torch.Tensor) -> nn.Parameter:
+    """What stands in for a weight whose values moved into panels: a meta tensor of its shape and
+    dtype (no memory; reading it into a CPU op fails loudly, and an in-place write moves its version
+    counter, which ``LlamaModel`` checks before each forward)."""
+    return nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False)
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    # The decoder_layer op's norms and biases are float32: a float32 tensor by reference, else a copy.
+    return None if t is None else t.float()
 
 
 class RMSNorm(nn.Module):
@@ -182,28 +211,93 @@ class DecoderLayer(nn.Module):
 
         self._bound: tuple | None = None
         self._packed_args: tuple | None = None  # decoder_layer's weight arguments (bind(pack=True))
+        # The projections' panels when the layer keeps only those (pack_weights), keyed like PROJECTIONS.
+        self._panels: dict[str, PackedWeight] | None = None
+
+    # The four projections' names (keys of ``linears()`` and ``panels``), in decoder_layer's order.
+    PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+    def linears(self) -> dict[str, nn.Linear]:
+        a, m = self.self_attn, self.mlp
+        return {"qkv": a.qkv_proj, "o": a.o_proj, "gate_up": m.gate_up_proj, "down": m.down_proj}
+
+    @property
+    def panels(self) -> dict[str, PackedWeight] | None:
+        """The packed projections when the layer keeps only those, else None."""
+        return self._panels
+
+    def pack_weights(self) -> list[nn.Parameter]:
+        """Move the four projection weights into panels (``pack_weight``: bfloat16 when exact) and
+        drop the dense ones (``dropped``); returns the stand-ins. ``unpack_weights`` undoes it."""
+        self._panels, stand_ins = {}, []
+        for name, linear in self.linears().items():
+            self._panels[name] = pack_weight(linear.weight)
+            linear.weight = dropped(linear.weight)  # frees the dense weight
+            stand_ins.append(linear.weight)
+        self.unbind()
+        return stand_ins
+
+    def unpack_weights(self, device: torch.device, values: bool = True) -> None:
+        """Dense projection weights again (the panels' exact values, or uninitialised when not
+        ``values``), the panels dropped."""
+        if self._panels is None:
+            return
+        for name, linear in self.linears().items():
+            dtype = linear.weight.dtype
+            dense = (unpack_weight(self._panels[name], dtype) if values
+                     else torch.empty(linear.weight.shape, dtype=dtype, device=device))
+            linear.weight = nn.Parameter(dense, requires_grad=False)
+            del self._panels[name]  # one projection's dense and packed forms at a time
+        self._panels = None
+        self.unbind()
+
+    def dense_linear(self, name: str) -> nn.Linear:
+        """Projection ``name`` (see ``PROJECTIONS``) as an ``nn.Linear`` with dense weights: the
+        layer's own module, or a new one unpacked from the panels (a copy, for callers that need the
+        matrix, e.g. to quantise it)."""
+        linear = self.linears()[name]
+        if self._panels is None:
+            return linear
+        dense = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                          device="meta", dtype=linear.weight.dtype)
+        dense.weight = nn.Parameter(unpack_weight(self._panels[name], linear.weight.dtype), requires_grad=False)
+        dense.bias = linear.bias
+        return dense
 
     def bind(self, pack: bool = False) -> tuple:
-        """The tensors forward reads, as one tuple, with packed projection weights if ``pack`` (see
-        the module docstring); call ``unbind`` after replacing or writing parameters."""
-        n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        self._bound = (n1.weight, n1.eps, n2.weight, n2.eps, self.self_attn.weights(pack), self.mlp.weights(pack))
+        """The tensors forward reads, as one tuple, with packed projection weights if ``pack`` or if
+        the layer keeps only panels (dense weights None then); see the module docstring. Call
+        ``unbind`` after replacing or writing parameters."""
+        n1, n2, attn, mlp = self.input_layernorm, self.post_attention_layernorm, self.self_attn, self.mlp
+        if self._panels is not None:
+            p = self._panels
+            q_norm = attn.q_norm
+            attn_w = (None, attn.qkv_proj.bias, None, attn.o_proj.bias,
+                      None if q_norm is None else q_norm.weight, None if q_norm is None else attn.k_norm.weight,
+                      q_norm.eps if q_norm is not None else 0.0, p["qkv"], p["o"])
+            mlp_w = (None, mlp.gate_up_proj.bias, None, mlp.down_proj.bias, p["gate_up"], p["down"])
+        else:
+            attn_w, mlp_w = attn.weights(pack), mlp.weights(pack)
+        self._bound = (n1.weight, n1.eps, n2.weight, n2.eps, attn_w, mlp_w)
 
         self._packed_args = None
-        if pack:
-            attn, mlp = self._bound[4], self._bound[5]
-            self._packed_args = (n1.weight, n2.weight, n1.eps, attn[7].panels, attn[1], attn[8].panels, attn[3],
-                                 mlp[4].panels, mlp[1], mlp[5].panels, mlp[3], attn[4], attn[5])
+        if pack or self._panels is not None:
+            self._packed_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, attn_w[7].panels, _f32(attn_w[1]),
+                                 attn_w[8].panels, _f32(attn_w[3]), mlp_w[4].panels, _f32(mlp_w[1]),
+                                 mlp_w[5].panels, _f32(mlp_w[3]), _f32(attn_w[4]), _f32(attn_w[5]))
         return self._bound
 
     def unbind(self) -> None:
         self._bound = self._packed_args = None
 
     def forward_packed(self, x, cos, sin, k_cache, v_cache, lengths, tree_mask) -> torch.Tensor:
-        """The layer as one ``decoder_layer`` op (bound with ``pack=True``). x [B, n, hidden] float32;
-        cos / sin [B, n, head_dim] (``rope_cos_sin``'s, heads dim dropped); k_cache / v_cache
-        [B, H_kv, T_max, D]; lengths [B] int64; tree_mask [B, n, n] bool or None (causal). The new
-        tokens' K/V go to slots ``lengths[b] + i``. One eps serves every norm (the config's)."""
+        """The layer as one ``decoder_layer`` op (bound with ``pack=True`` or packed). x [B, n,
+        hidden] float32; cos / sin [B, n, head_dim] float32 (``rope_cos_sin``'s, heads dim dropped);
+        k_cache / v_cache [B, H_kv, T_max, D] float32; lengths [B] int64; tree_mask [B, n, n] bool
+        or None (causal). The new tokens' K/V go to slots ``lengths[b] + i``. One eps serves every
+        norm (the config's)."""
+        if self._packed_args is None:
+            self.bind(pack=True)
         attn = self.self_attn
         out = torch.empty_like(x)
         torch.ops.specdec.decoder_layer(x, *self._packed_args, cos, sin, k_cache, v_cache, lengths, tree_mask,

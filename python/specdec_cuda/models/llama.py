@@ -8,16 +8,14 @@ with batched tensor ops only (no per-row Python loop, no host sync).
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Mapping, Sequence
 
 import torch
 from torch import nn
 
-from ..ops.skinny_linear import packed_kernel_available
 from .cache import StaticKVCache
 from .config import LlamaConfig
-from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, maybe_pack, project
+from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, project
 from .protocol import ModelOutput, check_forward_args, logits_rows
 from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
@@ -39,12 +37,27 @@ class LlamaModel(nn.Module):
         cache.commit(torch.tensor([3]))
 
     ``packed_linear`` (default: on unless the environment sets ``SPECDEC_PACKED_LINEAR=0``): a
-    float32 model on a CPU with AVX-512 or AVX2 runs its decoding and verification forwards (up to
-    ``layers.PACKED_MAX_ROWS`` token rows) as one ``decoder_layer`` op per layer and the LM head
-    through ``skinny_linear_packed``, from weights packed on first use (bfloat16 when exact; the
-    packed copy adds half the model's float32 size, or all of it, and is made only while that
-    stays within ``SPECDEC_PACKED_LINEAR_MAX_MB``, default 1024). Writing a parameter in place,
-    ``load_hf_state_dict`` and ``.to()`` re-pack. Prefills stay on the torch path (BLAS).
+    float32 or bfloat16 model on a CPU with AVX-512 or AVX2 keeps its four projections per layer and
+    its LM head only as packed panels (``pack()``: bfloat16 panels for a bf16 model, or for a
+    float32 one whose values are bf16 numbers; float32 panels otherwise), the dense weights dropped
+    (``layers.dropped``: meta stand-ins), so a model of several GB is held once (the former
+    ``SPECDEC_PACKED_LINEAR_MAX_MB``, which kept models of over 1 GB off this path because it made
+    a second copy, is gone with the copy). ``load`` packs layer by layer while it reads the
+    checkpoint; a model built by hand packs on its first forward. Every forward of a packed model,
+    decoding, verification and prefill alike, runs one ``decoder_layer`` op per layer and the LM
+    head through ``skinny_linear_packed`` (a long causal forward in chunks of
+    ``layers.PACKED_MAX_ROWS`` rows). Inside, activations, the residual stream and the KV cache are
+    float32 whatever the model's dtype: a bf16 model computes exactly as the float32 model of the
+    same bf16 weights, and every row gets the bits it would get in a one-row forward (verification
+    == autoregressive decoding, bit for bit). Logits come back in float32; hidden states in the
+    model's dtype (drafters built in it read them); ``new_cache`` gives float32 caches. A tied
+    embedding is read from the LM head's panels (no second copy).
+
+    The dense weights come back with ``unpack()`` (exactly), which ``.to()`` / ``.cuda()`` do
+    first; ``packed_linear = False`` unpacks on the next forward (the torch path, BLAS). Writing a
+    dropped weight in place is an error (the next forward says so): unpack first, and the forward
+    after the write packs again. ``dense_weight()`` / ``embedding_weight()`` /
+    ``output_weight()`` give dense copies to callers that need a matrix.
     """
 
     def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> None:
@@ -65,81 +78,160 @@ class LlamaModel(nn.Module):
             p.requires_grad_(False)
         self._inv_freq: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._mask_scalars: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # CPU: cos, signed sin [P, D]
+        # CPU: cos, signed sin [P, D] per dtype (the model's; float32 for the packed path).
+        self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self._steps: dict[tuple[int, torch.device], torch.Tensor] = {}  # arange(n) per (n, device)
         self.packed_linear = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
-        # What the layers were bound with: (pack, sum of the packed weights' version counters), and
-        # the packed LM head; None: bind on the next forward.
-        self._binding: tuple[bool, int] | None = None
+        # Packed storage (pack()): the LM head's panels (also the embedding of a tied model), the
+        # dropped weights' stand-ins (an in-place write to one moves its version: an error), and
+        # float32 copies of the final norm (bf16 models; norms and biases of the layers likewise).
+        self._packed = False
         self._head_packed = None
-        # The weights that have packed copies (projections, LM head): the only tensors whose
-        # in-place writes a forward must look for. Everything else is bound by reference.
-        self._packed_sources: list[torch.Tensor] = []
-        self._warned_packed_size = False
+        self._stand_ins: list[torch.Tensor] = []
+        self._norm_f32: torch.Tensor | None = None
+        # What the layers were bound with: (packed, versions of the stand-ins, versions of the
+        # tensors copied to float32 for the packed op); None: bind on the next forward.
+        self._binding: tuple | None = None
+        self._copied: list[torch.Tensor] = []
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device  # (a packed tied model's embedding is a meta stand-in)
 
     def _apply(self, fn, recurse=True):
-        # .to() / .cuda() / .to_empty() replace parameter tensors: drop the layers' bound tuples
-        # (layers.py) so that no forward reads the old ones.
+        # .to() / .cuda() / .to_empty() replace parameter tensors: dense weights first (a packed
+        # model's stand-ins hold no values), and drop the layers' bound tuples (layers.py) so that
+        # no forward reads the old ones.
+        self.unpack()
         self._unbind()
         self._inv_freq.clear()
         self._mask_scalars.clear()
-        self._rope_table = None
+        self._rope_tables.clear()
         self._steps.clear()
         return super()._apply(fn, recurse)
 
     def _unbind(self) -> None:
         for layer in self.layers:
             layer.unbind()
-        self._binding, self._head_packed, self._packed_sources = None, None, []
+        self._binding, self._norm_f32, self._copied = None, None, []
+
+    # -- packed storage ---------------------------------------------------------------------------
+
+    @property
+    def packed(self) -> bool:
+        """Whether the projections and the LM head live only in packed panels (see the class docs)."""
+        return self._packed
+
+    def _packable(self) -> bool:
+        from .layers import packable
+
+        return self.packed_linear and packable(self.device, self.dtype)
+
+    def pack(self) -> None:
+        """Keep the projections and the LM head only as packed panels (see the class docs); a no-op
+        when packed. ValueError where the packed path does not apply (device, dtype, ISA, switch)."""
+        if self._packed:
+            return
+        if not self._packable():
+            raise ValueError(f"LlamaModel.pack: the packed CPU path takes float32 or bfloat16 models on a CPU with "
+                             f"AVX-512 or AVX2 (this one: {self.dtype} on {self.device}, packed_linear="
+                             f"{self.packed_linear})")
+        for layer in self.layers:
+            if layer.panels is None:
+                self._stand_ins += layer.pack_weights()
+        self._pack_head()
+
+    def _pack_head(self) -> None:
+        from .layers import dropped, pack_weight
+
+        linear = self.lm_head if self.lm_head is not None else self.embed_tokens
+        self._head_packed = pack_weight(linear.weight)
+        linear.weight = dropped(linear.weight)  # tied: embedding rows come from the panels (embed())
+        self._stand_ins.append(linear.weight)
+        self._packed = True
+        self._unbind()
+        self._rope_tables.clear()  # the packed path's table is float32
+
+    def unpack(self, values: bool = True) -> None:
+        """Dense weights again, the exact values of the panels (uninitialised when not ``values``:
+        what ``load_hf_state_dict`` writes into); the panels dropped. A no-op when not packed."""
+        from .layers import unpack_weight
+
+        if not self._packed and not any(layer.panels is not None for layer in self.layers):
+            return
+        device = self.device
+        for layer in self.layers:
+            layer.unpack_weights(device, values)
+        if self._head_packed is not None:
+            linear = self.lm_head if self.lm_head is not None else self.embed_tokens
+            dtype = linear.weight.dtype
+            dense = (unpack_weight(self._head_packed, dtype) if values
+                     else torch.empty(linear.weight.shape, dtype=dtype, device=device))
+            linear.weight = nn.Parameter(dense, requires_grad=False)
+        self._head_packed, self._stand_ins, self._packed = None, [], False
+        self._unbind()
+        self._rope_tables.clear()
+
+    def dense_weight(self, layer: int, name: str) -> torch.Tensor:
+        """Projection ``name`` ("qkv", "o", "gate_up", "down") of decoder layer ``layer`` as a dense
+        [N, K] tensor in the model's dtype: the parameter, or a copy unpacked from the panels."""
+        return self.layers[layer].dense_linear(name).weight
+
+    def output_weight(self) -> torch.Tensor:
+        """The LM head [V, H] (the embedding when tied) as a dense tensor in the model's dtype: the
+        parameter, or a copy unpacked from the panels."""
+        from .layers import unpack_weight
+
+        if self._head_packed is None:
+            return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return unpack_weight(self._head_packed, self.dtype)
+
+    def embedding_weight(self) -> torch.Tensor:
+        """The token embedding [V, H] as a dense tensor (a copy for a packed tied model)."""
+        return self.output_weight() if self.lm_head is None else self.embed_tokens.weight
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [..., H] in the model's dtype; a packed tied model reads them from the LM
+        head's panels ``[V / 64, H, 64]`` (row v is ``panels[v // 64, :, v % 64]``, exactly)."""
+        if not (self._packed and self.lm_head is None):
+            return torch.nn.functional.embedding(tokens, self.embed_tokens.weight)
+        from .layers import PACKED_PANEL
+
+        panels = self._head_packed.panels
+        if self.vocab_size % PACKED_PANEL and tokens.numel() and int(tokens.max()) >= self.vocab_size:
+            raise IndexError(f"token id {int(tokens.max())} is out of the vocabulary ({self.vocab_size})")
+        return panels[tokens // PACKED_PANEL, :, tokens % PACKED_PANEL].to(self.dtype)
 
     def _bind(self) -> None:
-        """Bind the layers' tensors (layers.py), packed when ``packed_linear`` applies; again after
-        a packed weight was written in place (its version counter moved). The bound tuples hold
-        every other tensor by reference, so writes to those need no rebinding; replaced parameters
-        (``.to()``, ``load_hf_state_dict``) drop the binding where they happen."""
-        wanted = (self.packed_linear and self.device.type == "cpu" and self.dtype == torch.float32
-                  and packed_kernel_available())
-        # About 50 packed weights for a 12-layer model: a few tens of microseconds per forward,
-        # where every parameter would be twice that.
-        versions = sum(p._version for p in self._packed_sources)
-        if self._binding == (wanted, versions):
-            return
-        pack = wanted and self._packed_copy_fits()
+        """Pack (or unpack) as ``packed_linear`` and the device / dtype say, and bind the layers'
+        tensors (layers.py). The bound tuples hold the tensors by reference, so in-place writes need
+        no rebinding, except to a tensor the packed op reads through a float32 copy (a bf16
+        model's norms and biases: rebound when its version counter moves) and to a dropped weight
+        (an error)."""
+        wanted = self._packable()
+        if wanted != self._packed:
+            self.pack() if wanted else self.unpack()
+        if self._binding is not None:
+            if not self._packed:
+                return
+            # ~115 stand-ins for a 28-layer model: ~30 us per forward.
+            if sum(t._version for t in self._stand_ins) != self._binding[1]:
+                written = [name for name, p in self.named_parameters() if p.is_meta and any(p is t for t in
+                           self._stand_ins) and p._version]
+                raise RuntimeError(f"LlamaModel: {', '.join(written[:3]) or 'a weight'} was written in place, but "
+                                   f"this model keeps its weights in packed panels (the parameter holds no "
+                                   f"values); call model.unpack() before writing weights (the next forward "
+                                   f"packs again)")
+            if sum(t._version for t in self._copied) == self._binding[2]:
+                return
         for layer in self.layers:
-            layer.bind(pack)
-        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self._head_packed = maybe_pack(head, pack)
-        self._packed_sources = self._packed_weights() + [head] if pack else []
-        self._binding = (wanted, sum(p._version for p in self._packed_sources))
-
-    def _packed_weights(self) -> list[torch.Tensor]:
-        """The decoder layers' projection weights (what ``bind(pack=True)`` packs)."""
-        weights = [layer.self_attn.qkv_proj.weight for layer in self.layers]
-        weights += [layer.self_attn.o_proj.weight for layer in self.layers]
-        weights += [layer.mlp.gate_up_proj.weight for layer in self.layers]
-        weights += [layer.mlp.down_proj.weight for layer in self.layers]
-        return weights
-
-    def _packed_copy_fits(self) -> bool:
-        """Whether the packed copy (at most the projections' and LM head's float32 size) stays
-        within ``SPECDEC_PACKED_LINEAR_MAX_MB`` (default 1024): a large model keeps the torch path
-        rather than risk running out of memory; its matmuls outweigh per-op overhead anyway."""
-        limit_mb = float(os.environ.get("SPECDEC_PACKED_LINEAR_MAX_MB", "1024"))
-        weights = self._packed_weights()
-        weights.append(self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
-        size_mb = sum(w.numel() for w in weights) * 4 / 2**20
-        if size_mb <= limit_mb:
-            return True
-        if not self._warned_packed_size:
-            self._warned_packed_size = True
-            warnings.warn(f"LlamaModel: the packed CPU decoding path would copy {size_mb:.0f} MB of weights, more "
-                          f"than SPECDEC_PACKED_LINEAR_MAX_MB={limit_mb:.0f}; this model keeps the torch path",
-                          stacklevel=3)
-        return False
+            layer.bind()
+        self._norm_f32 = self.norm.weight.detach().float()  # by reference for a float32 model
+        self._copied = []
+        if self._packed and self.dtype != torch.float32:
+            self._copied = [p for name, p in self.named_parameters() if not p.is_meta]
+        self._binding = (self._packed, sum(t._version for t in self._stand_ins),
+                         sum(t._version for t in self._copied))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -148,8 +240,11 @@ class LlamaModel(nn.Module):
     def new_cache(self, batch_size: int, max_length: int) -> StaticKVCache:
         """An empty cache for ``batch_size`` rows of up to ``max_length`` tokens (pending included)."""
         c = self.config
+        # The packed path (the one the next forward takes: _packable) keeps K/V in float32 (see the
+        # class docs), whatever the model's dtype.
+        dtype = torch.float32 if self._packable() else self.dtype
         return StaticKVCache(
-            c.num_hidden_layers, batch_size, c.num_key_value_heads, max_length, c.head_dim, self.dtype, self.device
+            c.num_hidden_layers, batch_size, c.num_key_value_heads, max_length, c.head_dim, dtype, self.device
         )
 
     def _mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,29 +266,32 @@ class LlamaModel(nn.Module):
             self._inv_freq[key] = torch.cat((inv_freq, inv_freq)).to(self.device)  # [head_dim]
         return self._inv_freq[key]
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rope_cos_sin`` of ``positions`` [B, n]: on the CPU, rows of a cached table (the same
-        values, computed once; two lookups instead of a dozen small ops per forward)."""
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_cos_sin`` of ``positions`` [B, n] in ``dtype`` (default: the model's; the packed
+        path asks for float32): on the CPU, rows of a cached table (the same values, computed once;
+        two lookups instead of a dozen small ops per forward)."""
+        dtype = self.dtype if dtype is None else dtype
         if positions.device.type != "cpu" or positions.numel() == 0:
-            return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
+            return rope_cos_sin(positions, self._rope_inv_freq(), dtype)
+        table = self._rope_tables.get(dtype)
         if positions.shape[0] == 1 and positions.shape[1] <= 16:
             # One sequence's decoding step or chain (a drafter's inner loop): consecutive positions
             # are a slice of the table, a view, where two gathers would copy.
             steps = positions[0].tolist()
             lowest, highest = steps[0], steps[-1]
-            if self._rope_table is not None and lowest >= 0 and highest < self._rope_table[0].shape[0] \
+            if table is not None and lowest >= 0 and highest < table[0].shape[0] \
                     and steps == list(range(lowest, highest + 1)):
-                cos, sin = self._rope_table
+                cos, sin = table
                 return cos[lowest : highest + 1][None, :, None], sin[lowest : highest + 1][None, :, None]
         lowest, highest = (int(v) for v in torch.aminmax(positions))
         if lowest < 0:  # not a table row: compute them
-            return rope_cos_sin(positions, self._rope_inv_freq(), self.dtype)
+            return rope_cos_sin(positions, self._rope_inv_freq(), dtype)
         need = highest + 1
-        if self._rope_table is None or self._rope_table[0].shape[0] < need:
+        if table is None or table[0].shape[0] < need:
             size = max(1024, 1 << (need - 1).bit_length())
-            cos, sin = rope_cos_sin(torch.arange(size)[None], self._rope_inv_freq(), self.dtype)  # [1, P, 1, D]
-            self._rope_table = (cos[0, :, 0], sin[0, :, 0])
-        cos, sin = self._rope_table
+            cos, sin = rope_cos_sin(torch.arange(size)[None], self._rope_inv_freq(), dtype)  # [1, P, 1, D]
+            table = self._rope_tables[dtype] = (cos[0, :, 0], sin[0, :, 0])
+        cos, sin = table
         return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
 
     def _arange(self, n: int, device: torch.device) -> torch.Tensor:
@@ -229,7 +327,7 @@ class LlamaModel(nn.Module):
         span = cache.begin_forward(n)
         device = self.device
         self._bind()
-        if self._head_packed is not None and B * n <= PACKED_MAX_ROWS:
+        if self._packed:
             return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
@@ -265,31 +363,47 @@ class LlamaModel(nn.Module):
         return self._output(x, wanted, hidden_states, logits_at)
 
     def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at) -> ModelOutput:
-        """``forward`` for a few token rows on the CPU: each layer one ``decoder_layer`` op over
-        packed weights, the LM head through ``skinny_linear_packed``."""
-        cos, sin = self._rope(positions)  # [B, n, 1, D]
-        cos, sin = cos.squeeze(2).contiguous(), sin.squeeze(2).contiguous()
+        """``forward`` of a packed model on the CPU: each layer one ``decoder_layer`` op over packed
+        weights, the LM head through ``skinny_linear_packed``, all in float32. A causal forward of
+        more than ``PACKED_MAX_ROWS`` rows (a prefill) runs in chunks of new tokens, each chunk on
+        top of the slots the previous ones wrote (lengths + its offset): the same bits, since each
+        row's arithmetic does not depend on the other rows. A tree forward runs in one call."""
+        if cache.keys[0].dtype != torch.float32:
+            raise ValueError(f"this model runs the packed CPU path, whose KV cache is float32; got a "
+                             f"{cache.keys[0].dtype} cache (make it with model.new_cache)")
+        B, n = tokens.shape
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
-        x = torch.nn.functional.embedding(tokens, self.embed_tokens.weight)
+        step = n if mask is not None else max(1, PACKED_MAX_ROWS // B)
         wanted = set(hidden_layers)
-        hidden_states: dict[int, torch.Tensor] = {}
-        lengths = cache.lengths
-        for i, layer in enumerate(self.layers):
-            x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
-            if i in wanted:
-                hidden_states[i] = x
-        return self._output(x, wanted, hidden_states, logits_at)
+        chunks: dict[int, list[torch.Tensor]] = {i: [] for i in wanted if i != -1}
+        outputs = []
+        for start in range(0, n, step):
+            end = min(n, start + step)
+            cos, sin = self._rope(positions[:, start:end], torch.float32)  # [B, c, 1, D]
+            cos, sin = cos.squeeze(2).contiguous(), sin.squeeze(2).contiguous()
+            x = self.embed(tokens[:, start:end]).float()
+            lengths = cache.lengths if start == 0 else cache.lengths + start
+            for i, layer in enumerate(self.layers):
+                x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
+                if i in chunks:
+                    chunks[i].append(x)
+            outputs.append(x)
+        hidden_states = {i: (xs[0] if len(xs) == 1 else torch.cat(xs, 1)).to(self.dtype) for i, xs in chunks.items()}
+        x = outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1)
+        x = torch.nn.functional.rms_norm(x, x.shape[-1:], self._norm_f32, eps=self.norm.eps)
+        if -1 in wanted:
+            hidden_states[-1] = x.to(self.dtype)
+        logits = project(logits_rows(x, logits_at), None, None, self._head_packed)  # float32
+        return ModelOutput(logits=logits, hidden_states=hidden_states)
 
     def _output(self, x: torch.Tensor, wanted: set, hidden_states: dict, logits_at) -> ModelOutput:
-        """The final norm (kept as hidden state -1 when wanted) and the LM head (packed when bound
-        so; ``project`` sends more rows to BLAS) after the last layer's output x [B, n, hidden],
-        on every row or at ``logits_at`` only."""
+        """The final norm (kept as hidden state -1 when wanted) and the LM head after the last
+        layer's output x [B, n, hidden], on every row or at ``logits_at`` only (the torch path)."""
         x = self.norm.forward(x)
         if -1 in wanted:
             hidden_states[-1] = x
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return ModelOutput(logits=project(logits_rows(x, logits_at), weight, None, self._head_packed),
-                           hidden_states=hidden_states)
+        return ModelOutput(logits=project(logits_rows(x, logits_at), weight, None, None), hidden_states=hidden_states)
 
     # -- weights ----------------------------------------------------------------------------------
 
@@ -342,15 +456,34 @@ class LlamaModel(nn.Module):
         ``tensors`` may be any mapping, e.g. a lazy view of safetensors files; each tensor is read
         once and cast to the model's dtype. Missing tensors or wrong shapes raise ValueError.
         """
+        # A packed model reads into dense weights again (uninitialised), packed layer by layer below.
+        self.unpack(values=False)
         self._unbind()
+        pack = self._packable()
         layout = self._hf_layout()
         missing = [name for name in layout if name not in tensors]
         if missing:
             shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
             raise ValueError(f"{source} lacks tensors the {self.config.family} model needs: {shown}")
-        for name, (param, off, rows) in layout.items():
+        # Names left per decoder layer: when a layer's last tensor is in, it is packed (its dense
+        # weights freed) before the next is read, so a packed load peaks near the packed size
+        # (weights allocated by to_empty are not touched, so not resident, until written).
+        left = [0] * self.num_layers
+        for name in layout:
+            if name.startswith("model.layers."):
+                left[int(name.split(".")[2])] += 1
+        for name in list(layout):
+            param, off, rows = layout.pop(name)  # (no reference left to a packed layer's dense weights)
             src = tensors[name]
             want = (rows, *param.shape[1:])
             if tuple(src.shape) != want:
                 raise ValueError(f"{source}: tensor {name} has shape {tuple(src.shape)}, expected {want}")
             param[off : off + rows].copy_(src)
+            del src, param
+            if pack and name.startswith("model.layers."):
+                i = int(name.split(".")[2])
+                left[i] -= 1
+                if left[i] == 0:
+                    self._stand_ins += self.layers[i].pack_weights()
+        if pack:
+            self._pack_head()

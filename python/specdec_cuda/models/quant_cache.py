@@ -293,13 +293,14 @@ class DraftLinears:
         layers = []
         for layer in model.layers:
             attn, m = layer.self_attn, layer.mlp
-            layers.append({"qkv": w4(attn.qkv_proj) if attention else None,
-                           "o": w4(attn.o_proj) if attention else None,
-                           "gate_up": w4(m.gate_up_proj) if mlp else None,
-                           "down": w4(m.down_proj) if mlp else None})
+            # dense_linear: the module itself, or (a packed CPU model) a copy unpacked from its panels
+            layers.append({"qkv": w4(layer.dense_linear("qkv")) if attention else None,
+                           "o": w4(layer.dense_linear("o")) if attention else None,
+                           "gate_up": w4(layer.dense_linear("gate_up")) if mlp else None,
+                           "down": w4(layer.dense_linear("down")) if mlp else None})
         head = None
         if lm_head:
-            weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            weight = model.output_weight()
             linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
                                      dtype=weight.dtype)
             with torch.no_grad():
@@ -311,7 +312,12 @@ class DraftLinears:
         return sum(v is not None for layer in self.layers for v in layer.values()) + (self.lm_head is not None)
 
 
-def _linear(x: torch.Tensor, weight, bias, w4) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight, bias, w4, packed=None) -> torch.Tensor:
+    if w4 is None and weight is None:
+        # A packed CPU model keeps only the panels (models/layers.py): the packed kernel, float32 inside.
+        from .layers import project
+
+        return project(x, None, bias, packed)
     if w4 is None:
         # Float32 on the CPU, a few rows: the skinny kernel reads the weight once for all the rows
         # of a verification (BLAS at 5 rows costs about two one-row GEMVs) and gives each token
@@ -346,16 +352,16 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
     cache.begin_forward(n)
     quant_len = cache.quant_len(positions)  # [B, n], shared by every layer
     cos, sin = model._rope(positions)
-    x = F.embedding(tokens, model.embed_tokens.weight)
+    x = model.embed(tokens)
     H, H_kv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     wanted = set(hidden_layers)
     hidden_states: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(model.layers):
         norm1_w, eps1, norm2_w, eps2, attn_w, mlp_w = layer._bound or layer.bind()
-        qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps = attn_w[:7]  # (packed weights: unused here)
+        qkv_w, qkv_b, o_w, o_b, q_norm_w, k_norm_w, eps = attn_w[:7]  # dense weights None when packed
         swap = linears.layers[i] if linears is not None else {}
         h = rms_norm(x, norm1_w, eps1)
-        qkv = _linear(h, qkv_w, qkv_b, swap.get("qkv")).view(B, n, H + 2 * H_kv, D)
+        qkv = _linear(h, qkv_w, qkv_b, swap.get("qkv"), attn_w[7]).view(B, n, H + 2 * H_kv, D)
         if q_norm_w is not None:
             qk = torch.cat((rms_norm(qkv[:, :, :H], q_norm_w, eps), rms_norm(qkv[:, :, H : H + H_kv], k_norm_w, eps)), 2)
         else:
@@ -363,15 +369,17 @@ def quantized_forward(model, tokens: torch.Tensor, positions: torch.Tensor, cach
         qk = apply_rope(qk, cos, sin).transpose(1, 2)  # [B, H + H_kv, n, D]
         cache.write(i, qk[:, H:], qkv[:, :, H + H_kv :].transpose(1, 2))
         att = cache.attend(i, qk[:, :H], quant_len, tree_mask, use_lower)
-        x = x + _linear(att.transpose(1, 2).reshape(B, n, H * D), o_w, o_b, swap.get("o"))
+        x = x + _linear(att.transpose(1, 2).reshape(B, n, H * D), o_w, o_b, swap.get("o"), attn_w[8])
         gate_up_w, gate_up_b, down_w, down_b = mlp_w[:4]
-        gate, up = _linear(rms_norm(x, norm2_w, eps2), gate_up_w, gate_up_b, swap.get("gate_up")).chunk(2, dim=-1)
-        x = x + _linear(F.silu(gate) * up, down_w, down_b, swap.get("down"))
+        gate_up = _linear(rms_norm(x, norm2_w, eps2), gate_up_w, gate_up_b, swap.get("gate_up"), mlp_w[4])
+        gate, up = gate_up.chunk(2, dim=-1)
+        x = x + _linear(F.silu(gate) * up, down_w, down_b, swap.get("down"), mlp_w[5])
         if i in wanted:
             hidden_states[i] = x
     x = model.norm.forward(x)
     if -1 in wanted:
         hidden_states[-1] = x
-    weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    weight = None if model.packed else (model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight)
     head = linears.lm_head if linears is not None else None
-    return ModelOutput(logits=_linear(logits_rows(x, logits_at), weight, None, head), hidden_states=hidden_states)
+    return ModelOutput(logits=_linear(logits_rows(x, logits_at), weight, None, head, model._head_packed),
+                       hidden_states=hidden_states)

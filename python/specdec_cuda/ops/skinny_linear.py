@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from dataclasses import dataclass
 
-__all__ = ["skinny_linear", "linear", "PANEL", "PackedWeight", "pack_weight", "skinny_linear_packed",
-           "packed_kernel_available"]
+__all__ = ["skinny_linear", "linear", "PANEL", "PackedWeight", "pack_weight", "unpack_weight",
+           "skinny_linear_packed", "packed_kernel_available"]
 
 # Rows of x up to which ``linear`` takes the skinny kernel: a verification of up to 32 drafts (the
 # quantised cache's default residual) plus its root, so every decoding-time forward of a model
@@ -98,11 +98,12 @@ class PackedWeight:
 
 
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> PackedWeight:
-    """Pack a float32 weight ``[N, K]`` into panels.
+    """Pack a float32 or bfloat16 weight ``[N, K]`` into panels.
 
-    ``dtype``: float32 or bfloat16; None picks bfloat16 when that is exact (every value of the
-    weight is a bfloat16 number, as in a bf16 checkpoint loaded as float32), else float32. Packing
-    as bfloat16 a weight that is not exact raises (it would change the model).
+    ``dtype``: float32 or bfloat16; None picks bfloat16 when that is exact (a bfloat16 weight, or a
+    float32 one whose values are all bfloat16 numbers, as in a bf16 checkpoint loaded as float32),
+    else float32. Packing as bfloat16 a weight that is not exact raises (it would change the model).
+    Memory: the panels, plus (float32 weights) one bfloat16 copy for the exactness check.
 
     Example
     -------
@@ -110,10 +111,11 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Packe
     >>> pack_weight(w).panels.shape, pack_weight(w).panels.dtype
     (torch.Size([2, 32, 64]), torch.bfloat16)
     """
-    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or weight.dim() != 2:
-        raise TypeError(f"pack_weight: weight must be a float32 [N, K] tensor, got "
+    if (not isinstance(weight, torch.Tensor) or weight.dtype not in (torch.float32, torch.bfloat16)
+            or weight.dim() != 2):
+        raise TypeError(f"pack_weight: weight must be a float32 or bfloat16 [N, K] tensor, got "
                         f"{getattr(weight, 'dtype', type(weight).__name__)} {list(getattr(weight, 'shape', []))}")
-    exact_bf16 = torch.equal(weight.bfloat16().float(), weight)
+    exact_bf16 = weight.dtype == torch.bfloat16 or torch.equal(weight.bfloat16().float(), weight)
     if dtype is None:
         dtype = torch.bfloat16 if exact_bf16 else torch.float32
     if dtype not in (torch.float32, torch.bfloat16):
@@ -122,10 +124,34 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Packe
         raise ValueError("pack_weight: the weight holds values that are not bfloat16 numbers; packing it as "
                          "bfloat16 would change the model (pack as float32)")
     N, K = weight.shape
-    panels = -(-N // PANEL)
-    padded = torch.zeros(panels * PANEL, K, dtype=torch.float32, device=weight.device)
-    padded[:N] = weight
-    return PackedWeight(padded.view(panels, PANEL, K).transpose(1, 2).to(dtype).contiguous(), N)
+    full, rest = divmod(N, PANEL)
+    # panels[p, k, j] = weight[p * PANEL + j, k]: copied (and cast) straight from strided views, so no
+    # padded or transposed temporary of the weight's size is made.
+    panels = torch.empty(full + (rest > 0), K, PANEL, dtype=dtype, device=weight.device)
+    panels[:full].copy_(weight[: full * PANEL].view(full, PANEL, K).transpose(1, 2))
+    if rest:
+        panels[full].zero_()
+        panels[full, :, :rest].copy_(weight[full * PANEL :].T)
+    return PackedWeight(panels, N)
+
+
+def unpack_weight(packed: PackedWeight, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The ``[N, K]`` weight held by ``packed`` (exactly its values; in the panels' dtype unless
+    ``dtype`` is given): what a model that keeps only its panels gives back for its dense weights.
+
+    Example
+    -------
+    >>> w = torch.randn(100, 32)
+    >>> torch.equal(unpack_weight(pack_weight(w)), w)
+    True
+    """
+    P, K, width = packed.panels.shape
+    dense = torch.empty(packed.out_features, K, dtype=dtype or packed.panels.dtype, device=packed.panels.device)
+    full = packed.out_features // width
+    dense[: full * width].view(full, width, K).copy_(packed.panels[:full].transpose(1, 2))
+    if full < P:
+        dense[full * width :].copy_(packed.panels[full, :, : packed.out_features - full * width].T)
+    return dense
 
 
 def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
