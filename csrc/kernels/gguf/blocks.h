@@ -38,6 +38,7 @@
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/hd.h"
+#include "kernels/common/rounding.h"
 
 namespace specdec::gguf {
 
@@ -101,22 +102,6 @@ SPECDEC_HD int block_bytes(int32_t type) {
 }
 
 SPECDEC_HD float half_to_float(uint16_t bits) { return to_float(Half16{bits}); }
-
-// Rounded float32 multiply / add that no compiler may fuse into an FMA (see the file comment).
-SPECDEC_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-SPECDEC_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
 
 // Six-bit scale and min of sub-block s (0..7) of a Q4_K block (packing in the file comment).
 SPECDEC_HD void q4k_scale_min(const uint8_t* scales, int s, int& sc, int& m) {

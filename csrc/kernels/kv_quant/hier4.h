@@ -16,6 +16,7 @@
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/hd.h"
+#include "kernels/common/rounding.h"
 
 #if !defined(__CUDA_ARCH__)
 #include <cmath>
@@ -23,35 +24,6 @@
 
 namespace specdec::kv {
 
-// Correctly rounded single operations that the compiler may not contract into an FMA.
-SPECDEC_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;  // host code is built for baseline x86-64 (no FMA), so nothing is contracted
-#endif
-}
-SPECDEC_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-SPECDEC_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-SPECDEC_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
 SPECDEC_HD float round_even(float x) {  // same as torch.round: halves to even
 #if defined(__CUDA_ARCH__)
   return rintf(x);
