@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
 
 from bench import humaneval  # noqa: E402
-from bench.configs import CONFIGS, REAL_CONFIGS  # noqa: E402
+from bench.configs import CONFIGS, REAL_CONFIGS, configurations  # noqa: E402
 from bench.e2e import Pair, combine, engine_group, print_bench_table  # noqa: E402
 from specdec_cuda import SpeculativeDecoder, methods, models  # noqa: E402
 
@@ -69,17 +69,9 @@ def runners(pair: Pair, eos: int | None, seed: int = 0):
     for spec in methods.available():
         if spec.kind == "autoregressive":
             continue
-        configs = REAL_CONFIGS.get(spec.name, CONFIGS.get(spec.name))
-        if configs is None:
-            not_benched[spec.name] = "bench/configs.py lists no configurations for it"
-            continue
-        try:
-            listed = configs(pair)
-        except FileNotFoundError as exc:  # the pair lacks the method's heads, drafter or own model
-            not_benched[spec.name] = str(exc)
-            continue
-        if not listed:
-            not_benched[spec.name] = "bench/configs.py lists no configuration for a real pair"
+        listed, reason = configurations(spec.name, pair, (REAL_CONFIGS, CONFIGS))
+        if reason is not None:
+            not_benched[spec.name] = reason
         for label, options in listed:
             options = dict(options)
             name = spec.name + (f" ({label})" if label else "")

@@ -163,3 +163,19 @@ REAL_CONFIGS = {
     "quantspec": quantspec_real,
 }
 
+
+def configurations(name: str, pair, tables=(CONFIGS,)) -> tuple[list[tuple[str, dict]], str | None]:
+    """Method ``name``'s ``(label, options)`` pairs on ``pair`` from the first of ``tables`` that
+    lists it, and None; or no pairs and the reason it is not benched (no table lists it, the pair
+    lacks its trained parts, or the table lists nothing for it)."""
+    table = next((t for t in tables if name in t), None)
+    if table is None:
+        return [], "bench/configs.py lists no configurations for it"
+    try:
+        listed = table[name](pair)
+    except FileNotFoundError as exc:  # the pair lacks the method's heads, drafter or own model
+        return [], str(exc)
+    if not listed:
+        return [], "bench/configs.py lists no configuration (e.g. another name of a benched method)"
+    return listed, None
+

@@ -13,7 +13,7 @@ import torch
 
 from specdec_cuda.api import SpeculativeDecoder
 
-from .configs import CONFIGS
+from .configs import configurations
 
 # No prompt ends in a bare newline: the byte-level BPE merges a newline with the next line's
 # indentation ("\n    " is one token), so a prompt cut after "\n" ends on a boundary the model
@@ -316,16 +316,9 @@ def engine_runners(pair: Pair, eos: int | None, seed: int = 0) -> tuple[list[Run
 
     runners, not_benched = [], {}
     for spec in sorted(methods.available(), key=lambda m: m.kind != "autoregressive"):
-        if spec.name not in CONFIGS:
-            not_benched[spec.name] = "bench/configs.py lists no configurations for it"
-            continue
-        try:
-            configs = CONFIGS[spec.name](pair)
-        except FileNotFoundError as exc:  # the pair lacks the method's drafter, heads or own model
-            not_benched[spec.name] = str(exc)
-            continue
-        if not configs:
-            not_benched[spec.name] = "bench/configs.py lists no configuration (e.g. another name of a benched method)"
+        configs, reason = configurations(spec.name, pair)
+        if reason is not None:
+            not_benched[spec.name] = reason
         for label, options in configs:
             options = dict(options)
             if spec.kind == "generation" and "model" not in options:
