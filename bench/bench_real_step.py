@@ -1,6 +1,6 @@
 """One decoding step of a real model on the CPU, against the machine's own memory bandwidth.
 
-Usage: python bench/bench_real_step.py [--model DIR|NAME] [--dtype bfloat16|float32]
+Usage: python bench/bench_real_step.py [--model DIR|NAME] [--dtype bfloat16|float32|gguf]
                                        [--rows 1,5,16,64] [--threads 1,2] [--context 64]
                                        [--repeats 7] [--torch-path] [--out PATH]
 
@@ -91,7 +91,8 @@ class Step:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b", help="checkpoint folder or registry name")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "gguf"],
+                   help="the folder's converted weights in bf16 / fp32, or gguf: its model.gguf's blocks as stored")
     p.add_argument("--rows", type=lambda v: [int(x) for x in v.split(",")], default=[1, 5, 16, 64])
     p.add_argument("--threads", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
     p.add_argument("--context", type=int, default=64)
@@ -106,15 +107,19 @@ def main(argv=None) -> int:
         print(f"bench_real_step: model {args.model!r} is not here (neither a folder nor fetched; "
               f"python -m specdec_cuda models fetch {args.model}); nothing to bench")
         return 0
-    dtype = getattr(torch, args.dtype)
+    gguf = args.dtype == "gguf"
+
+    def load():
+        return models.load(folder, weights="gguf") if gguf else models.load(folder, dtype=getattr(torch, args.dtype))
+
     start = time.perf_counter()
-    model = models.load(folder, dtype=dtype)
+    model = load()
     load_s = time.perf_counter() - start
-    paths = {"packed" if model.packed else "torch": model}
+    paths = {("gguf" if gguf else "packed") if model.packed else "torch": model}
     if not model.packed:
         print("note: this CPU or SPECDEC_PACKED_LINEAR=0 keeps the torch path; timing that")
-    elif args.torch_path:
-        plain = models.load(folder, dtype=dtype)
+    elif args.torch_path and not gguf:
+        plain = load()
         plain.packed_linear = False
         paths["torch"] = plain
     steps = {name: Step(m, args.context, args.rows) for name, m in paths.items()}

@@ -6,11 +6,14 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "kernels/decoder_layer/decoder_layer_cpu.h"
 #include "kernels/skinny_linear/packed_cpu.h"
 #include "ops/claim_parallel.h"
+#include "ops/gguf_linear.h"
 #include "ops/packed_linear.h"
 
 namespace specdec::ops {
@@ -36,10 +39,102 @@ void check_packed(const at::Tensor& packed, const std::optional<at::Tensor>& bia
   if (bias.has_value()) check_f32(*bias, "a bias", {N});
 }
 
-// y [M, N] = x [M, K] · Wᵀ + bias.
-void linear(const float* x, int64_t M, int64_t K, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-            float* y, int64_t N) {
-  packed_linear(x, M, K, packed, bias.has_value() ? bias->data_ptr<float>() : nullptr, y, N);
+// The checked geometry of one call: x (B, n, Hd), caches (B, Hkv, T, D), Hq query heads.
+struct LayerShape {
+  int64_t B, n, Hd, M, Hq, Hkv, D, T, QKV;
+  const int64_t* lengths;
+  const bool* tree_mask;  // (B, n, n) or nullptr (causal)
+};
+
+// Checks everything but the projection weights (the two ops store those differently).
+LayerShape check_layer(const char* op, const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2,
+                       const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                       const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& lengths,
+                       const std::optional<at::Tensor>& tree_mask, int64_t num_heads, int64_t num_kv_heads,
+                       const at::Tensor& out) {
+  // x, out: (B, n, Hd) float32; k_cache, v_cache: (B, Hkv, T, D) float32; cos, sin: (B, n, D);
+  // lengths: (B,) int64; tree_mask: (B, n, n) bool or None.
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_contiguous(), op,
+              ": x must be a contiguous float32 [B, n, hidden] tensor; got ", x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK(k_cache.dim() == 4, op, ": k_cache must be [B, Hkv, T, D]; got ", k_cache.sizes());
+  LayerShape s{};
+  s.B = x.size(0), s.n = x.size(1), s.Hd = x.size(2), s.M = s.B * s.n;
+  s.Hkv = k_cache.size(1), s.T = k_cache.size(2), s.D = k_cache.size(3), s.Hq = num_heads;
+  TORCH_CHECK(num_kv_heads == s.Hkv && s.Hq > 0 && s.Hq % s.Hkv == 0 && s.D % 2 == 0, op, ": ", s.Hq,
+              " query heads over ", num_kv_heads, " KV heads (cache: ", s.Hkv, " heads of dim ", s.D, ") do not fit");
+  s.QKV = (s.Hq + 2 * s.Hkv) * s.D;
+  check_f32(k_cache, "k_cache", {s.B, s.Hkv, s.T, s.D});
+  check_f32(v_cache, "v_cache", {s.B, s.Hkv, s.T, s.D});
+  check_f32(norm1, "norm1", {s.Hd});
+  check_f32(norm2, "norm2", {s.Hd});
+  check_f32(cos, "cos", {s.B, s.n, s.D});
+  check_f32(sin, "sin", {s.B, s.n, s.D});
+  check_f32(out, "out", {s.B, s.n, s.Hd});
+  if (q_norm.has_value() || k_norm.has_value()) {
+    TORCH_CHECK(q_norm.has_value() && k_norm.has_value(), op, ": q_norm and k_norm go together");
+    check_f32(*q_norm, "q_norm", {s.D});
+    check_f32(*k_norm, "k_norm", {s.D});
+  }
+  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() &&
+                  lengths.sizes() == at::IntArrayRef{s.B},
+              op, ": lengths must be a contiguous int64 [", s.B, "] tensor; got ", lengths.scalar_type(), " ",
+              lengths.sizes());
+  s.lengths = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < s.B; ++b)
+    TORCH_CHECK(s.lengths[b] >= 0 && s.lengths[b] + s.n <= s.T, op, ": row ", b, " holds ", s.lengths[b], " tokens; ",
+                s.n, " more do not fit its ", s.T, " cache slots");
+  s.tree_mask = nullptr;
+  if (tree_mask.has_value()) {
+    TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->is_contiguous() &&
+                    tree_mask->sizes() == at::IntArrayRef({s.B, s.n, s.n}),
+                op, ": tree_mask must be a contiguous bool [", s.B, ", ", s.n, ", ", s.n, "] tensor; got ",
+                tree_mask->scalar_type(), " ", tree_mask->sizes());
+    s.tree_mask = tree_mask->data_ptr<bool>();
+  }
+  return s;
+}
+
+const float* data_or_null(const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr<float>() : nullptr; }
+
+// The layer itself, over projections given by `linear(p, x, M, K, y, N)`, p = 0 q|k|v, 1 o,
+// 2 gate|up, 3 down (y [M, N] = x [M, K] · W_pᵀ + b_p); I is the MLP's intermediate size.
+template <class Linear>
+void run_layer(const LayerShape& s, int64_t I, const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2,
+               double norm_eps, const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+               const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
+               double sm_scale, at::Tensor& out, const Linear& linear) {
+  const int64_t M = s.M, Hd = s.Hd, QKV = s.QKV, Hq = s.Hq, D = s.D;
+  if (M == 0) return;
+  // Scratch: h [M, Hd], qkv [M, QKV], attn [M, Hq D], gate_up [M, 2I], act [M, I].
+  std::vector<float> scratch(M * (Hd + QKV + Hq * D + 3 * I));
+  float* h = scratch.data();
+  float* qkv = h + M * Hd;
+  float* attn = qkv + M * QKV;
+  float* gate_up = attn + M * Hq * D;
+  float* act = gate_up + M * 2 * I;
+  const float* xin = x.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  const float eps = static_cast<float>(norm_eps);
+  const layer::AttentionShape shape{s.B, s.n, Hq, s.Hkv, D, s.T};
+
+  layer::rms_norm_rows(xin, norm1.data_ptr<float>(), eps, M, Hd, h);
+  linear(0, h, M, Hd, qkv, QKV);
+  layer::rope_and_store(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), data_or_null(q_norm), data_or_null(k_norm),
+                        eps, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), s.lengths, shape);
+  // (row, query head) items, claimed one at a time (ops/claim_parallel.h: no wait for a helper the
+  // OS has not scheduled); each item's outputs are computed whole by one thread.
+  claim_parallel_range(0, s.B * Hq, 1, [&](int64_t begin, int64_t end) {
+    layer::attend(qkv, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), s.lengths, s.tree_mask,
+                  static_cast<float>(sm_scale), shape, attn, begin, end);
+  });
+  linear(1, attn, M, Hq * D, y, Hd);
+  for (int64_t e = 0; e < M * Hd; ++e) y[e] += xin[e];
+  layer::rms_norm_rows(y, norm2.data_ptr<float>(), eps, M, Hd, h);
+  linear(2, h, M, Hd, gate_up, 2 * I);
+  layer::silu_mul_rows(gate_up, M, I, act);
+  linear(3, act, M, I, h, Hd);
+  for (int64_t e = 0; e < M * Hd; ++e) y[e] += h[e];
 }
 
 void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double norm_eps,
@@ -51,84 +146,69 @@ void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::T
                        at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& lengths,
                        const std::optional<at::Tensor>& tree_mask, int64_t num_heads, int64_t num_kv_heads,
                        double sm_scale, at::Tensor& out) {
-  // x, out: (B, n, Hd) float32; k_cache, v_cache: (B, Hkv, T, D) float32; cos, sin: (B, n, D);
-  // lengths: (B,) int64; tree_mask: (B, n, n) bool or None; weights packed (see check_packed).
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_contiguous(), kOp,
-              ": x must be a contiguous float32 [B, n, hidden] tensor; got ", x.scalar_type(), " ", x.sizes());
-  TORCH_CHECK(k_cache.dim() == 4, kOp, ": k_cache must be [B, Hkv, T, D]; got ", k_cache.sizes());
-  const int64_t B = x.size(0), n = x.size(1), Hd = x.size(2), M = B * n;
-  const int64_t Hkv = k_cache.size(1), T = k_cache.size(2), D = k_cache.size(3), Hq = num_heads;
-  TORCH_CHECK(num_kv_heads == Hkv && Hq > 0 && Hq % Hkv == 0 && D % 2 == 0, kOp, ": ", Hq, " query heads over ",
-              num_kv_heads, " KV heads (cache: ", Hkv, " heads of dim ", D, ") do not fit");
-  check_f32(k_cache, "k_cache", {B, Hkv, T, D});
-  check_f32(v_cache, "v_cache", {B, Hkv, T, D});
-  check_f32(norm1, "norm1", {Hd});
-  check_f32(norm2, "norm2", {Hd});
-  check_f32(cos, "cos", {B, n, D});
-  check_f32(sin, "sin", {B, n, D});
-  check_f32(out, "out", {B, n, Hd});
-  if (q_norm.has_value() || k_norm.has_value()) {
-    TORCH_CHECK(q_norm.has_value() && k_norm.has_value(), kOp, ": q_norm and k_norm go together");
-    check_f32(*q_norm, "q_norm", {D});
-    check_f32(*k_norm, "k_norm", {D});
-  }
-  const int64_t QKV = (Hq + 2 * Hkv) * D, I = down_w.dim() == 3 ? down_w.size(1) : 0;
-  check_packed(qkv_w, qkv_b, "qkv", QKV, Hd);
-  check_packed(o_w, o_b, "o", Hd, Hq * D);
-  check_packed(gate_up_w, gate_up_b, "gate_up", 2 * I, Hd);
-  check_packed(down_w, down_b, "down", Hd, I);
-  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() && lengths.sizes() == at::IntArrayRef{B},
-              kOp, ": lengths must be a contiguous int64 [", B, "] tensor; got ", lengths.scalar_type(), " ",
-              lengths.sizes());
-  const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(len[b] >= 0 && len[b] + n <= T, kOp, ": row ", b, " holds ", len[b], " tokens; ", n,
-                " more do not fit its ", T, " cache slots");
-  const bool* mask = nullptr;
-  if (tree_mask.has_value()) {
-    TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->is_contiguous() &&
-                    tree_mask->sizes() == at::IntArrayRef({B, n, n}),
-                kOp, ": tree_mask must be a contiguous bool [", B, ", ", n, ", ", n, "] tensor; got ",
-                tree_mask->scalar_type(), " ", tree_mask->sizes());
-    mask = tree_mask->data_ptr<bool>();
-  }
-  if (M == 0) return;
+  // Weights packed (see check_packed), biases float32 or None; the rest as check_layer says.
+  const LayerShape s = check_layer(kOp, x, norm1, norm2, q_norm, k_norm, cos, sin, k_cache, v_cache, lengths,
+                                   tree_mask, num_heads, num_kv_heads, out);
+  const int64_t I = down_w.dim() == 3 ? down_w.size(1) : 0;
+  check_packed(qkv_w, qkv_b, "qkv", s.QKV, s.Hd);
+  check_packed(o_w, o_b, "o", s.Hd, s.Hq * s.D);
+  check_packed(gate_up_w, gate_up_b, "gate_up", 2 * I, s.Hd);
+  check_packed(down_w, down_b, "down", s.Hd, I);
+  const at::Tensor* weights[4] = {&qkv_w, &o_w, &gate_up_w, &down_w};
+  const std::optional<at::Tensor>* biases[4] = {&qkv_b, &o_b, &gate_up_b, &down_b};
+  run_layer(s, I, x, norm1, norm2, norm_eps, q_norm, k_norm, cos, sin, k_cache, v_cache, sm_scale, out,
+            [&](int p, const float* in, int64_t M, int64_t K, float* y, int64_t N) {
+              packed_linear(in, M, K, *weights[p], data_or_null(*biases[p]), y, N);
+            });
+}
 
-  // Scratch: h [M, Hd], qkv [M, QKV], attn [M, Hq D], gate_up [M, 2I], act [M, I].
-  std::vector<float> scratch(M * (Hd + QKV + Hq * D + 3 * I));
-  float* h = scratch.data();
-  float* qkv = h + M * Hd;
-  float* attn = qkv + M * QKV;
-  float* gate_up = attn + M * Hq * D;
-  float* act = gate_up + M * 2 * I;
-  const float* xin = x.data_ptr<float>();
-  float* y = out.data_ptr<float>();
-  const float eps = static_cast<float>(norm_eps);
-  const layer::AttentionShape shape{B, n, Hq, Hkv, D, T};
-
-  layer::rms_norm_rows(xin, norm1.data_ptr<float>(), eps, M, Hd, h);
-  linear(h, M, Hd, qkv_w, qkv_b, qkv, QKV);
-  layer::rope_and_store(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                        q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr,
-                        k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr, eps, k_cache.data_ptr<float>(),
-                        v_cache.data_ptr<float>(), len, shape);
-  // (row, query head) items, claimed one at a time (ops/claim_parallel.h: no wait for a helper the
-  // OS has not scheduled); each item's outputs are computed whole by one thread.
-  claim_parallel_range(0, B * Hq, 1, [&](int64_t begin, int64_t end) {
-    layer::attend(qkv, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), len, mask,
-                  static_cast<float>(sm_scale), shape, attn, begin, end);
-  });
-  linear(attn, M, Hq * D, o_w, o_b, y, Hd);
-  for (int64_t e = 0; e < M * Hd; ++e) y[e] += xin[e];
-  layer::rms_norm_rows(y, norm2.data_ptr<float>(), eps, M, Hd, h);
-  linear(h, M, Hd, gate_up_w, gate_up_b, gate_up, 2 * I);
-  layer::silu_mul_rows(gate_up, M, I, act);
-  linear(act, M, I, down_w, down_b, h, Hd);
-  for (int64_t e = 0; e < M * Hd; ++e) y[e] += h[e];
+void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double norm_eps,
+                            at::TensorList weights, at::IntArrayRef types, at::IntArrayRef parts,
+                            const std::optional<at::Tensor>& qkv_b, const std::optional<at::Tensor>& o_b,
+                            const std::optional<at::Tensor>& gate_up_b, const std::optional<at::Tensor>& down_b,
+                            const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                            const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                            const at::Tensor& lengths, const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
+                            int64_t num_kv_heads, double sm_scale, at::Tensor& out) {
+  // weights: the GGUF parts of q|k|v, o, gate|up, down in order (parts[p] of projection p), each
+  // uint8 [rows, row bytes] with its type id in types; biases float32 or None.
+  constexpr const char* op = "decoder_layer_gguf";
+  const LayerShape s = check_layer(op, x, norm1, norm2, q_norm, k_norm, cos, sin, k_cache, v_cache, lengths,
+                                   tree_mask, num_heads, num_kv_heads, out);
+  TORCH_CHECK(parts.size() == 4 && std::all_of(parts.begin(), parts.end(), [](int64_t c) { return c > 0; }), op,
+              ": parts must give the number of GGUF parts of q|k|v, o, gate|up and down (4 positive counts); got ",
+              parts);
+  int64_t total = 0;
+  for (int64_t c : parts) total += c;
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == total && types.size() == weights.size(), op, ": parts add up to ",
+              total, " weights; got ", weights.size(), " weights and ", types.size(), " types");
+  const int64_t first[4] = {0, parts[0], parts[0] + parts[1], parts[0] + parts[1] + parts[2]};
+  auto slice = [&](int p) { return std::make_pair(weights.slice(first[p], parts[p]), types.slice(first[p], parts[p])); };
+  // The MLP's width comes from down's in_features: its blocks' bytes per row over the format's.
+  const auto [down_w, down_t] = slice(3);
+  const int32_t t3 = static_cast<int32_t>(down_t[0]);
+  TORCH_CHECK(gguf::block_weights(t3) > 0 && down_w[0].dim() == 2, op, ": down's first part must be a GGUF weight");
+  const int64_t I = down_w[0].size(1) / gguf::block_bytes(t3) * gguf::block_weights(t3);
+  const char* names[4] = {"qkv", "o", "gate_up", "down"};
+  const int64_t shapes[4][2] = {{s.QKV, s.Hd}, {s.Hd, s.Hq * s.D}, {2 * I, s.Hd}, {s.Hd, I}};
+  const std::optional<at::Tensor>* biases[4] = {&qkv_b, &o_b, &gate_up_b, &down_b};
+  std::vector<GgufPart> linears[4];
+  for (int p = 0; p < 4; ++p) {
+    const auto [w, t] = slice(p);
+    linears[p] = check_gguf_parts(op, names[p], w, t, shapes[p][0], shapes[p][1]);
+    if (biases[p]->has_value()) check_f32(**biases[p], "a bias", {shapes[p][0]});
+  }
+  run_layer(s, I, x, norm1, norm2, norm_eps, q_norm, k_norm, cos, sin, k_cache, v_cache, sm_scale, out,
+            [&](int p, const float* in, int64_t M, int64_t K, float* y, int64_t N) {
+              gguf_linear(in, M, K, linears[p], data_or_null(*biases[p]), y, N);
+            });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("decoder_layer", &decoder_layer_cpu); }
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("decoder_layer", &decoder_layer_cpu);
+  m.impl("decoder_layer_gguf", &decoder_layer_gguf_cpu);
+}
 
 }  // namespace specdec::ops

@@ -5,9 +5,11 @@
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 #include "kernels/gguf/gguf_cpu.h"
 #include "ops/gguf_common.h"
+#include "ops/gguf_linear.h"
 #include "ops/quant_parallel.h"
 
 namespace specdec::ops {
@@ -39,6 +41,27 @@ void gguf_matmul_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t type
                           end);
   });
   if (!yf.is_same(out)) out.copy_(yf);
+}
+
+void gguf_linear_cpu(const at::Tensor& x, at::TensorList weights, at::IntArrayRef types,
+                     const std::optional<at::Tensor>& bias, at::Tensor& out) {
+  // x: (M, K) float32; weights: GGUF parts of W (N, K), concatenated along N; bias: (N,) float32
+  // or None; out: (M, N) float32
+  constexpr const char* op = "gguf_linear";
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(), op,
+              ": x must be a contiguous float32 [M, K] CPU tensor; got ", x.scalar_type(), " ", x.sizes(), " on ",
+              x.device());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                  out.device().is_cpu(),
+              op, ": out must be a contiguous float32 [M=", x.size(0), ", N] CPU tensor; got ", out.scalar_type(), " ",
+              out.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const std::vector<GgufPart> parts = check_gguf_parts(op, "the weight", weights, types, N, K);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->sizes() == at::IntArrayRef{N}, op,
+                ": bias must be a contiguous float32 [", N, "] tensor; got ", bias->scalar_type(), " ", bias->sizes());
+  gguf_linear(x.data_ptr<float>(), M, K, parts, bias.has_value() ? bias->data_ptr<float>() : nullptr,
+              out.data_ptr<float>(), N);
 }
 
 void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out) {
@@ -76,6 +99,7 @@ void gguf_cpu_isa(at::Tensor& code) {
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("gguf_matmul", &gguf_matmul_cpu);
   m.impl("gguf_dequantize", &gguf_dequantize_cpu);
+  m.impl("gguf_linear", &gguf_linear_cpu);
   m.impl("_gguf_cpu_isa", &gguf_cpu_isa);
 }
 

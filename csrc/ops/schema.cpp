@@ -116,6 +116,14 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor o_w, Tensor? o_b, Tensor gate_up_w, Tensor? gate_up_b, Tensor down_w, Tensor? down_b, "
       "Tensor? q_norm, Tensor? k_norm, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor lengths, Tensor? tree_mask, int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
+  // decoder_layer_gguf: the same layer with its projections in GGUF blocks as stored in the file:
+  // weights lists the parts of q|k|v, o, gate|up and down in order (parts[p] of projection p, each
+  // uint8 [rows, row bytes], concatenated along the outputs), types their ggml type ids.
+  m.def(
+      "decoder_layer_gguf(Tensor x, Tensor norm1, Tensor norm2, float norm_eps, Tensor[] weights, int[] types, "
+      "int[] parts, Tensor? qkv_b, Tensor? o_b, Tensor? gate_up_b, Tensor? down_b, Tensor? q_norm, Tensor? k_norm, "
+      "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor lengths, Tensor? tree_mask, "
+      "int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
   // ---- end family: decoder_layer ----
 
   // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----
@@ -172,6 +180,10 @@ TORCH_LIBRARY(specdec, m) {
   // gguf_dequantize: out [N, K] = dequant(W): float32, or bfloat16 (CPU, CUDA) / float16 (CUDA)
   // rounded once.
   m.def("gguf_dequantize(Tensor weight, int type, Tensor(a!) out) -> ()");
+  // gguf_linear: out [M, N] = x [M, K] · Wᵀ (+ bias [N]) in float32, W the concatenation along N of
+  // the GGUF weights `weights` (types: their type ids), e.g. a model's LM head or fused q|k|v; rows
+  // claimed by threads, each output's order as gguf_matmul's. CPU only.
+  m.def("gguf_linear(Tensor x, Tensor[] weights, int[] types, Tensor? bias, Tensor(a!) out) -> ()");
   // _gguf_cpu_isa: code[0] = the CPU matmul tier running (0 portable, 1 AVX2, 2 AVX-512), for the
   // tests and benches (ops/gguf.py cpu_isa()). CPU only.
   m.def("_gguf_cpu_isa(Tensor(a!) code) -> ()");

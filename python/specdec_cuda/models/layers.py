@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.gguf import GgufLinear, gguf_dequantize, gguf_linear
 from ..ops.skinny_linear import PANEL as PACKED_PANEL  # outputs per panel of a packed weight
 from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available, unpack_weight
 from .config import LlamaConfig
@@ -53,6 +54,9 @@ def project(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
     ``PACKED_MAX_ROWS`` rows, or whenever ``weight`` is None (a packed model keeps only its
     panels). The packed product runs in float32 (bias included) and comes back in x's dtype.
     Shape: x [..., K] -> [..., N]."""
+    if isinstance(packed, GgufLinear):  # a GGUF model's blocks (its only copy of the weight)
+        out = gguf_linear(x.float(), packed, bias)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
     if packed is not None and (weight is None or x.numel() <= PACKED_MAX_ROWS * x.shape[-1]):
         xf = x.float().contiguous()
         out = xf.new_empty(*x.shape[:-1], packed.out_features)
@@ -74,6 +78,14 @@ def packable(device: torch.device, dtype: torch.dtype) -> bool:
     or bfloat16 on a CPU whose packed kernel is vectorised, unless ``SPECDEC_PACKED_LINEAR=0``."""
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0" and packed_kernel_available())
+
+
+def dense_of(stored: PackedWeight | GgufLinear, dtype: torch.dtype) -> torch.Tensor:
+    """The dense ``[N, K]`` weight a packed or GGUF projection holds, in ``dtype`` (a packed
+    weight's exact values; a GGUF one dequantised exactly to float32, then cast)."""
+    if isinstance(stored, GgufLinear):
+        return torch.cat([gguf_dequantize(p) for p in stored.parts]).to(dtype)
+    return unpack_weight(stored, dtype)
 
 
 def maybe_pack(weight: torch.Tensor | None, pack: bool) -> PackedWeight | None:
@@ -211,8 +223,10 @@ class DecoderLayer(nn.Module):
 
         self._bound: tuple | None = None
         self._packed_args: tuple | None = None  # decoder_layer's weight arguments (bind(pack=True))
-        # The projections' panels when the layer keeps only those (pack_weights), keyed like PROJECTIONS.
-        self._panels: dict[str, PackedWeight] | None = None
+        # The projections' panels when the layer keeps only those (pack_weights), or their GGUF blocks
+        # (set_gguf), keyed like PROJECTIONS.
+        self._panels: dict[str, PackedWeight | GgufLinear] | None = None
+        self._gguf_args: tuple | None = None  # decoder_layer_gguf's weight arguments (a GGUF layer)
 
     # The four projections' names (keys of ``linears()`` and ``panels``), in decoder_layer's order.
     PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -222,9 +236,30 @@ class DecoderLayer(nn.Module):
         return {"qkv": a.qkv_proj, "o": a.o_proj, "gate_up": m.gate_up_proj, "down": m.down_proj}
 
     @property
-    def panels(self) -> dict[str, PackedWeight] | None:
-        """The packed projections when the layer keeps only those, else None."""
+    def panels(self) -> dict[str, PackedWeight | GgufLinear] | None:
+        """The packed (or GGUF) projections when the layer keeps only those, else None."""
         return self._panels
+
+    @property
+    def gguf(self) -> bool:
+        """Whether the projections are GGUF blocks (``set_gguf``)."""
+        return self._panels is not None and isinstance(self._panels["qkv"], GgufLinear)
+
+    def set_gguf(self, weights: dict[str, GgufLinear]) -> list[nn.Parameter]:
+        """Keep the four projections as GGUF blocks (keys: ``PROJECTIONS``; each ``[N, K]`` as the
+        dense weight's shape) and drop the dense weights (``dropped``); returns the stand-ins.
+        ``unpack_weights`` dequantises them back."""
+        for name, linear in self.linears().items():
+            w = weights[name]
+            if (w.out_features, w.in_features) != tuple(linear.weight.shape):
+                raise ValueError(f"GGUF weight {name} is [{w.out_features}, {w.in_features}]; the layer's "
+                                 f"{name} is {list(linear.weight.shape)}")
+        self._panels, stand_ins = dict(weights), []
+        for linear in self.linears().values():
+            linear.weight = dropped(linear.weight)
+            stand_ins.append(linear.weight)
+        self.unbind()
+        return stand_ins
 
     def pack_weights(self) -> list[nn.Parameter]:
         """Move the four projection weights into panels (``pack_weight``: bfloat16 when exact) and
@@ -244,7 +279,7 @@ class DecoderLayer(nn.Module):
             return
         for name, linear in self.linears().items():
             dtype = linear.weight.dtype
-            dense = (unpack_weight(self._panels[name], dtype) if values
+            dense = (dense_of(self._panels[name], dtype) if values
                      else torch.empty(linear.weight.shape, dtype=dtype, device=device))
             linear.weight = nn.Parameter(dense, requires_grad=False)
             del self._panels[name]  # one projection's dense and packed forms at a time
@@ -260,7 +295,7 @@ class DecoderLayer(nn.Module):
             return linear
         dense = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
                           device="meta", dtype=linear.weight.dtype)
-        dense.weight = nn.Parameter(unpack_weight(self._panels[name], linear.weight.dtype), requires_grad=False)
+        dense.weight = nn.Parameter(dense_of(self._panels[name], linear.weight.dtype), requires_grad=False)
         dense.bias = linear.bias
         return dense
 
@@ -280,26 +315,36 @@ class DecoderLayer(nn.Module):
             attn_w, mlp_w = attn.weights(pack), mlp.weights(pack)
         self._bound = (n1.weight, n1.eps, n2.weight, n2.eps, attn_w, mlp_w)
 
-        self._packed_args = None
-        if pack or self._panels is not None:
+        self._packed_args = self._gguf_args = None
+        if self.gguf:
+            weights = [p.data for name in self.PROJECTIONS for p in self._panels[name].parts]
+            types = [p.qtype for name in self.PROJECTIONS for p in self._panels[name].parts]
+            parts = [len(self._panels[name].parts) for name in self.PROJECTIONS]
+            self._gguf_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, weights, types, parts, _f32(attn_w[1]),
+                               _f32(attn_w[3]), _f32(mlp_w[1]), _f32(mlp_w[3]), _f32(attn_w[4]), _f32(attn_w[5]))
+        elif pack or self._panels is not None:
             self._packed_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, attn_w[7].panels, _f32(attn_w[1]),
                                  attn_w[8].panels, _f32(attn_w[3]), mlp_w[4].panels, _f32(mlp_w[1]),
                                  mlp_w[5].panels, _f32(mlp_w[3]), _f32(attn_w[4]), _f32(attn_w[5]))
         return self._bound
 
     def unbind(self) -> None:
-        self._bound = self._packed_args = None
+        self._bound = self._packed_args = self._gguf_args = None
 
     def forward_packed(self, x, cos, sin, k_cache, v_cache, lengths, tree_mask) -> torch.Tensor:
         """The layer as one ``decoder_layer`` op (bound with ``pack=True`` or packed). x [B, n,
         hidden] float32; cos / sin [B, n, head_dim] float32 (``rope_cos_sin``'s, heads dim dropped);
         k_cache / v_cache [B, H_kv, T_max, D] float32; lengths [B] int64; tree_mask [B, n, n] bool
         or None (causal). The new tokens' K/V go to slots ``lengths[b] + i``. One eps serves every
-        norm (the config's)."""
-        if self._packed_args is None:
+        norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead."""
+        if self._packed_args is None and self._gguf_args is None:
             self.bind(pack=True)
         attn = self.self_attn
         out = torch.empty_like(x)
+        if self._gguf_args is not None:
+            torch.ops.specdec.decoder_layer_gguf(x, *self._gguf_args, cos, sin, k_cache, v_cache, lengths, tree_mask,
+                                                 attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
+            return out
         torch.ops.specdec.decoder_layer(x, *self._packed_args, cos, sin, k_cache, v_cache, lengths, tree_mask,
                                         attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
         return out

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
+from ..ops.gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_rows
 from .cache import StaticKVCache
 from .config import LlamaConfig
 from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, project
@@ -87,6 +88,7 @@ class LlamaModel(nn.Module):
         # float32 copies of the final norm (bf16 models; norms and biases of the layers likewise).
         self._packed = False
         self._head_packed = None
+        self._embed_gguf = None  # a GGUF model's token_embd blocks (load_gguf); the head's part when tied
         self._stand_ins: list[torch.Tensor] = []
         self._norm_f32: torch.Tensor | None = None
         # What the layers were bound with: (packed, versions of the stand-ins, versions of the
@@ -155,7 +157,7 @@ class LlamaModel(nn.Module):
     def unpack(self, values: bool = True) -> None:
         """Dense weights again, the exact values of the panels (uninitialised when not ``values``:
         what ``load_hf_state_dict`` writes into); the panels dropped. A no-op when not packed."""
-        from .layers import unpack_weight
+        from .layers import dense_of
 
         if not self._packed and not any(layer.panels is not None for layer in self.layers):
             return
@@ -165,10 +167,14 @@ class LlamaModel(nn.Module):
         if self._head_packed is not None:
             linear = self.lm_head if self.lm_head is not None else self.embed_tokens
             dtype = linear.weight.dtype
-            dense = (unpack_weight(self._head_packed, dtype) if values
+            dense = (dense_of(self._head_packed, dtype) if values
                      else torch.empty(linear.weight.shape, dtype=dtype, device=device))
             linear.weight = nn.Parameter(dense, requires_grad=False)
-        self._head_packed, self._stand_ins, self._packed = None, [], False
+        if self._embed_gguf is not None and self.lm_head is not None:  # untied GGUF: its own embedding blocks
+            dense = (gguf_dequantize(self._embed_gguf, self.dtype) if values
+                     else torch.empty(self.embed_tokens.weight.shape, dtype=self.dtype, device=device))
+            self.embed_tokens.weight = nn.Parameter(dense, requires_grad=False)
+        self._head_packed, self._embed_gguf, self._stand_ins, self._packed = None, None, [], False
         self._unbind()
         self._rope_tables.clear()
 
@@ -180,19 +186,24 @@ class LlamaModel(nn.Module):
     def output_weight(self) -> torch.Tensor:
         """The LM head [V, H] (the embedding when tied) as a dense tensor in the model's dtype: the
         parameter, or a copy unpacked from the panels."""
-        from .layers import unpack_weight
+        from .layers import dense_of
 
         if self._head_packed is None:
             return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return unpack_weight(self._head_packed, self.dtype)
+        return dense_of(self._head_packed, self.dtype)
 
     def embedding_weight(self) -> torch.Tensor:
-        """The token embedding [V, H] as a dense tensor (a copy for a packed tied model)."""
+        """The token embedding [V, H] as a dense tensor (a copy for a packed tied model or a GGUF one)."""
+        if self._embed_gguf is not None:
+            return gguf_dequantize(self._embed_gguf, self.dtype)
         return self.output_weight() if self.lm_head is None else self.embed_tokens.weight
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings [..., H] in the model's dtype; a packed tied model reads them from the LM
-        head's panels ``[V / 64, H, 64]`` (row v is ``panels[v // 64, :, v % 64]``, exactly)."""
+        head's panels ``[V / 64, H, 64]`` (row v is ``panels[v // 64, :, v % 64]``, exactly); a GGUF
+        model decodes the rows' blocks of its ``token_embd``."""
+        if self._embed_gguf is not None:
+            return gguf_rows(self._embed_gguf, tokens).to(self.dtype)
         if not (self._packed and self.lm_head is None):
             return torch.nn.functional.embedding(tokens, self.embed_tokens.weight)
         from .layers import PACKED_PANEL
@@ -406,6 +417,78 @@ class LlamaModel(nn.Module):
         return ModelOutput(logits=project(logits_rows(x, logits_at), weight, None, None), hidden_states=hidden_states)
 
     # -- weights ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_gguf(self, checkpoint) -> None:
+        """Take the weights of a ``GgufCheckpoint`` (``gguf_file.py``) as the file stores them: each
+        decoder layer's projections as GGUF blocks (q|k|v and gate|up as lists of parts, each in its
+        own format), the LM head and the embedding likewise; norms and biases as float32. The dense
+        weights become stand-ins (no memory), as for a packed model: every forward runs one
+        ``decoder_layer_gguf`` op per layer and the head through ``gguf_linear``, float32
+        activations and cache, each row's bits those of a one-row forward. ``unpack()`` (and so
+        ``.to()``) dequantises to dense weights exactly. A float32 model on a CPU with AVX-512 or
+        AVX2 (``packable``) only; ValueError otherwise."""
+        from .layers import dropped
+
+        if self.dtype != torch.float32 or not self._packable():
+            raise ValueError(f"a GGUF model runs on the CPU's packed path: float32 on a CPU with AVX-512 or AVX2, "
+                             f"SPECDEC_PACKED_LINEAR not 0 (this one: {self.dtype} on {self.device})")
+        self.unpack(values=False)
+        self._unbind()
+        c, ck = self.config, checkpoint
+        q_dim, kv_dim, hidden, inter = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim,
+                                        c.hidden_size, c.intermediate_size)
+
+        def quantised(name: str, shape: tuple[int, int]) -> GgufWeight:
+            w = ck.weight(name, shape)
+            if not isinstance(w, GgufWeight):
+                raise ValueError(f"{ck.path}: {name} is a float tensor; this loader keeps projections as GGUF "
+                                 f"blocks (load the Hugging Face folder for float weights)")
+            return w
+
+        def copy(param: torch.Tensor, name: str) -> None:
+            param.copy_(ck.weight(name, tuple(param.shape)))
+
+        for i, layer in enumerate(self.layers):
+            p = f"blk.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            copy(layer.input_layernorm.weight, p + "attn_norm.weight")
+            copy(layer.post_attention_layernorm.weight, p + "ffn_norm.weight")
+            if c.qk_norm:
+                copy(attn.q_norm.weight, p + "attn_q_norm.weight")
+                copy(attn.k_norm.weight, p + "attn_k_norm.weight")
+            if c.qkv_bias:
+                for proj, off, rows in (("q", 0, q_dim), ("k", q_dim, kv_dim), ("v", q_dim + kv_dim, kv_dim)):
+                    attn.qkv_proj.bias[off : off + rows].copy_(ck.weight(f"{p}attn_{proj}.bias", (rows,)))
+            if c.o_bias:
+                copy(attn.o_proj.bias, p + "attn_output.bias")
+            if c.mlp_bias:
+                raise ValueError(f"{ck.path}: MLP biases are not read from GGUF files")
+            qkv = GgufLinear.of(quantised(p + "attn_q.weight", (q_dim, hidden)),
+                                quantised(p + "attn_k.weight", (kv_dim, hidden)),
+                                quantised(p + "attn_v.weight", (kv_dim, hidden)))
+            gate, up = quantised(p + "ffn_gate.weight", (inter, hidden)), quantised(p + "ffn_up.weight", (inter, hidden))
+            gate_up = (GgufLinear.of(GgufWeight(torch.cat((gate.data, up.data)), gate.qtype, 2 * inter, hidden))
+                       if gate.qtype == up.qtype else GgufLinear.of(gate, up))  # one part when it can be
+            self._stand_ins += layer.set_gguf({
+                "qkv": qkv, "o": GgufLinear.of(quantised(p + "attn_output.weight", (hidden, q_dim))),
+                "gate_up": gate_up, "down": GgufLinear.of(quantised(p + "ffn_down.weight", (hidden, inter)))})
+        copy(self.norm.weight, "output_norm.weight")
+        self._embed_gguf = quantised("token_embd.weight", (c.vocab_size, hidden))
+        head = self._embed_gguf if self.lm_head is None else quantised("output.weight", (c.vocab_size, hidden))
+        self._head_packed = GgufLinear.of(head)
+        for linear in (self.embed_tokens, self.lm_head):
+            if linear is not None:
+                linear.weight = dropped(linear.weight)
+                self._stand_ins.append(linear.weight)
+        self._packed = True
+        self._unbind()
+        self._rope_tables.clear()
+
+    @property
+    def gguf(self) -> bool:
+        """Whether the weights are GGUF blocks (``load_gguf``)."""
+        return self._embed_gguf is not None
 
     def hf_tensor_names(self) -> list[str]:
         """The Hugging Face tensor names this model reads (without any file's prefix)."""

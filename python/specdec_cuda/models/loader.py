@@ -43,15 +43,21 @@ def read_checkpoint_config(path, expected: str) -> tuple[Path, Path, dict]:
     return folder, config_path, raw
 
 
-def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LlamaModel:
-    """Load a Llama / Qwen2 / Qwen3 checkpoint folder into the built-in model.
+def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+         weights: str = "safetensors") -> LlamaModel:
+    """Load a Llama / Qwen2 / Qwen3 checkpoint folder, or a ``.gguf`` file, into the built-in model.
 
     Parameters
     ----------
     path : folder with ``config.json`` and ``*.safetensors`` (optionally sharded with
-        ``model.safetensors.index.json``), as written by ``save_pretrained``.
-    dtype : parameter and cache dtype (fp32, bf16, fp16 or fp64); the file's dtype is cast.
-    device : where the parameters live.
+        ``model.safetensors.index.json``), as written by ``save_pretrained``; or a ``.gguf`` file
+        (llama.cpp's format), whose quantised weights are kept as stored (``load_gguf``).
+    dtype : parameter and cache dtype (fp32, bf16, fp16 or fp64); the file's dtype is cast. A GGUF
+        model is float32 (its activations and cache; the weights stay in their blocks).
+    device : where the parameters live (a GGUF model: the CPU).
+    weights : for a folder, which weights to read: ``"safetensors"`` (default), or ``"gguf"``, the
+        folder's ``model.gguf`` (as the real models keep it beside their converted weights) with
+        the folder's ``config.json``.
 
     Raises
     ------
@@ -64,9 +70,29 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     -------
     >>> model = specdec_cuda.models.load("zoo/target", dtype=torch.bfloat16)  # doctest: +SKIP
     """
+    if weights not in ("safetensors", "gguf"):
+        raise ValueError(f"weights must be 'safetensors' or 'gguf', got {weights!r}")
+    if Path(path).suffix == ".gguf" or (weights == "gguf" and Path(path).is_file()):
+        return load_gguf(path, dtype=dtype, device=device)
     folder, config_path, raw = read_checkpoint_config(path, "a Hugging Face checkpoint folder")
+    if weights == "gguf":
+        return load_gguf(folder / "model.gguf", dtype=dtype, device=device, hf_config=raw)
     config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
-    # Chat checkpoints often list their end-of-turn tokens only in generation_config.json.
+    config = with_generation_eos(config, folder)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
+
+    tensors = SafetensorsFolder(folder)
+    with torch.device("meta"):
+        model = LlamaModel(config, dtype=dtype)
+    model.to_empty(device=device)
+    model.load_hf_state_dict(tensors, source=str(folder))
+    return model.eval()
+
+
+def with_generation_eos(config: LlamaConfig, folder: Path) -> LlamaConfig:
+    """``config`` with the end-of-sequence ids of the folder's ``generation_config.json``, where it
+    lists them (chat checkpoints often name their end-of-turn tokens only there)."""
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
         try:
@@ -76,14 +102,35 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
             eos = None
         if eos is not None:
             config = dataclasses.replace(config, eos_token_id=eos_token_ids(eos))
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
+    return config
 
-    tensors = SafetensorsFolder(folder)
+
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+              hf_config: dict | None = None) -> LlamaModel:
+    """A ``.gguf`` file of a Llama / Qwen2 / Qwen3 model as a ``LlamaModel`` whose projections, LM
+    head and embedding stay in the file's quantised blocks (``LlamaModel.load_gguf``): a decoding
+    step reads 4.5 - 8.5 bits per weight. The configuration comes from the file's metadata, or from
+    ``hf_config`` (a ``config.json`` dict) when given; a ``generation_config.json`` beside the file
+    adds its end-of-sequence ids. Float32 on a CPU with AVX-512 or AVX2 only (ValueError
+    otherwise); UnsupportedModelError for a format or architecture the kernels lack.
+
+    Example
+    -------
+    >>> model = specdec_cuda.models.load("qwen2.5-coder-1.5b-q4_k_m.gguf")  # doctest: +SKIP
+    """
+    from .gguf_file import GgufCheckpoint
+
+    if dtype != torch.float32:
+        raise ValueError(f"a GGUF model computes in float32 (its weights stay in their blocks); got dtype={dtype}")
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"a GGUF model runs on the CPU for now; got device={device!r} (load the Hugging Face "
+                         f"folder for a dense model on {device})")
+    checkpoint = GgufCheckpoint(path, hf_config=hf_config)
+    config = with_generation_eos(checkpoint.config, Path(path).parent)
     with torch.device("meta"):
-        model = LlamaModel(config, dtype=dtype)
-    model.to_empty(device=device)
-    model.load_hf_state_dict(tensors, source=str(folder))
+        model = LlamaModel(config, dtype=torch.float32)
+    model.to_empty(device="cpu")
+    model.load_gguf(checkpoint)
     return model.eval()
 
 

@@ -16,7 +16,7 @@ from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_in
 from .skinny_linear import pack_weight, skinny_linear, skinny_linear_packed  # noqa: E402,F401  (few-row linears, CPU)
 from .decoder_layer import decoder_layer  # noqa: E402,F401  (one decoder layer as one op, CPU)
 from . import gguf  # noqa: E402,F401  (GGUF k-quant / legacy blocks read as stored in the file)
-from .gguf import GgufWeight, gguf_dequantize, gguf_matmul, gguf_weight  # noqa: E402,F401
+from .gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_linear, gguf_matmul, gguf_rows, gguf_weight  # noqa: E402,F401,E501
 
 __all__ = [
     *_sampling_all,
@@ -29,5 +29,5 @@ __all__ = [
     "mtp",
     "skinny_linear", "pack_weight", "skinny_linear_packed",
     "decoder_layer",
-    "gguf", "GgufWeight", "gguf_weight", "gguf_matmul", "gguf_dequantize",
+    "gguf", "GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_rows", "gguf_dequantize",
 ]

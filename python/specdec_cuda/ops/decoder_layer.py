@@ -10,6 +10,11 @@ then causal or tree-masked among the new tokens), the o projection, the residual
 and the second residual. Each row's arithmetic is a fixed sequence on its own data: a token gets
 the same bits decoded alone or verified with others. The reference is
 ``specdec_cuda.reference.decoder_layer``.
+
+``decoder_layer_gguf`` (``torch.ops.specdec``) is the same layer over projections held as a GGUF
+file's blocks (``GgufLinear``: q|k|v and gate|up as lists of parts, each in its own format); a GGUF
+model (``models.load("x.gguf")``) runs it, and its tests hold it to a dense model of the
+dequantised weights (``tests/test_gguf_model.py``).
 """
 
 from __future__ import annotations
@@ -49,4 +54,11 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
 def _decoder_layer_fake(x, norm1, norm2, norm_eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_up_b, down_w, down_b,
                         q_norm, k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, num_kv_heads,
                         sm_scale, out):
+    return None
+
+
+@torch.library.register_fake("specdec::decoder_layer_gguf")
+def _decoder_layer_gguf_fake(x, norm1, norm2, norm_eps, weights, types, parts, qkv_b, o_b, gate_up_b, down_b, q_norm,
+                             k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, num_kv_heads, sm_scale,
+                             out):
     return None

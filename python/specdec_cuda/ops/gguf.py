@@ -21,7 +21,8 @@ import torch
 from .. import _native  # noqa: F401  (registers the ops)
 from ..reference import gguf as ref
 
-__all__ = ["GgufWeight", "gguf_weight", "gguf_matmul", "gguf_dequantize", "FORMATS", "cpu_isa"]
+__all__ = ["GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_dequantize", "gguf_rows",
+           "FORMATS", "cpu_isa"]
 
 FORMATS = ref.FORMATS
 _NAMES = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
@@ -34,6 +35,35 @@ class GgufWeight(NamedTuple):
     qtype: int
     out_features: int
     in_features: int
+
+
+class GgufLinear(NamedTuple):
+    """A weight ``[N, K]`` held as GGUF weights concatenated along its outputs (``parts``, each
+    ``[N_p, K]``, in any of the formats): how a model keeps a fused projection whose pieces the file
+    quantised separately (q, k, v: Qwen2.5's Q4_K_M file has v in Q6_K where q and k are Q4_K)."""
+
+    parts: tuple[GgufWeight, ...]
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.data.numel() for p in self.parts)
+
+    @staticmethod
+    def of(*parts: GgufWeight) -> "GgufLinear":
+        """The concatenation of ``parts`` (one ``in_features``; at least one part)."""
+        if not parts or not all(isinstance(p, GgufWeight) for p in parts):
+            raise TypeError("GgufLinear.of takes one or more GgufWeight parts")
+        if len({p.in_features for p in parts}) != 1:
+            raise ValueError(f"the parts of a GgufLinear must share in_features; got {[p.in_features for p in parts]}")
+        return GgufLinear(tuple(parts))
 
 
 def _qtype(qtype) -> int:
@@ -123,6 +153,48 @@ def gguf_matmul(x: torch.Tensor, weight: GgufWeight) -> torch.Tensor:
     return out if x.dim() == 2 else out.reshape(*shape[:-1], weight.out_features)
 
 
+def gguf_linear(x: torch.Tensor, weight: GgufLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x · Wᵀ + bias`` in float32 with W the concatenation of ``weight.parts`` (CPU): what a GGUF
+    model's LM head and fused projections run. Each output is ``gguf_matmul``'s bits for its part
+    (then + bias): a row of x gets the same result alone or in a batch, on any thread count.
+
+    Shape: x ``[..., K]`` float32; bias ``[N]`` float32 or None; returns ``[..., N]`` float32.
+
+    Example
+    -------
+    >>> q = gguf_weight(torch.zeros(4, 144, dtype=torch.uint8), "Q4_K", (4, 256))
+    >>> v = gguf_weight(torch.zeros(2, 210, dtype=torch.uint8), "Q6_K", (2, 256))
+    >>> gguf_linear(torch.randn(3, 256), GgufLinear.of(q, v)).shape
+    torch.Size([3, 6])
+    """
+    if not isinstance(weight, GgufLinear):
+        raise TypeError(f"weight must be a GgufLinear, got {type(weight).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise TypeError(f"x must be a float32 CPU tensor, got {getattr(x, 'dtype', type(x).__name__)} "
+                        f"on {getattr(x, 'device', '?')}")
+    if x.dim() == 0 or x.shape[-1] != weight.in_features:
+        raise ValueError(f"x must be [..., {weight.in_features}] for this weight; got shape {tuple(x.shape)}")
+    x2 = x.reshape(-1, weight.in_features).contiguous()
+    out = x2.new_empty((x2.shape[0], weight.out_features))
+    torch.ops.specdec.gguf_linear(x2, [p.data for p in weight.parts], [p.qtype for p in weight.parts],
+                                  None if bias is None else bias.float().contiguous(), out)
+    return out.reshape(*x.shape[:-1], weight.out_features)
+
+
+def gguf_rows(weight: GgufWeight, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of ``dequant(W)`` in float32, decoding only those rows' blocks: an embedding
+    lookup straight from a GGUF ``token_embd`` (exactly ``gguf_dequantize(weight)[index]``).
+
+    Shape: index ``[...]`` int64 -> ``[..., K]`` float32.
+    """
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= weight.out_features):
+        raise IndexError(f"row index out of range [0, {weight.out_features}): got "
+                         f"{int(index.min())} .. {int(index.max())}")
+    flat = index.reshape(-1).to(device=weight.data.device, dtype=torch.long)
+    rows = GgufWeight(weight.data.index_select(0, flat), weight.qtype, flat.numel(), weight.in_features)
+    return gguf_dequantize(rows).reshape(*index.shape, weight.in_features)
+
+
 def gguf_dequantize(weight: GgufWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The dense weight ``dequant(W)``.
 
@@ -156,6 +228,11 @@ def _gguf_matmul_fake(x, weight, qtype, out):
 
 @torch.library.register_fake("specdec::gguf_dequantize")
 def _gguf_dequantize_fake(weight, qtype, out):
+    return None
+
+
+@torch.library.register_fake("specdec::gguf_linear")
+def _gguf_linear_fake(x, weights, types, bias, out):
     return None
 
 

@@ -1,0 +1,89 @@
+// y [M, N] = x [M, K] · Wᵀ (+ bias) where W is the concatenation, along N, of one or more GGUF
+// weights (parts) read as stored in the file: what the gguf_linear op and the decoder_layer_gguf
+// op both run. A GGUF file quantises q, k and v (and gate, up) as separate tensors, often in
+// different formats (Qwen2.5's Q4_K_M file: q, k in Q4_K, v in Q6_K in half the layers), so a
+// fused projection is a list of parts rather than one tensor.
+//
+//   parts:  [ W_0 : N_0 rows ][ W_1 : N_1 rows ] ...     N = sum N_p
+//   y[m, o_p + n] = x[m] · W_p[n]   (o_p = N_0 + ... + N_{p-1})
+//
+// The rows of all parts form one range [0, N), claimed by threads in chunks (ops/claim_parallel.h:
+// no wait for a helper the OS has not scheduled); a chunk may span two parts. Each output is
+// computed whole by one thread in the kernels' fixed order (kernels/gguf/gguf_cpu.h), the bias
+// added last: the bits do not depend on M, on the thread count or on the chunking. The caller has
+// checked the shapes (check_gguf_parts).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/gguf/blocks.h"
+#include "kernels/gguf/gguf_cpu.h"
+#include "ops/claim_parallel.h"
+#include "ops/gguf_common.h"
+
+namespace specdec::ops {
+
+struct GgufPart {
+  const uint8_t* data;  // rows * row_bytes bytes
+  int32_t type;         // ggml type id
+  int64_t rows;         // N_p
+  int64_t row_bytes;    // K / QK * block bytes
+};
+
+// The parts of a [N, K] weight: weights[p] is part p's blocks (uint8 [N_p, row bytes]), types[p]
+// its type id; their rows must add up to N. `op` and `name` go into the messages.
+inline std::vector<GgufPart> check_gguf_parts(const char* op, const char* name, at::TensorList weights,
+                                              at::IntArrayRef types, int64_t N, int64_t K) {
+  TORCH_CHECK(!weights.empty() && weights.size() == types.size(), op, ": ", name, " needs one type id per part; got ",
+              weights.size(), " parts and ", types.size(), " types");
+  std::vector<GgufPart> parts;
+  int64_t rows = 0;
+  for (size_t p = 0; p < weights.size(); ++p) {
+    const at::Tensor& w = weights[p];
+    TORCH_CHECK(w.device().is_cpu() && w.dim() == 2, op, ": ", name, " part ", p,
+                " must be a [rows, row bytes] uint8 CPU tensor; got ", w.sizes(), " on ", w.device());
+    check_gguf_weight(op, w, types[p], w.size(0), K);
+    const int32_t t = static_cast<int32_t>(types[p]);
+    parts.push_back({w.data_ptr<uint8_t>(), t, w.size(0), K / gguf::block_weights(t) * gguf::block_bytes(t)});
+    rows += w.size(0);
+  }
+  TORCH_CHECK(rows == N, op, ": the parts of ", name, " hold ", rows, " rows; expected ", N);
+  return parts;
+}
+
+// Rows [begin, end) of the concatenated weight: y[m * N + n] for every m.
+inline void gguf_linear_rows(const float* x, int64_t M, int64_t K, const std::vector<GgufPart>& parts,
+                             const float* bias, float* y, int64_t N, int64_t begin, int64_t end) {
+  int64_t offset = 0;
+  for (const GgufPart& part : parts) {
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + part.rows);
+    if (lo < hi)
+      gguf::matmul_cpu_rows(part.type, x, M, K, part.data, y + offset, N, lo - offset, hi - offset);
+    offset += part.rows;
+  }
+  if (bias != nullptr)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = begin; n < end; ++n) y[m * N + n] += bias[n];
+}
+
+inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<GgufPart>& parts, const float* bias,
+                        float* y, int64_t N) {
+  if (M == 0 || N == 0) return;
+  // Chunks of 256 KiB .. 2 MiB of blocks, aiming at 4 per thread (as ops/packed_linear.h, where
+  // larger chunks were measured to stream better and enough of them keep two threads balanced).
+  int64_t bytes = 0;
+  for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
+  const int64_t row_bytes = std::max<int64_t>(1, bytes / N);
+  const int64_t threads = std::max(1, at::get_num_threads());
+  const int64_t chunk_bytes = std::clamp<int64_t>(bytes / (4 * threads), 256 << 10, 2 << 20);
+  const int64_t grain = std::max<int64_t>(1, chunk_bytes / row_bytes);
+  claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {
+    gguf_linear_rows(x, M, K, parts, bias, y, N, begin, end);
+  });
+}
+
+}  // namespace specdec::ops
