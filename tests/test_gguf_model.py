@@ -331,3 +331,12 @@ def test_opcheck(written):
     torch.library.opcheck(torch.ops.specdec.gguf_linear.default,
                           (torch.randn(2, HIDDEN), [p.data for p in head.parts], [p.qtype for p in head.parts], None,
                            torch.empty(2, VOCAB)))
+
+
+def test_quantspec_drafts_with_the_files_own_blocks(written):
+    _, path, _ = written
+    target = models.QuantKVModel(models.load(path), key_group=32, residual=16)
+    prompts = [torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(7)).tolist()]
+    expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=20).tokens
+    out = specdec_cuda.generate(target, prompts, method="quantspec", max_new_tokens=20, k=3, policy="fixed")
+    assert out.tokens == expected and out.metrics.tau > 1.5

@@ -282,8 +282,13 @@ class DraftLinears:
                  lm_head: bool = False) -> "DraftLinears":
         """4-bit copies (``W4Linear``) of the MLPs' (and optionally the attention projections' and
         the LM head's) weights, made once. A linear whose input width is not a multiple of 32 keeps
-        its full weights."""
+        its full weights. A GGUF model (``LlamaModel.load_gguf``) keeps its own blocks: its
+        weights are 4-bit already (Q4_K_M: 4.5 - 6.5 bits), so the draft pass reads them as they
+        are and differs from verification in the KV cache's lower bits only."""
         from ..quant.linear import W4Linear
+
+        if getattr(model, "gguf", False):
+            return cls([dict.fromkeys(("qkv", "o", "gate_up", "down")) for _ in model.layers], None)
 
         def w4(linear):
             k = linear.in_features

@@ -7,8 +7,9 @@ float32 buffer. A draft pass runs the same layers with their linears through ``W
 by default; ``draft_attention=True`` puts the attention projections in 4 bits too: on the GPU-shaped
 bench model that drafts in 0.25 of a one-token step against 0.37 with 4-bit MLPs only, for
 acceptance 0.95 .. 0.99 instead of 0.98 .. 1.00 on the zoo target; the 4-bit weights are made once
-from the full ones) and attention that reads only the upper 4 bits, so it moves a fraction of the
-weight bytes and half of the KV bytes. Verification is the target's own forward: full weights,
+from the full ones; a GGUF model's draft reads its own 4-bit blocks, as verification does) and
+attention that reads only the upper 4 bits, so it moves a fraction of the weight bytes and half of
+the KV bytes. Verification is the target's own forward: full weights,
 upper + lower bits. Both passes share the one cache: a draft pass writes its K/V to the buffer at
 the pending slots and is rolled back (``truncate``: lengths only; the codes are never touched), and
 verification overwrites those slots with the full-precision K/V.
