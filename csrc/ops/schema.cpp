@@ -175,5 +175,14 @@ TORCH_LIBRARY(specdec, m) {
   // _gguf_cpu_isa: code[0] = the CPU matmul tier running (0 portable, 1 AVX2, 2 AVX-512), for the
   // tests and benches (ops/gguf.py cpu_isa()). CPU only.
   m.def("_gguf_cpu_isa(Tensor(a!) code) -> ()");
+  // gguf_matmul_q8: out [M, N] = x [M, K] · dequant(W)ᵀ with x quantised to int8 blocks of 32
+  // first (kernels/gguf/q8.h: integer dot products, a float order depending only on K; lossy,
+  // ~1e-2 of max|x|·|W|). CPU only.
+  m.def("gguf_matmul_q8(Tensor x, Tensor weight, int type, Tensor(a!) out) -> ()");
+  // gguf_quantize_q8: out [M, q8_row_bytes(K)] uint8 = the Q8 activation rows of x [M, K] float32
+  // (the format of kernels/gguf/q8.h), for tests and callers that reuse them. CPU only.
+  m.def("gguf_quantize_q8(Tensor x, Tensor(a!) out) -> ()");
+  // _gguf_q8_cpu_isa: code[0] = the Q8 matmul's tier (0 portable, 1 AVX2, 2 AVX-512). CPU only.
+  m.def("_gguf_q8_cpu_isa(Tensor(a!) code) -> ()");
   // ---- end family: gguf ----
 }
