@@ -10,7 +10,7 @@
 #include "kernels/gguf/blocks.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
 namespace specdec::gguf {

@@ -14,7 +14,7 @@
 #include "kernels/gguf/blocks.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized in _mm512_setzero_ps-style helpers.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>

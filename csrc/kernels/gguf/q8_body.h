@@ -13,9 +13,11 @@
 //   maddubs(u, s)   u8 x s8 -> int16 sums of adjacent pairs (no saturation can occur: |codes|
 //                   <= 127 and the weight bytes are small, see each format); madd: int16 -> int32
 //   reduce8(m[8])   lane j = the sum of m[j]'s 8 int32 lanes (exact)
-//   bcast16(b, s)   16 int16 = byte s of b[r]; pairs16(b): int16 b0 b0 b1 b1 .. b7 b7
+//   bytes8(b)       the 8 bytes b[r] (for bcast16); bcast16(v, s): 16 int16 = byte s of them;
+//                   pairs16(b): int16 b0 b0 b1 b1 .. b7 b7 of b[r]
 //   q6_scales(p,st) Q6_K's 16 int8 scales as int16; q6_pair(v, g): sc_2g x 8, sc_2g+1 x 8
-//   halves8(p, step, st, cnt)  lane j < cnt = the fp16 at p + j * step widened, else 0
+//   halves8(p, step, st, cnt)  lane j < cnt = the fp16 at p + j * step widened, else 0; h2f one
+//                   fp16 widened (both exact, as blocks.h's half_to_float, NaN payloads aside)
 //
 // A tile is rows n .. n + kRows - 1 of W against MB consecutive rows of x: each octet of W (a
 // k-quant super-block, 8 legacy blocks) is decoded once into registers (spilled to L1 where they
@@ -72,8 +74,8 @@ struct Q8Tile {
       float d[R], dmin[R];
       uint64_t sc[R], mn[R];
       for (int r = 0; r < R; ++r) {
-        d[r] = half_to_float(u16(blk, r));
-        dmin[r] = half_to_float(u16(blk + 2, r));
+        d[r] = V::h2f(u16(blk, r));
+        dmin[r] = V::h2f(u16(blk + 2, r));
         q4k_scales_mins_bytes(blk + r * a.row_bytes + 4, sc[r], mn[r]);
       }
       const F dv = V::rows_f(d), dmv = V::rows_f(dmin);
@@ -84,8 +86,9 @@ struct Q8Tile {
         w[2 * c] = V::and8(raw, 15);
         w[2 * c + 1] = V::and8(V::srli16(raw, 4), 15);
       }
+      const I scb = V::bytes8(sc);
       SPECDEC_Q8_UNROLL
-      for (int s = 0; s < 8; ++s) scv[s] = V::bcast16(sc, s);
+      for (int s = 0; s < 8; ++s) scv[s] = V::bcast16(scb, s);
       const I mnv = V::pairs16(mn);
       SPECDEC_Q8_UNROLL
       for (int m = 0; m < MB; ++m) {
@@ -114,7 +117,7 @@ struct Q8Tile {
     for (int64_t t = 0; t < T; ++t) {
       const uint8_t* blk = wrow() + t * sizeof(BlockQ6_K);
       float d[R];
-      for (int r = 0; r < R; ++r) d[r] = half_to_float(u16(blk + 208, r));
+      for (int r = 0; r < R; ++r) d[r] = V::h2f(u16(blk + 208, r));
       const F dv = V::rows_f(d);
       I w[8], scv[8];
       SPECDEC_Q8_UNROLL

@@ -13,10 +13,20 @@
 namespace specdec::gguf {
 namespace {
 
+// F16C (the fp16 scales' widening; every AVX2 CPU has it) present.
+bool cpu_f16c() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
 // The tier SPECDEC_CPU_ISA and the CPU allow (kernels/common/cpu_isa.h): AVX-512 needs BW (the
-// 512-bit byte and word multiplies) besides F / DQ / VL.
-const bool kAvx512 = cpu_avx512_bw_vl_dq_fma_enabled();
-const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled();
+// 512-bit byte and word multiplies) besides F / DQ / VL; both vector tiers need F16C.
+const bool kAvx512 = cpu_avx512_bw_vl_dq_fma_enabled() && cpu_f16c();
+const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled() && cpu_f16c();
 
 // round half to even for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits, and the float add
 // rounds to nearest even (the default rounding mode, which torch does not change).

@@ -1,5 +1,5 @@
 // The AVX2 primitives of q8_body.h: one row of W per ymm register. Included inside an anonymous
-// namespace under `#pragma GCC target("avx2,fma")` (or a wider target) by q8_avx2.cpp and
+// namespace under `#pragma GCC target("avx2,fma,f16c")` (or a wider target) by q8_avx2.cpp and
 // q8_avx512.cpp (which runs an odd last row with it).
 #pragma once
 
@@ -8,41 +8,34 @@
 #include <cstdint>
 #include <cstring>
 
-// 8 fp16 bit patterns (zero-extended in 32-bit lanes) -> float32, exactly as blocks.h's
-// half_to_float (kernels/common/dtype.h): normals rebias the exponent, Inf / NaN keep their
-// payload, subnormals are mantissa * 2^-24.
-SPECDEC_Q8_INLINE __m256 q8_halves_to_float(__m256i h) {
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
-  const __m256i em = _mm256_and_si256(h, _mm256_set1_epi32(0x7fff));
-  const __m256i exp = _mm256_and_si256(em, _mm256_set1_epi32(0x7c00));
-  const __m256i shifted = _mm256_slli_epi32(em, 13);
-  const __m256i normal = _mm256_add_epi32(shifted, _mm256_set1_epi32((127 - 15) << 23));
-  const __m256i special = _mm256_or_si256(shifted, _mm256_set1_epi32(0x7f800000));
-  const __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(5.9604644775390625e-08f)));
-  const __m256i is_special = _mm256_cmpeq_epi32(exp, _mm256_set1_epi32(0x7c00));
-  const __m256i is_sub = _mm256_cmpeq_epi32(exp, _mm256_setzero_si256());
-  __m256i bits = _mm256_blendv_epi8(normal, special, is_special);
-  bits = _mm256_blendv_epi8(bits, sub, is_sub);
-  return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
-}
-
-// Lane j < cnt: the uint16 at p + j * step (zero-extended), else 0.
-SPECDEC_Q8_INLINE __m256i q8_gather_u16(const uint8_t* p, int64_t step, int cnt) {
-  alignas(32) int32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// Lane j < cnt: the fp16 at p + j * step widened (F16C: exact, as blocks.h's half_to_float for
+// every finite or infinite value), else 0.
+SPECDEC_Q8_INLINE __m256 q8_halves8(const uint8_t* p, int64_t step, int cnt) {
+  __m128i h = _mm_setzero_si128();
+  uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int j = 0; j < 8; ++j) {
     if (j >= cnt) break;
-    uint16_t h;
-    std::memcpy(&h, p + j * step, 2);
-    v[j] = h;
+    std::memcpy(&v[j], p + j * step, 2);
   }
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+  h = _mm_setr_epi16(static_cast<int16_t>(v[0]), static_cast<int16_t>(v[1]), static_cast<int16_t>(v[2]),
+                     static_cast<int16_t>(v[3]), static_cast<int16_t>(v[4]), static_cast<int16_t>(v[5]),
+                     static_cast<int16_t>(v[6]), static_cast<int16_t>(v[7]));
+  return _mm256_cvtph_ps(h);
 }
 
-// Horizontal reduce of 8 int32 vectors: lane j = sum of m[j]'s lanes (integers: any order is exact).
+// Horizontal reduce of 8 int32 vectors: lane j = sum of m[j]'s lanes (integers: any order is
+// exact). Unpacks and adds rather than vphaddd, which Zen 3 runs as several uops per instruction.
+SPECDEC_Q8_INLINE __m256i q8_pair_sums(__m256i a, __m256i b) {
+  // [a0+a2, b0+b2, a1+a3, b1+b3 | the same of lanes 4..7]
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+SPECDEC_Q8_INLINE __m256i q8_quad_sums(__m256i ab, __m256i cd) {
+  // [a, b, c, d sums of lanes 0..3 | of lanes 4..7]
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+}
 SPECDEC_Q8_INLINE __m256i q8_reduce8_256(const __m256i* m) {
-  // h0123 = [m0 m1 m2 m3 sums of lanes 0..3 | the same of lanes 4..7], h4567 likewise
-  const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
-  const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(m[4], m[5]), _mm256_hadd_epi32(m[6], m[7]));
+  const __m256i h0123 = q8_quad_sums(q8_pair_sums(m[0], m[1]), q8_pair_sums(m[2], m[3]));
+  const __m256i h4567 = q8_quad_sums(q8_pair_sums(m[4], m[5]), q8_pair_sums(m[6], m[7]));
   return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x21), _mm256_blend_epi32(h0123, h4567, 0xf0));
 }
 
@@ -83,8 +76,10 @@ struct V256 {
   SPECDEC_Q8_INLINE static I abs8(I a) { return _mm256_abs_epi8(a); }
   SPECDEC_Q8_INLINE static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
   SPECDEC_Q8_INLINE static I reduce8(const I* m) { return q8_reduce8_256(m); }
-  SPECDEC_Q8_INLINE static I bcast16(const uint64_t* b, int s) {
-    return _mm256_set1_epi16(static_cast<int16_t>((b[0] >> (8 * s)) & 0xff));
+  // 8 bytes b[0] in both 128-bit halves, for bcast16.
+  SPECDEC_Q8_INLINE static I bytes8(const uint64_t* b) { return _mm256_set1_epi64x(static_cast<int64_t>(b[0])); }
+  SPECDEC_Q8_INLINE static I bcast16(I bytes, int s) {
+    return _mm256_shuffle_epi8(bytes, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | s)));  // (s, zero) pairs
   }
   SPECDEC_Q8_INLINE static I pairs16(const uint64_t* b) {
     const __m128i v = _mm_cvtsi64_si128(static_cast<int64_t>(b[0]));
@@ -100,9 +95,10 @@ struct V256 {
                                                       2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
   }
   SPECDEC_Q8_INLINE static F halves8(const uint8_t* p, int64_t step, int64_t, int cnt) {
-    return q8_halves_to_float(q8_gather_u16(p, step, cnt));
+    return q8_halves8(p, step, cnt);
   }
   SPECDEC_Q8_INLINE static F rows_f(const float* v) { return _mm256_set1_ps(v[0]); }
+  SPECDEC_Q8_INLINE static float h2f(uint16_t h) { return _cvtsh_ss(h); }
   SPECDEC_Q8_INLINE static F zero() { return _mm256_setzero_ps(); }
   SPECDEC_Q8_INLINE static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   SPECDEC_Q8_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
