@@ -162,7 +162,7 @@ def test_config_from_metadata(written):
 
 def test_logits_equal_the_dequantised_dense_model(written):
     _, path, hf = written
-    model = models.load(path)
+    model = models.load(path, gguf_activations="float32")
     assert model.gguf and model.packed
     dense = dense_reference(model, hf)
     tokens = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(0))
@@ -176,9 +176,24 @@ def test_logits_equal_the_dequantised_dense_model(written):
                                                                 for p in "qkv"]))
 
 
-def test_each_row_gets_the_bits_of_a_one_row_forward(written):
+def test_q8_activations_stay_near_the_float32_products(written):
+    # int8 activations per 32 values: each product is off by ~1e-2 of its scale; through two
+    # layers the logits stay within a few percent of their range.
     _, path, _ = written
-    model = models.load(path)
+    q8, f32 = models.load(path), models.load(path, gguf_activations="float32")
+    assert q8.layers[0].panels["qkv"].activations == "q8" and q8._head_packed.activations == "q8"
+    tokens = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(0))
+    got, want = logits(q8, tokens), logits(f32, tokens)
+    assert not torch.equal(got, want)
+    err = ((got - want).abs().mean() / want.abs().mean()).item()
+    print(f"q8 vs float32 activations: mean |diff| / mean |logit| = {err:.4f}")
+    assert err < 0.05
+
+
+@pytest.mark.parametrize("mode", ["q8", "float32"])
+def test_each_row_gets_the_bits_of_a_one_row_forward(written, mode):
+    _, path, _ = written
+    model = models.load(path, gguf_activations=mode)
     g_ = torch.Generator().manual_seed(1)
     prompt, chain = torch.randint(0, VOCAB, (1, 7), generator=g_), torch.randint(0, VOCAB, (1, 6), generator=g_)
 
@@ -204,9 +219,10 @@ def test_each_row_gets_the_bits_of_a_one_row_forward(written):
     assert torch.equal(out[0], alone[0]) and torch.equal(out[2], alone[1]) and torch.equal(out[3], alone[2])
 
 
-def test_chunked_prefill_and_threads_keep_the_bits(written):
+@pytest.mark.parametrize("mode", ["q8", "float32"])
+def test_chunked_prefill_and_threads_keep_the_bits(written, mode):
     _, path, _ = written
-    model = models.load(path)
+    model = models.load(path, gguf_activations=mode)
     tokens = torch.randint(0, VOCAB, (1, PACKED_MAX_ROWS + 9), generator=torch.Generator().manual_seed(2))
     threads = torch.get_num_threads()
     whole = logits(model, tokens)  # chunks of PACKED_MAX_ROWS rows
@@ -243,7 +259,7 @@ def test_greedy_speculation_equals_autoregressive_decoding(written, method, opti
 
 def test_unpack_gives_the_dequantised_weights_and_the_same_model(written):
     _, path, hf = written
-    model = models.load(path)
+    model = models.load(path, gguf_activations="float32")
     tokens = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     model.unpack()
     assert not model.gguf and not model.packed
@@ -288,6 +304,8 @@ def test_bad_files_and_settings_are_named(tmp_path, written):
         models.load(path, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="weights must be"):
         models.load(path.parent, weights="bin")
+    with pytest.raises(ValueError, match="activations must be"):
+        models.load(path, gguf_activations="int4")
     other = tmp_path / "gpt2.gguf"
     w = gguf.GGUFWriter(str(other), "gpt2")
     w.write_header_to_file()
@@ -303,9 +321,11 @@ def test_gguf_linear_concatenates_parts_in_any_format():
     parts = [(Q.Q4_K, 70, 256), (Q.Q6_K, 3, 256), (Q.Q5_0, 64, 256)]
     weights = [g.gguf_weight(torch.from_numpy(random_blocks(q, n, k, rng)), int(q), (n, k)) for q, n, k in parts]
     x, bias = torch.randn(5, 256), torch.randn(137)
-    y = g.gguf_linear(x, g.GgufLinear.of(*weights), bias)
-    want = torch.cat([g.gguf_matmul(x, w) for w in weights], 1) + bias
-    assert torch.equal(y, want)
+    for mode in g.ACTIVATIONS:
+        y = g.gguf_linear(x, g.GgufLinear.of(*weights), bias, activations=mode)
+        want = torch.cat([g.gguf_matmul(x, w, activations=mode) for w in weights], 1) + bias
+        assert torch.equal(y, want), mode
+        assert torch.equal(g.gguf_linear(x, g.GgufLinear.of(*weights, activations=mode), bias), y)
     rows = torch.tensor([[3, 69], [0, 5]])
     assert torch.equal(g.gguf_rows(weights[0], rows), g.gguf_dequantize(weights[0])[rows])
     with pytest.raises(IndexError):
@@ -329,7 +349,7 @@ def test_opcheck(written):
                           test_utils=("test_schema", "test_faketensor"))
     head = model._head_packed
     torch.library.opcheck(torch.ops.specdec.gguf_linear.default,
-                          (torch.randn(2, HIDDEN), [p.data for p in head.parts], [p.qtype for p in head.parts], None,
+                          (torch.randn(2, HIDDEN), [p.data for p in head.parts], [p.qtype for p in head.parts], None, 1,
                            torch.empty(2, VOCAB)))
 
 

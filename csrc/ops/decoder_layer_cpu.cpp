@@ -164,15 +164,17 @@ void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::T
 
 void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double norm_eps,
                             at::TensorList weights, at::IntArrayRef types, at::IntArrayRef parts,
-                            const std::optional<at::Tensor>& qkv_b, const std::optional<at::Tensor>& o_b,
+                            int64_t activations, const std::optional<at::Tensor>& qkv_b, const std::optional<at::Tensor>& o_b,
                             const std::optional<at::Tensor>& gate_up_b, const std::optional<at::Tensor>& down_b,
                             const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
                             const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
                             const at::Tensor& lengths, const std::optional<at::Tensor>& tree_mask, int64_t num_heads,
                             int64_t num_kv_heads, double sm_scale, at::Tensor& out) {
   // weights: the GGUF parts of q|k|v, o, gate|up, down in order (parts[p] of projection p), each
-  // uint8 [rows, row bytes] with its type id in types; biases float32 or None.
+  // uint8 [rows, row bytes] with its type id in types; activations 0 float32, 1 Q8
+  // (ops/gguf_linear.h); biases float32 or None.
   constexpr const char* op = "decoder_layer_gguf";
+  const GgufActivations mode = gguf_activations(op, activations);
   const LayerShape s = check_layer(op, x, norm1, norm2, q_norm, k_norm, cos, sin, k_cache, v_cache, lengths,
                                    tree_mask, num_heads, num_kv_heads, out);
   TORCH_CHECK(parts.size() == 4 && std::all_of(parts.begin(), parts.end(), [](int64_t c) { return c > 0; }), op,
@@ -200,7 +202,7 @@ void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const 
   }
   run_layer(s, I, x, norm1, norm2, norm_eps, q_norm, k_norm, cos, sin, k_cache, v_cache, sm_scale, out,
             [&](int p, const float* in, int64_t M, int64_t K, float* y, int64_t N) {
-              gguf_linear(in, M, K, linears[p], data_or_null(*biases[p]), y, N);
+              gguf_linear(in, M, K, linears[p], data_or_null(*biases[p]), y, N, mode);
             });
 }
 

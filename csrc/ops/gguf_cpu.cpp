@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/gguf/gguf_cpu.h"
+#include "kernels/gguf/q8.h"
 #include "ops/gguf_common.h"
 #include "ops/gguf_linear.h"
 #include "ops/quant_parallel.h"
@@ -43,10 +44,63 @@ void gguf_matmul_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t type
   if (!yf.is_same(out)) out.copy_(yf);
 }
 
+// x: (M, K) float32 / bfloat16 / float16 -> (M, K) float32 contiguous (16-bit floats widen exactly).
+at::Tensor q8_input(const char* op, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be [M, K]; got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              op, ": x must be float32, bfloat16 or float16; got ", x.scalar_type());
+  TORCH_CHECK(x.size(1) > 0 && x.size(1) % 32 == 0, op, ": K must be a positive multiple of 32 (the activation "
+              "block); got x ", x.sizes());
+  return x.to(at::kFloat).contiguous();
+}
+
+// Quantise rows [0, M) of xf [M, K] float32 into xq [M, q8_row_bytes(K)] over threads.
+void quantize_q8_rows(const at::Tensor& xf, at::Tensor& xq) {
+  const int64_t M = xf.size(0), K = xf.size(1), rb = gguf::q8_row_bytes(K);
+  parallel_range(0, M, std::max<int64_t>(1, (16 << 10) / K), [&](int64_t begin, int64_t end) {
+    gguf::quantize_rows_q8(xf.data_ptr<float>() + begin * K, end - begin, K, xq.data_ptr<uint8_t>() + begin * rb);
+  });
+}
+
+void gguf_quantize_q8_cpu(const at::Tensor& x, at::Tensor& out) {
+  // x: (M, K) float32 / bfloat16 / float16; out: (M, q8_row_bytes(K)) uint8
+  const at::Tensor xf = q8_input("gguf_quantize_q8", x);
+  const int64_t M = xf.size(0), K = xf.size(1);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.size(1) == gguf::q8_row_bytes(K) &&
+                  out.scalar_type() == at::kByte && out.is_contiguous() && out.device() == x.device(),
+              "gguf_quantize_q8: out must be a contiguous uint8 [M=", M, ", q8_row_bytes(", K, ")=",
+              gguf::q8_row_bytes(K), "] tensor on x's device; got ", out.scalar_type(), " ", out.sizes());
+  if (M == 0) return;
+  quantize_q8_rows(xf, out);
+}
+
+void gguf_matmul_q8_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t type, at::Tensor& out) {
+  // x: (M, K) float32 / bfloat16 / float16; weight: GGUF blocks of W (N, K); out: (M, N) of x's dtype
+  const at::Tensor xf = q8_input("gguf_matmul_q8", x);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
+              "gguf_matmul_q8: out must be a contiguous [M=", x.size(0), ", N] tensor of x's dtype ", x.scalar_type(),
+              "; got ", out.scalar_type(), " ", out.sizes());
+  TORCH_CHECK(weight.device() == x.device() && out.device() == x.device(), "gguf_matmul_q8: x (", x.device(),
+              "), weight (", weight.device(), ") and out (", out.device(), ") must be on one device");
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  check_gguf_weight("gguf_matmul_q8", weight, type, N, K);
+  if (M == 0 || N == 0) return;
+  // x is quantised once; every thread reads the same Q8 rows against its own rows of W.
+  at::Tensor xq = at::empty({M, gguf::q8_row_bytes(K)}, x.options().dtype(at::kByte));
+  quantize_q8_rows(xf, xq);
+  at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({M, N}, out.options().dtype(at::kFloat));
+  const int32_t t = static_cast<int32_t>(type);
+  parallel_range(0, N, row_grain(weight.numel() / N), [&](int64_t begin, int64_t end) {
+    gguf::matmul_q8_cpu_rows(t, xq.data_ptr<uint8_t>(), M, K, weight.data_ptr<uint8_t>(), yf.data_ptr<float>(), N,
+                             begin, end);
+  });
+  if (!yf.is_same(out)) out.copy_(yf);
+}
+
 void gguf_linear_cpu(const at::Tensor& x, at::TensorList weights, at::IntArrayRef types,
-                     const std::optional<at::Tensor>& bias, at::Tensor& out) {
+                     const std::optional<at::Tensor>& bias, int64_t activations, at::Tensor& out) {
   // x: (M, K) float32; weights: GGUF parts of W (N, K), concatenated along N; bias: (N,) float32
-  // or None; out: (M, N) float32
+  // or None; activations: 0 float32, 1 Q8 (ops/gguf_linear.h); out: (M, N) float32
   constexpr const char* op = "gguf_linear";
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(), op,
               ": x must be a contiguous float32 [M, K] CPU tensor; got ", x.scalar_type(), " ", x.sizes(), " on ",
@@ -61,7 +115,7 @@ void gguf_linear_cpu(const at::Tensor& x, at::TensorList weights, at::IntArrayRe
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->sizes() == at::IntArrayRef{N}, op,
                 ": bias must be a contiguous float32 [", N, "] tensor; got ", bias->scalar_type(), " ", bias->sizes());
   gguf_linear(x.data_ptr<float>(), M, K, parts, bias.has_value() ? bias->data_ptr<float>() : nullptr,
-              out.data_ptr<float>(), N);
+              out.data_ptr<float>(), N, gguf_activations(op, activations));
 }
 
 void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out) {
@@ -94,6 +148,14 @@ void gguf_cpu_isa(at::Tensor& code) {
   code.fill_(isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0);
 }
 
+void gguf_q8_cpu_isa(at::Tensor& code) {
+  // code: (1,) int32
+  TORCH_CHECK(code.numel() == 1 && code.scalar_type() == at::kInt, "_gguf_q8_cpu_isa: code must be one int32; got ",
+              code.scalar_type(), " ", code.sizes());
+  const std::string isa = gguf::matmul_q8_cpu_isa();
+  code.fill_(isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -101,6 +163,9 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("gguf_dequantize", &gguf_dequantize_cpu);
   m.impl("gguf_linear", &gguf_linear_cpu);
   m.impl("_gguf_cpu_isa", &gguf_cpu_isa);
+  m.impl("gguf_matmul_q8", &gguf_matmul_q8_cpu);
+  m.impl("gguf_quantize_q8", &gguf_quantize_q8_cpu);
+  m.impl("_gguf_q8_cpu_isa", &gguf_q8_cpu_isa);
 }
 
 }  // namespace specdec::ops

@@ -118,10 +118,11 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor lengths, Tensor? tree_mask, int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
   // decoder_layer_gguf: the same layer with its projections in GGUF blocks as stored in the file:
   // weights lists the parts of q|k|v, o, gate|up and down in order (parts[p] of projection p, each
-  // uint8 [rows, row bytes], concatenated along the outputs), types their ggml type ids.
+  // uint8 [rows, row bytes], concatenated along the outputs), types their ggml type ids;
+  // activations as gguf_linear's.
   m.def(
       "decoder_layer_gguf(Tensor x, Tensor norm1, Tensor norm2, float norm_eps, Tensor[] weights, int[] types, "
-      "int[] parts, Tensor? qkv_b, Tensor? o_b, Tensor? gate_up_b, Tensor? down_b, Tensor? q_norm, Tensor? k_norm, "
+      "int[] parts, int activations, Tensor? qkv_b, Tensor? o_b, Tensor? gate_up_b, Tensor? down_b, Tensor? q_norm, Tensor? k_norm, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor lengths, Tensor? tree_mask, "
       "int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
   // ---- end family: decoder_layer ----
@@ -183,9 +184,20 @@ TORCH_LIBRARY(specdec, m) {
   // gguf_linear: out [M, N] = x [M, K] · Wᵀ (+ bias [N]) in float32, W the concatenation along N of
   // the GGUF weights `weights` (types: their type ids), e.g. a model's LM head or fused q|k|v; rows
   // claimed by threads, each output's order as gguf_matmul's. CPU only.
-  m.def("gguf_linear(Tensor x, Tensor[] weights, int[] types, Tensor? bias, Tensor(a!) out) -> ()");
+  // activations: 0 float32, 1 Q8 (rows quantised once to int8 blocks of 32, integer dot products;
+  // gguf_matmul_q8's order).
+  m.def("gguf_linear(Tensor x, Tensor[] weights, int[] types, Tensor? bias, int activations, Tensor(a!) out) -> ()");
   // _gguf_cpu_isa: code[0] = the CPU matmul tier running (0 portable, 1 AVX2, 2 AVX-512), for the
   // tests and benches (ops/gguf.py cpu_isa()). CPU only.
   m.def("_gguf_cpu_isa(Tensor(a!) code) -> ()");
+  // gguf_matmul_q8: out [M, N] = x [M, K] · dequant(W)ᵀ with x quantised to int8 blocks of 32
+  // first (kernels/gguf/q8.h: integer dot products, a float order depending only on K; lossy,
+  // ~1e-2 of max|x|·|W|). CPU only.
+  m.def("gguf_matmul_q8(Tensor x, Tensor weight, int type, Tensor(a!) out) -> ()");
+  // gguf_quantize_q8: out [M, q8_row_bytes(K)] uint8 = the Q8 activation rows of x [M, K] float32
+  // (the format of kernels/gguf/q8.h), for tests and callers that reuse them. CPU only.
+  m.def("gguf_quantize_q8(Tensor x, Tensor(a!) out) -> ()");
+  // _gguf_q8_cpu_isa: code[0] = the Q8 matmul's tier (0 portable, 1 AVX2, 2 AVX-512). CPU only.
+  m.def("_gguf_q8_cpu_isa(Tensor(a!) code) -> ()");
   // ---- end family: gguf ----
 }

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.gguf import GgufLinear, gguf_dequantize, gguf_linear
+from ..ops.gguf import ACTIVATIONS, GgufLinear, gguf_dequantize, gguf_linear
 from ..ops.skinny_linear import PANEL as PACKED_PANEL  # outputs per panel of a packed weight
 from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available, unpack_weight
 from .config import LlamaConfig
@@ -247,8 +247,10 @@ class DecoderLayer(nn.Module):
 
     def set_gguf(self, weights: dict[str, GgufLinear]) -> list[nn.Parameter]:
         """Keep the four projections as GGUF blocks (keys: ``PROJECTIONS``; each ``[N, K]`` as the
-        dense weight's shape) and drop the dense weights (``dropped``); returns the stand-ins.
-        ``unpack_weights`` dequantises them back."""
+        dense weight's shape; one ``activations`` mode for all four) and drop the dense weights
+        (``dropped``); returns the stand-ins. ``unpack_weights`` dequantises them back."""
+        if len({w.activations for w in weights.values()}) != 1:
+            raise ValueError("a GGUF layer's four projections take one activations mode")
         for name, linear in self.linears().items():
             w = weights[name]
             if (w.out_features, w.in_features) != tuple(linear.weight.shape):
@@ -320,7 +322,8 @@ class DecoderLayer(nn.Module):
             weights = [p.data for name in self.PROJECTIONS for p in self._panels[name].parts]
             types = [p.qtype for name in self.PROJECTIONS for p in self._panels[name].parts]
             parts = [len(self._panels[name].parts) for name in self.PROJECTIONS]
-            self._gguf_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, weights, types, parts, _f32(attn_w[1]),
+            mode = ACTIVATIONS.index(self._panels["qkv"].activations)
+            self._gguf_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, weights, types, parts, mode, _f32(attn_w[1]),
                                _f32(attn_w[3]), _f32(mlp_w[1]), _f32(mlp_w[3]), _f32(attn_w[4]), _f32(attn_w[5]))
         elif pack or self._panels is not None:
             self._packed_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, attn_w[7].panels, _f32(attn_w[1]),

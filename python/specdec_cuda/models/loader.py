@@ -44,7 +44,7 @@ def read_checkpoint_config(path, expected: str) -> tuple[Path, Path, dict]:
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-         weights: str = "safetensors") -> LlamaModel:
+         weights: str = "safetensors", gguf_activations: str = "q8") -> LlamaModel:
     """Load a Llama / Qwen2 / Qwen3 checkpoint folder, or a ``.gguf`` file, into the built-in model.
 
     Parameters
@@ -58,6 +58,8 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     weights : for a folder, which weights to read: ``"safetensors"`` (default), or ``"gguf"``, the
         folder's ``model.gguf`` (as the real models keep it beside their converted weights) with
         the folder's ``config.json``.
+    gguf_activations : a GGUF model's products: "q8" (default: int8 activations, integer dot
+        products, llama.cpp's numerics and speed) or "float32" (``LlamaModel.load_gguf``).
 
     Raises
     ------
@@ -73,10 +75,11 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     if weights not in ("safetensors", "gguf"):
         raise ValueError(f"weights must be 'safetensors' or 'gguf', got {weights!r}")
     if Path(path).suffix == ".gguf" or (weights == "gguf" and Path(path).is_file()):
-        return load_gguf(path, dtype=dtype, device=device)
+        return load_gguf(path, dtype=dtype, device=device, activations=gguf_activations)
     folder, config_path, raw = read_checkpoint_config(path, "a Hugging Face checkpoint folder")
     if weights == "gguf":
-        return load_gguf(folder / "model.gguf", dtype=dtype, device=device, hf_config=raw)
+        return load_gguf(folder / "model.gguf", dtype=dtype, device=device, hf_config=raw,
+                         activations=gguf_activations)
     config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
     config = with_generation_eos(config, folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
@@ -106,12 +109,13 @@ def with_generation_eos(config: LlamaConfig, folder: Path) -> LlamaConfig:
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-              hf_config: dict | None = None) -> LlamaModel:
+              hf_config: dict | None = None, activations: str = "q8") -> LlamaModel:
     """A ``.gguf`` file of a Llama / Qwen2 / Qwen3 model as a ``LlamaModel`` whose projections, LM
     head and embedding stay in the file's quantised blocks (``LlamaModel.load_gguf``): a decoding
     step reads 4.5 - 8.5 bits per weight. The configuration comes from the file's metadata, or from
     ``hf_config`` (a ``config.json`` dict) when given; a ``generation_config.json`` beside the file
-    adds its end-of-sequence ids. Float32 on a CPU with AVX-512 or AVX2 only (ValueError
+    adds its end-of-sequence ids. ``activations``: "q8" (default, llama.cpp's integer products) or
+    "float32" (see ``LlamaModel.load_gguf``). Float32 on a CPU with AVX-512 or AVX2 only (ValueError
     otherwise); UnsupportedModelError for a format or architecture the kernels lack.
 
     Example
@@ -130,7 +134,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torc
     with torch.device("meta"):
         model = LlamaModel(config, dtype=torch.float32)
     model.to_empty(device="cpu")
-    model.load_gguf(checkpoint)
+    model.load_gguf(checkpoint, activations=activations)
     return model.eval()
 
 

@@ -58,7 +58,7 @@ def _decoder_layer_fake(x, norm1, norm2, norm_eps, qkv_w, qkv_b, o_w, o_b, gate_
 
 
 @torch.library.register_fake("specdec::decoder_layer_gguf")
-def _decoder_layer_gguf_fake(x, norm1, norm2, norm_eps, weights, types, parts, qkv_b, o_b, gate_up_b, down_b, q_norm,
+def _decoder_layer_gguf_fake(x, norm1, norm2, norm_eps, weights, types, parts, activations, qkv_b, o_b, gate_up_b, down_b, q_norm,
                              k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, num_kv_heads, sm_scale,
                              out):
     return None

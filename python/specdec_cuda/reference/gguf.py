@@ -26,6 +26,10 @@ products first), which is also ggml's and gguf-py's: ``dequantize`` here equals
 
 ``gguf_matmul(x, W) = x · dequant(W)ᵀ``: the kernels accumulate in float32 in an order of their
 own (see ``csrc/kernels/gguf/gguf_cpu.h``), so they agree with ``matmul`` below to rounding only.
+
+``gguf_matmul(x, W, activations="q8")`` multiplies int8 activations (``quantize_q8``) with integer
+dot products; ``matmul_q8`` below is its specification, bit for bit (float order in
+``csrc/kernels/gguf/q8.h``).
 """
 
 from __future__ import annotations
@@ -108,3 +112,137 @@ def matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int) -
     """
     w = dequantize(data, qtype, out_features, x.shape[-1])
     return x.double() @ w.double().T
+
+
+# ---- Q8 activations (csrc/kernels/gguf/q8.h) ------------------------------------------------------
+
+
+def q8_row_bytes(in_features: int) -> int:
+    """Bytes of one Q8 activation row: K codes, 8 T float32 scales, 16 T int16 half sums, padded to 64
+    (T = ceil(K / 256), the octets of 8 groups of 32)."""
+    t = (in_features // 32 + 7) // 8
+    return (in_features + 64 * t + 63) // 64 * 64
+
+
+def quantize_q8_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q8 activations of ``x``: per group of 32, ``d = amax|x| / 127`` (one float32 division) and
+    ``q = round_half_even(x / d)`` clamped to [-127, 127] (0 where d == 0); the int16 sums of q over
+    each half of 16.
+
+    Shape: ``x`` ``[M, K]`` (K a multiple of 32); returns q int8 ``[M, K]``, d float32 ``[M, K/32]``,
+    s int16 ``[M, K/16]``.
+    """
+    m, k = x.shape
+    xg = x.float().reshape(m, k // 32, 32)
+    d = xg.abs().amax(dim=-1) / 127.0
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.where(d[..., None] == 0, torch.zeros_like(xg), torch.round(xg / safe[..., None]).clamp(-127, 127))
+    q = q.to(torch.int8).reshape(m, k)
+    s = q.reshape(m, k // 16, 16).to(torch.int32).sum(-1).to(torch.int16)
+    return q, d, s
+
+
+def quantize_q8(x: torch.Tensor) -> torch.Tensor:
+    """The bytes ``gguf_quantize_q8`` writes: per row, codes [K], scales [8 T] (0 beyond K / 32),
+    half sums [16 T] (0 beyond K / 16), zeros to ``q8_row_bytes(K)``.
+
+    Shape: ``x`` ``[M, K]``; returns uint8 ``[M, q8_row_bytes(K)]``.
+    """
+    m, k = x.shape
+    q, d, s = quantize_q8_parts(x)
+    t = (k // 32 + 7) // 8
+    out = torch.zeros(m, q8_row_bytes(k), dtype=torch.uint8)
+    out[:, :k] = q.view(torch.uint8)
+    dp = torch.zeros(m, 8 * t, dtype=torch.float32)
+    dp[:, :k // 32] = d
+    sp = torch.zeros(m, 16 * t, dtype=torch.int16)
+    sp[:, :k // 16] = s
+    out[:, k:k + 32 * t] = dp.view(torch.uint8)
+    out[:, k + 32 * t:k + 64 * t] = sp.view(torch.uint8)
+    return out
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 ``a * b + c`` rounded once (torch has no float32 fma): the float64 sum of the exact
+    float64 product and c, with its rounding error (TwoSum) breaking the one case where rounding it
+    again to float32 could differ, a float64 result exactly halfway between two float32s."""
+    p = a.double() * b.double()  # exact: 24 + 24 bits
+    c64 = c.double()
+    s = p + c64
+    bv = s - p
+    e = (p - (s - bv)) + (c64 - bv)
+    f = s.float()
+    back = f.double()
+    inf = torch.tensor(float("inf"))
+    toward = torch.nextafter(f, torch.where(s > back, inf, -inf)).double()
+    tie = (s != back) & ((back + toward) * 0.5 == s) & (e != 0)
+    s = torch.where(tie, torch.nextafter(s, torch.where(e > 0, inf, -inf).double()), s)
+    return s.float()
+
+
+def _int_dot(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Exact integer dot products over the last dim: q ``[M, G, L]``, w ``[N, G, L]`` -> ``[M, N, G]``
+    (float64 matmul of small integers is exact)."""
+    return torch.einsum("mgl,ngl->mng", q.double(), w.double())
+
+
+def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
+    """``gguf_matmul(x, W, activations="q8")`` bit for bit: per group g = 8t + j of 32 weights, the
+    exact integer sums, then lane j of an 8-lane float32 accumulator takes (t in order)
+    ``A = fma(float(intsum), d_w * dx, A)`` (plus the min terms), and ``y = h(A)`` (q8.h).
+
+    Shape: ``x`` ``[M, K]``, ``data`` uint8 blocks of W ``[N, K]``; returns float32 ``[M, N]``.
+    """
+    name, qk, nbytes = FORMATS[qtype]
+    m, k = x.shape
+    n, g = out_features, k // 32
+    q, dx, s = quantize_q8_parts(x)
+    qg = q.reshape(m, g, 32).to(torch.int32)
+    qsum = s.reshape(m, g, 2).to(torch.int32).sum(-1).double()           # [M, G]: Σ q over group g
+    b = data.reshape(n, k // qk, nbytes)
+    steps = []  # per step: (integer term [M, N, G] as float64, weight factor [N, G] float32, sign)
+    if qtype in (Q8_0, Q5_0, Q4_1):
+        dw = _f16(b, 0)[..., 0]                                          # [N, G]
+        if qtype == Q8_0:
+            w = b[..., 2:].contiguous().view(torch.int8).to(torch.int32)
+            steps.append((_int_dot(qg, w), dw, 1.0))
+        elif qtype == Q5_0:
+            qh = b[..., 2:6].to(torch.int64)
+            qh = qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24
+            w = (_nibbles(b[..., 6:]) | (((qh[..., None] >> torch.arange(32)) & 1) << 4).to(torch.int32)) - 16
+            steps.append((_int_dot(qg, w), dw, 1.0))
+        else:
+            steps.append((_int_dot(qg, _nibbles(b[..., 4:])), dw, 1.0))
+            steps.append((qsum[:, None, :].expand(m, n, g), _f16(b, 2)[..., 0], 1.0))
+    elif qtype == Q4_K:
+        sb = b[..., 4:16].to(torch.int32)
+        sc = torch.cat([sb[..., 0:4] & 63, (sb[..., 8:12] & 15) | (sb[..., 0:4] >> 6) << 4], dim=-1).reshape(n, g)
+        mn = torch.cat([sb[..., 4:8] & 63, (sb[..., 8:12] >> 4) | (sb[..., 4:8] >> 6) << 4], dim=-1).reshape(n, g)
+        qs = b[..., 16:].reshape(n, k // qk, 4, 32).to(torch.int32)
+        w = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, g, 32)
+        rep = lambda v: v.repeat_interleave(8, dim=1)  # noqa: E731  per super-block -> per group
+        steps.append((_int_dot(qg, w) * sc, rep(_f16(b, 0)[..., 0]), 1.0))
+        steps.append((qsum[:, None, :] * mn, rep(_f16(b, 2)[..., 0]), -1.0))
+    elif qtype == Q6_K:
+        ql = b[..., 0:128].reshape(n, k // qk, 2, 2, 32).to(torch.int32)
+        qh = b[..., 128:192].reshape(n, k // qk, 2, 1, 32).to(torch.int32)
+        low = torch.cat([ql & 15, ql >> 4], dim=3)
+        high = (qh >> torch.tensor([0, 2, 4, 6]).reshape(4, 1)) & 3
+        w = ((low | high << 4) - 32).reshape(n, g, 2, 16)                 # group g: sub-blocks 2g, 2g + 1
+        sc = b[..., 192:208].contiguous().view(torch.int8).to(torch.int32).reshape(n, g, 2)
+        halves = torch.einsum("mghl,nghl->mngh", qg.reshape(m, g, 2, 16).double(), w.double())
+        steps.append(((halves * sc).sum(-1), _f16(b, 208)[..., 0].repeat_interleave(8, dim=1), 1.0))
+    else:
+        raise ValueError(f"unsupported GGML type {qtype}; supported: {sorted(FORMATS)}")
+    t = (g + 7) // 8
+    acc = torch.zeros(m, n, 8, dtype=torch.float32)
+    for step in range(t):
+        lo, hi = 8 * step, min(8 * step + 8, g)
+        for term, factor, sign in steps:
+            a_ = torch.zeros(m, n, 8, dtype=torch.float32)
+            f_ = torch.zeros(m, n, 8, dtype=torch.float32)
+            a_[..., :hi - lo] = (sign * term[..., lo:hi]).float()          # exact: |term| < 2^24
+            f_[..., :hi - lo] = factor[None, :, lo:hi] * dx[:, None, lo:hi]  # one float32 product
+            acc = _fma(a_, f_, acc)
+    v = acc
+    return ((v[..., 0] + v[..., 4]) + (v[..., 2] + v[..., 6])) + ((v[..., 1] + v[..., 5]) + (v[..., 3] + v[..., 7]))

@@ -1,0 +1,247 @@
+// The Q8-activation matmul's loops (q8.h), written once over a tier's integer / float vector
+// primitives V so that the AVX2 and AVX-512 tiers run the same integer sums and the same float
+// steps on every output. Each tier file includes this inside an anonymous namespace with its own
+// target options in force, and instantiates it with its V:
+//
+//   V::kRows        rows n of W one vector covers: 1 (AVX2: a ymm is one row's 32 bytes / 8
+//                   lanes) or 2 (AVX-512: row n in the low 256 bits, row n + 1 in the high ones)
+//   V::I, V::F      per row: 32 bytes (or 16 int16 / 8 int32), 8 float32 lanes
+//   wload(p, st)    32 weight bytes per row (row r's at p + r * st); wnib16: 16 bytes -> their low
+//                   nibbles then their high nibbles; wbit5: byte i = 16 where bit i of the uint32
+//                   at p is set (Q5_0's fifth bit), else 0
+//   xload, xs16, xf 32 code bytes / 16 int16 sums / 8 floats of x, the same for every row n
+//   maddubs(u, s)   u8 x s8 -> int16 sums of adjacent pairs (no saturation can occur: |codes|
+//                   <= 127 and the weight bytes are small, see each format); madd: int16 -> int32
+//   reduce8(m[8])   lane j = the sum of m[j]'s 8 int32 lanes (exact)
+//   bytes8(b)       the 8 bytes b[r] (for bcast16); bcast16(v, s): 16 int16 = byte s of them;
+//                   pairs16(b): int16 b0 b0 b1 b1 .. b7 b7 of b[r]
+//   q6_scales(p,st) Q6_K's 16 int8 scales as int16; q6_pair(v, g): sc_2g x 8, sc_2g+1 x 8
+//   halves8(p, step, st, cnt)  lane j < cnt = the fp16 at p + j * step widened, else 0; h2f one
+//                   fp16 widened (both exact, as blocks.h's half_to_float, NaN payloads aside)
+//
+// A tile is rows n .. n + kRows - 1 of W against MB consecutive rows of x: each octet of W (a
+// k-quant super-block, 8 legacy blocks) is decoded once into registers (spilled to L1 where they
+// do not fit) and used for the MB rows, whose one accumulator each stays in a register.
+//
+//   W row n: [octet 0][octet 1] ... [octet T-1]   x rows m0 .. m0 + MB - 1 (Q8: codes, d, sums)
+//            decode octet t once  ---------->     A[m] += per-lane float steps of q8.h
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/gguf/blocks.h"
+#include "kernels/gguf/q8_tiers.h"
+
+#define SPECDEC_Q8_UNROLL _Pragma("GCC unroll 16")
+#define SPECDEC_Q8_INLINE __attribute__((always_inline)) inline
+
+template <class V, int MB>
+struct Q8Tile {
+  using F = typename V::F;
+  using I = typename V::I;
+  static constexpr int R = V::kRows;
+
+  const Q8Args& a;
+  int64_t n;   // first row of W
+  int64_t m0;  // first row of x
+
+  SPECDEC_Q8_INLINE const uint8_t* wrow() const { return a.weight + n * a.row_bytes; }
+  SPECDEC_Q8_INLINE uint16_t u16(const uint8_t* p, int r) const {
+    uint16_t v;
+    std::memcpy(&v, p + r * a.row_bytes, sizeof(v));
+    return v;
+  }
+
+  SPECDEC_Q8_INLINE void store(const F* A) const {
+    SPECDEC_Q8_UNROLL
+    for (int m = 0; m < MB; ++m) {
+      float out[R];
+      V::hsum(A[m], out);
+      for (int r = 0; r < R; ++r) a.y[(m0 + m) * a.ldy + n + r] = out[r];
+    }
+  }
+
+  // ---- Q4_K: 144 bytes: d @0, dmin @2, scales[12] @4, qs[128] @16 ---------------------------
+  // maddubs pairs <= 2 * 15 * 127; lane s of the reduce = sc_s * Σ w q.
+  SPECDEC_Q8_INLINE void q4_k() const {
+    F A[MB];
+    SPECDEC_Q8_UNROLL
+    for (int m = 0; m < MB; ++m) A[m] = V::zero();
+    const int64_t T = a.K / kQK_K;
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t* blk = wrow() + t * sizeof(BlockQ4_K);
+      float d[R], dmin[R];
+      uint64_t sc[R], mn[R];
+      for (int r = 0; r < R; ++r) {
+        d[r] = V::h2f(u16(blk, r));
+        dmin[r] = V::h2f(u16(blk + 2, r));
+        q4k_scales_mins_bytes(blk + r * a.row_bytes + 4, sc[r], mn[r]);
+      }
+      const F dv = V::rows_f(d), dmv = V::rows_f(dmin);
+      I w[8], scv[8];
+      SPECDEC_Q8_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const I raw = V::wload(blk + 16 + 32 * c, a.row_bytes);
+        w[2 * c] = V::and8(raw, 15);
+        w[2 * c + 1] = V::and8(V::srli16(raw, 4), 15);
+      }
+      const I scb = V::bytes8(sc);
+      SPECDEC_Q8_UNROLL
+      for (int s = 0; s < 8; ++s) scv[s] = V::bcast16(scb, s);
+      const I mnv = V::pairs16(mn);
+      SPECDEC_Q8_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* q = a.codes(m0 + m) + kQK_K * t;
+        I p[8];
+        SPECDEC_Q8_UNROLL
+        for (int s = 0; s < 8; ++s) p[s] = V::madd(V::maddubs(w[s], V::xload(q + 32 * s)), scv[s]);
+        const I dot = V::reduce8(p);
+        const I mins = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), mnv);  // lane s: m_s * Σ q
+        const F dx = V::xf(a.scales(m0 + m) + 8 * t);
+        A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
+        A[m] = V::fnma(V::cvt(mins), V::mul(dmv, dx), A[m]);
+      }
+    }
+    store(A);
+  }
+
+  // ---- Q6_K: 210 bytes: ql[128] @0, qh[64] @128, scales[16] @192, d @208 --------------------
+  // Codes w + 32 in 0..63 (maddubs pairs <= 2 * 63 * 127); the 32 comes off through the half
+  // sums: lane g -= 32 * (sc_2g s_2g + sc_2g+1 s_2g+1).
+  SPECDEC_Q8_INLINE void q6_k() const {
+    F A[MB];
+    SPECDEC_Q8_UNROLL
+    for (int m = 0; m < MB; ++m) A[m] = V::zero();
+    const int64_t T = a.K / kQK_K;
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t* blk = wrow() + t * sizeof(BlockQ6_K);
+      float d[R];
+      for (int r = 0; r < R; ++r) d[r] = V::h2f(u16(blk + 208, r));
+      const F dv = V::rows_f(d);
+      I w[8], scv[8];
+      SPECDEC_Q8_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        // group 4h + i, weight l: low 4 bits ql[64h + 32 (i & 1) + l] >> 4 (i >> 1), high 2 bits
+        // qh[32h + l] >> 2i (blocks.h)
+        const I ql0 = V::wload(blk + 64 * h, a.row_bytes), ql1 = V::wload(blk + 64 * h + 32, a.row_bytes);
+        const I qh = V::wload(blk + 128 + 32 * h, a.row_bytes);
+        w[4 * h + 0] = V::or_(V::and8(ql0, 15), V::slli16(V::and8(qh, 0x03), 4));
+        w[4 * h + 1] = V::or_(V::and8(ql1, 15), V::slli16(V::and8(qh, 0x0c), 2));
+        w[4 * h + 2] = V::or_(V::and8(V::srli16(ql0, 4), 15), V::and8(qh, 0x30));
+        w[4 * h + 3] = V::or_(V::and8(V::srli16(ql1, 4), 15), V::srli16(V::and8(qh, 0xc0), 2));
+      }
+      const I sc16 = V::q6_scales(blk + 192, a.row_bytes);
+      SPECDEC_Q8_UNROLL
+      for (int g = 0; g < 8; ++g) scv[g] = V::q6_pair(sc16, g);
+      SPECDEC_Q8_UNROLL
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* q = a.codes(m0 + m) + kQK_K * t;
+        I p[8];
+        SPECDEC_Q8_UNROLL
+        for (int g = 0; g < 8; ++g) p[g] = V::madd(V::maddubs(w[g], V::xload(q + 32 * g)), scv[g]);
+        const I off = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), sc16);
+        const I dot = V::sub32(V::reduce8(p), V::slli32(off, 5));
+        const F dx = V::xf(a.scales(m0 + m) + 8 * t);
+        A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
+      }
+    }
+    store(A);
+  }
+
+  // ---- Q8_0 / Q5_0 / Q4_1: one octet = blocks 8t .. 8t + cnt - 1 -----------------------------
+  // Q8_0: |w| x ±q, pairs <= 2 * 128 * 127; Q5_0: w in 0..31 (16 off through the sums); Q4_1: 0..15.
+  template <int kType>
+  SPECDEC_Q8_INLINE void octet(int64_t t, int cnt, F* A) const {
+    constexpr int64_t kBytes = kType == 8 ? sizeof(BlockQ8_0) : kType == 6 ? sizeof(BlockQ5_0) : sizeof(BlockQ4_1);
+    const uint8_t* blk = wrow() + 8 * t * kBytes;
+    I w[8];
+    SPECDEC_Q8_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      w[j] = V::izero();
+      if (j >= cnt) continue;
+      const uint8_t* b = blk + j * kBytes;
+      if constexpr (kType == 8) w[j] = V::wload(b + 2, a.row_bytes);
+      if constexpr (kType == 6) w[j] = V::or_(V::wnib16(b + 6, a.row_bytes), V::wbit5(b + 2, a.row_bytes));
+      if constexpr (kType == 3) w[j] = V::wnib16(b + 4, a.row_bytes);
+    }
+    const F dw = V::halves8(blk, kBytes, a.row_bytes, cnt);
+    F mw = V::zero();
+    if constexpr (kType == 3) mw = V::halves8(blk + 2, kBytes, a.row_bytes, cnt);
+    const I ones = V::ones16();
+    SPECDEC_Q8_UNROLL
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* q = a.codes(m0 + m) + 256 * t;
+      I p[8];
+      SPECDEC_Q8_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        if (j >= cnt) {
+          p[j] = V::izero();
+          continue;
+        }
+        const I x = V::xload(q + 32 * j);
+        if constexpr (kType == 8) {
+          p[j] = V::madd(V::maddubs(V::abs8(w[j]), V::sign8(x, w[j])), ones);
+        } else {
+          p[j] = V::madd(V::maddubs(w[j], x), ones);
+        }
+      }
+      I dot = V::reduce8(p);
+      const F dx = V::xf(a.scales(m0 + m) + 8 * t);
+      if constexpr (kType == 8) {
+        A[m] = V::fma(V::cvt(dot), V::mul(dw, dx), A[m]);
+      } else {
+        const I qsum = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), ones);  // lane j: Σ q of block 8t + j
+        if constexpr (kType == 6) {
+          dot = V::sub32(dot, V::slli32(qsum, 4));
+          A[m] = V::fma(V::cvt(dot), V::mul(dw, dx), A[m]);
+        } else {
+          A[m] = V::fma(V::cvt(dot), V::mul(dw, dx), A[m]);
+          A[m] = V::fma(V::cvt(qsum), V::mul(mw, dx), A[m]);
+        }
+      }
+    }
+  }
+
+  template <int kType>
+  SPECDEC_Q8_INLINE void legacy() const {
+    F A[MB];
+    SPECDEC_Q8_UNROLL
+    for (int m = 0; m < MB; ++m) A[m] = V::zero();
+    const int64_t G = a.K / kQK, full = G / 8;
+    for (int64_t t = 0; t < full; ++t) octet<kType>(t, 8, A);
+    if (G % 8) octet<kType>(full, static_cast<int>(G % 8), A);
+    store(A);
+  }
+
+  void run(int32_t type) const {
+    switch (type) {
+      case 12: q4_k(); break;
+      case 14: q6_k(); break;
+      case 8: legacy<8>(); break;
+      case 6: legacy<6>(); break;
+      default: legacy<3>(); break;
+    }
+  }
+};
+
+// Rows [n_begin, n_end) of y (n_end - n_begin a multiple of V::kRows), all M rows of x, in tiles
+// of up to kMaxMB rows of x.
+template <class V, int kMaxMB>
+void q8_rows(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
+  static_assert(kMaxMB >= 1 && kMaxMB <= 8, "tiles of 1 to 8 rows of x are instantiated");
+  for (int64_t n = n_begin; n < n_end; n += V::kRows) {
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) {
+      switch (M - m0 >= kMaxMB ? kMaxMB : M - m0) {
+        case 1: Q8Tile<V, 1>{a, n, m0}.run(type); break;
+        case 2: if constexpr (kMaxMB >= 2) Q8Tile<V, 2>{a, n, m0}.run(type); break;
+        case 3: if constexpr (kMaxMB >= 3) Q8Tile<V, 3>{a, n, m0}.run(type); break;
+        case 4: if constexpr (kMaxMB >= 4) Q8Tile<V, 4>{a, n, m0}.run(type); break;
+        case 5: if constexpr (kMaxMB >= 5) Q8Tile<V, 5>{a, n, m0}.run(type); break;
+        case 6: if constexpr (kMaxMB >= 6) Q8Tile<V, 6>{a, n, m0}.run(type); break;
+        case 7: if constexpr (kMaxMB >= 7) Q8Tile<V, 7>{a, n, m0}.run(type); break;
+        default: if constexpr (kMaxMB >= 8) Q8Tile<V, 8>{a, n, m0}.run(type); break;
+      }
+    }
+  }
+}

@@ -1,0 +1,32 @@
+// Internal to the Q8-activation GGUF matmul (q8.h): what the dispatcher (q8_cpu.cpp) hands each
+// ISA tier (the portable loop there, q8_avx2.cpp, q8_avx512.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace specdec::gguf {
+
+struct Q8Args {
+  const uint8_t* xq;       // [M, xq_row_bytes]: the Q8 activations (q8.h)
+  int64_t xq_row_bytes;    // q8_row_bytes(K)
+  int64_t K;
+  const uint8_t* weight;   // N rows of row_bytes = K / QK * block bytes
+  int64_t row_bytes;
+  float* y;                // y[m * ldy + n]
+  int64_t ldy;
+
+  // Row m's codes [K], scales [8 T] and half sums [16 T] (T = octets, q8.h).
+  int64_t octets() const { return (K / 32 + 7) / 8; }
+  const int8_t* codes(int64_t m) const { return reinterpret_cast<const int8_t*>(xq + m * xq_row_bytes); }
+  const float* scales(int64_t m) const { return reinterpret_cast<const float*>(xq + m * xq_row_bytes + K); }
+  const int16_t* sums(int64_t m) const {
+    return reinterpret_cast<const int16_t*>(xq + m * xq_row_bytes + K + 32 * octets());
+  }
+};
+
+// Rows [n_begin, n_end) of y for all M rows of x.
+void matmul_q8_rows_portable(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
+void matmul_q8_rows_avx2(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
+void matmul_q8_rows_avx512(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
+
+}  // namespace specdec::gguf

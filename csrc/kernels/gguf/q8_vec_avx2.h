@@ -1,0 +1,114 @@
+// The AVX2 primitives of q8_body.h: one row of W per ymm register. Included inside an anonymous
+// namespace under `#pragma GCC target("avx2,fma,f16c")` (or a wider target) by q8_avx2.cpp and
+// q8_avx512.cpp (which runs an odd last row with it).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+// Lane j < cnt: the fp16 at p + j * step widened (F16C: exact, as blocks.h's half_to_float for
+// every finite or infinite value), else 0.
+SPECDEC_Q8_INLINE __m256 q8_halves8(const uint8_t* p, int64_t step, int cnt) {
+  __m128i h = _mm_setzero_si128();
+  uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < 8; ++j) {
+    if (j >= cnt) break;
+    std::memcpy(&v[j], p + j * step, 2);
+  }
+  h = _mm_setr_epi16(static_cast<int16_t>(v[0]), static_cast<int16_t>(v[1]), static_cast<int16_t>(v[2]),
+                     static_cast<int16_t>(v[3]), static_cast<int16_t>(v[4]), static_cast<int16_t>(v[5]),
+                     static_cast<int16_t>(v[6]), static_cast<int16_t>(v[7]));
+  return _mm256_cvtph_ps(h);
+}
+
+// Horizontal reduce of 8 int32 vectors: lane j = sum of m[j]'s lanes (integers: any order is
+// exact). Unpacks and adds rather than vphaddd, which Zen 3 runs as several uops per instruction.
+SPECDEC_Q8_INLINE __m256i q8_pair_sums(__m256i a, __m256i b) {
+  // [a0+a2, b0+b2, a1+a3, b1+b3 | the same of lanes 4..7]
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+SPECDEC_Q8_INLINE __m256i q8_quad_sums(__m256i ab, __m256i cd) {
+  // [a, b, c, d sums of lanes 0..3 | of lanes 4..7]
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+}
+SPECDEC_Q8_INLINE __m256i q8_reduce8_256(const __m256i* m) {
+  const __m256i h0123 = q8_quad_sums(q8_pair_sums(m[0], m[1]), q8_pair_sums(m[2], m[3]));
+  const __m256i h4567 = q8_quad_sums(q8_pair_sums(m[4], m[5]), q8_pair_sums(m[6], m[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x21), _mm256_blend_epi32(h0123, h4567, 0xf0));
+}
+
+struct V256 {
+  static constexpr int kRows = 1;
+  using F = __m256;
+  using I = __m256i;
+
+  SPECDEC_Q8_INLINE static I wload(const uint8_t* p, int64_t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  SPECDEC_Q8_INLINE static I wnib16(const uint8_t* p, int64_t) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+  }
+  SPECDEC_Q8_INLINE static I wbit5(const uint8_t* p, int64_t) {
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    // byte i <- byte i / 8 of the word, then test bit i % 8
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                  0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+  }
+  SPECDEC_Q8_INLINE static I xload(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  SPECDEC_Q8_INLINE static I xs16(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  SPECDEC_Q8_INLINE static F xf(const float* p) { return _mm256_loadu_ps(p); }
+  SPECDEC_Q8_INLINE static I and8(I a, int c) { return _mm256_and_si256(a, _mm256_set1_epi8(static_cast<char>(c))); }
+  SPECDEC_Q8_INLINE static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  SPECDEC_Q8_INLINE static I srli16(I a, int n) { return _mm256_srli_epi16(a, n); }
+  SPECDEC_Q8_INLINE static I slli16(I a, int n) { return _mm256_slli_epi16(a, n); }
+  SPECDEC_Q8_INLINE static I slli32(I a, int n) { return _mm256_slli_epi32(a, n); }
+  SPECDEC_Q8_INLINE static I sub32(I a, I b) { return _mm256_sub_epi32(a, b); }
+  SPECDEC_Q8_INLINE static I maddubs(I u, I s) { return _mm256_maddubs_epi16(u, s); }
+  SPECDEC_Q8_INLINE static I madd(I a, I b) { return _mm256_madd_epi16(a, b); }
+  SPECDEC_Q8_INLINE static I ones16() { return _mm256_set1_epi16(1); }
+  SPECDEC_Q8_INLINE static I izero() { return _mm256_setzero_si256(); }
+  SPECDEC_Q8_INLINE static I abs8(I a) { return _mm256_abs_epi8(a); }
+  SPECDEC_Q8_INLINE static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  SPECDEC_Q8_INLINE static I reduce8(const I* m) { return q8_reduce8_256(m); }
+  // 8 bytes b[0] in both 128-bit halves, for bcast16.
+  SPECDEC_Q8_INLINE static I bytes8(const uint64_t* b) { return _mm256_set1_epi64x(static_cast<int64_t>(b[0])); }
+  SPECDEC_Q8_INLINE static I bcast16(I bytes, int s) {
+    return _mm256_shuffle_epi8(bytes, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | s)));  // (s, zero) pairs
+  }
+  SPECDEC_Q8_INLINE static I pairs16(const uint64_t* b) {
+    const __m128i v = _mm_cvtsi64_si128(static_cast<int64_t>(b[0]));
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
+  }
+  SPECDEC_Q8_INLINE static I q6_scales(const uint8_t* p, int64_t) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  SPECDEC_Q8_INLINE static I q6_pair(I sc16, int g) {
+    // dword g = (sc_2g, sc_2g+1) everywhere, then word 0 across the low half, word 1 the high half
+    const __m256i pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g));
+    return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                      2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+  }
+  SPECDEC_Q8_INLINE static F halves8(const uint8_t* p, int64_t step, int64_t, int cnt) {
+    return q8_halves8(p, step, cnt);
+  }
+  SPECDEC_Q8_INLINE static F rows_f(const float* v) { return _mm256_set1_ps(v[0]); }
+  SPECDEC_Q8_INLINE static float h2f(uint16_t h) { return _cvtsh_ss(h); }
+  SPECDEC_Q8_INLINE static F zero() { return _mm256_setzero_ps(); }
+  SPECDEC_Q8_INLINE static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  SPECDEC_Q8_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  SPECDEC_Q8_INLINE static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  SPECDEC_Q8_INLINE static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), q8.h's order.
+  SPECDEC_Q8_INLINE static float h8(__m256 v) {
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t2 = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+  }
+  SPECDEC_Q8_INLINE static void hsum(F v, float* out) { out[0] = h8(v); }
+};
