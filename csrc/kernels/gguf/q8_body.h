@@ -160,9 +160,14 @@ struct Q8Tile {
       w[j] = V::izero();
       if (j >= cnt) continue;
       const uint8_t* b = blk + j * kBytes;
-      if constexpr (kType == 8) w[j] = V::wload(b + 2, a.row_bytes);
+      if constexpr (kType == 8) w[j] = V::wload(b + 2, a.row_bytes);  // signs; |w| below
       if constexpr (kType == 6) w[j] = V::or_(V::wnib16(b + 6, a.row_bytes), V::wbit5(b + 2, a.row_bytes));
       if constexpr (kType == 3) w[j] = V::wnib16(b + 4, a.row_bytes);
+    }
+    I wabs[8];
+    if constexpr (kType == 8) {
+      SPECDEC_Q8_UNROLL
+      for (int j = 0; j < 8; ++j) wabs[j] = V::abs8(w[j]);
     }
     const F dw = V::halves8(blk, kBytes, a.row_bytes, cnt);
     F mw = V::zero();
@@ -180,7 +185,7 @@ struct Q8Tile {
         }
         const I x = V::xload(q + 32 * j);
         if constexpr (kType == 8) {
-          p[j] = V::madd(V::maddubs(V::abs8(w[j]), V::sign8(x, w[j])), ones);
+          p[j] = V::madd(V::maddubs(wabs[j], V::sign8(x, w[j])), ones);
         } else if constexpr (kType == 6) {
           p[j] = V::madd(V::maddubs(w[j], x), ones);
         } else {
