@@ -13,7 +13,9 @@ median time and weight GB/s (the blocks' bytes / time) of gguf_matmul, and in th
   * bf16 linear: torch.nn.functional.linear in bfloat16 with a bf16 weight of the shape (the
     project's bf16 path), x in bf16;
 
-as ratios baseline time / gguf time (> 1: gguf faster). Every weight is held in enough copies,
+as ratios baseline time / gguf time (> 1: gguf faster), and q8: gguf_matmul(activations="q8")
+(x quantised to int8 per 32-value block, integer dot products; quantisation included in the
+time), its weight GB/s and its speedup over the float32-activation gguf_matmul. Every weight is held in enough copies,
 rotated, that the one read is not in the last-level cache (--cache-mib, default 64). Each case
 first checks gguf_matmul against x · dequant(W)ᵀ (max_rel_err), so a wrong kernel reports no
 speed. CPU only for now (the CUDA kernel of this first stage is not tuned). Writes JSON (default
@@ -45,6 +47,7 @@ CASES_QUICK = [(Q4_K, 8960, 1536), (Q6_K, 8960, 1536), (Q8_0, 8960, 1536), (Q5_0
 MS = [1, 5, 16, 64]
 MS_QUICK = [1, 5, 16]
 RTOL = 1e-5  # tests/test_gguf.py's float32 bound, relative to max(|x|·|W|ᵀ)
+Q8_RTOL = 1e-2  # tests/test_gguf_q8.py's bound for int8 activations
 # fp16 fields (byte offset) of each format's block, set to sane scales in the random blocks
 HALVES = {Q4_1: [(0, 1e-3, 2e-2), (2, -0.2, 0.2)], Q5_0: [(0, -2e-2, 2e-2)], Q8_0: [(0, -2e-2, 2e-2)],
           Q4_K: [(0, 1e-4, 5e-3), (2, 1e-4, 5e-3)], Q6_K: [(208, -5e-3, 5e-3)]}
@@ -84,28 +87,34 @@ def run(quick: bool, cache_bytes: int, repeats: int) -> dict:
             y = g.gguf_matmul(x, w0)
             exact = x.double() @ dense[0].double().T
             err = ((y.double() - exact).abs().max() / (x.double().abs() @ dense[0].double().abs().T).max()).item()
-            row = {"format": name, "N": n, "K": k, "M": m, "weight_bytes": wbytes, "max_rel_err": err}
-            if not err <= RTOL:
-                row["error"] = f"max_rel_err {err:.3g} > {RTOL}: not timed"
+            y8 = g.gguf_matmul(x, w0, activations="q8")
+            err8 = ((y8.double() - exact).abs().max() / (x.double().abs() @ dense[0].double().abs().T).max()).item()
+            row = {"format": name, "N": n, "K": k, "M": m, "weight_bytes": wbytes, "max_rel_err": err,
+                   "q8_max_rel_err": err8}
+            if not (err <= RTOL and err8 <= Q8_RTOL):
+                row["error"] = f"max_rel_err {err:.3g} (> {RTOL}?) or q8 {err8:.3g} (> {Q8_RTOL}?): not timed"
                 rows.append(row)
                 print(row)
                 continue
             t = timing.time_cpu(lambda r: g.gguf_matmul(x, weights[r % len(weights)]), reps)
+            t_q8 = timing.time_cpu(lambda r: g.gguf_matmul(x, weights[r % len(weights)], activations="q8"), reps)
             t_dq = timing.time_cpu(lambda r: x @ g.gguf_dequantize(weights[r % len(weights)]).T, max(3, reps // 4))
             t_fp32 = timing.time_cpu(lambda r: x @ dense[r % len(dense)].T, reps)
             t_bf16 = timing.time_cpu(lambda r: torch.nn.functional.linear(xb, bf16[r % len(bf16)]), reps)
             row.update({
                 "gguf_ms": t * 1e3, "gguf_weight_gbps": wbytes / t / 1e9,
+                "q8_ms": t_q8 * 1e3, "q8_weight_gbps": wbytes / t_q8 / 1e9, "q8_speedup_vs_gguf": t / t_q8,
                 "dequant_mm_ms": t_dq * 1e3, "fp32_mm_ms": t_fp32 * 1e3, "bf16_linear_ms": t_bf16 * 1e3,
                 "bf16_weight_gbps": n * k * 2 / t_bf16 / 1e9,
                 "speedup_vs_dequant_mm": t_dq / t, "speedup_vs_fp32_mm": t_fp32 / t, "speedup_vs_bf16_linear": t_bf16 / t,
             })
             rows.append(row)
             print(f"{name:5s} {n:6d}x{k:<5d} M={m:<3d} gguf {t * 1e3:8.3f} ms {wbytes / t / 1e9:6.2f} GB/s | "
+                  f"q8 {t_q8 * 1e3:8.3f} ms {wbytes / t_q8 / 1e9:6.2f} GB/s x{t / t_q8:4.2f} | "
                   f"dequant+mm x{t_dq / t:6.2f}  fp32 mm x{t_fp32 / t:5.2f}  bf16 linear x{t_bf16 / t:5.2f} "
                   f"({n * k * 2 / t_bf16 / 1e9:5.2f} GB/s)", flush=True)
         del weights, dense, bf16
-    return {"device": "cpu", "isa": g.cpu_isa(), "threads": torch.get_num_threads(),
+    return {"device": "cpu", "isa": g.cpu_isa(), "q8_isa": g.q8_cpu_isa(), "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cache_bytes": cache_bytes, "rows": rows}
 
 

@@ -1,8 +1,14 @@
 // GGUF matmul with int8 activations ("Q8 activations"), torch-free: the rows of x are quantised
 // once per call to int8 blocks of 32, and every weight block is multiplied against them with
-// integer dot products (AVX2 vpmaddubsw / vpmaddwd), which reads a Q4_K weight ~3x faster than the
-// float32-activation kernel of gguf_cpu.h. The result is that of x rounded to 8 bits per 32-value
-// block: relative error ~1e-2 of max|x|·|W|, lossy next to gguf_matmul (see reference/gguf.py).
+// integer dot products (AVX2 vpmaddubsw / vpmaddwd): 1.4-2x the weight bandwidth of the
+// float32-activation kernel of gguf_cpu.h at M = 1, ~2x at M = 5..64 (bench/bench_gguf.py). The
+// result is that of x rounded to 8 bits per 32-value block: relative error ~1e-3 .. 1e-2 of
+// max|x|·|W| next to gguf_matmul (reference/gguf.py's matmul_q8 reproduces it bit for bit).
+//
+// Tiers: portable (q8_cpu.cpp, scalar, written straight from the order below), AVX2 (q8_avx2.cpp
+// over q8_body.h) and AVX-512 (q8_avx512.cpp: for now the same body compiled with AVX-512
+// enabled). All give the same bits for finite fp16 scales (the vector tiers widen fp16 with F16C,
+// which may quiet a NaN scale's payload).
 //
 // ---- The activation format --------------------------------------------------------------------
 // One row of x [K] (K a multiple of 32) has G = K / 32 groups of 32 values and T = ceil(G / 8)

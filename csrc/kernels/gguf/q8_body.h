@@ -12,9 +12,10 @@
 //   xload, xs16, xf 32 code bytes / 16 int16 sums / 8 floats of x, the same for every row n
 //   maddubs(u, s)   u8 x s8 -> int16 sums of adjacent pairs (no saturation can occur: |codes|
 //                   <= 127 and the weight bytes are small, see each format); madd: int16 -> int32
-//   reduce8(m[8])   lane j = the sum of m[j]'s 8 int32 lanes (exact)
-//   bytes8(b)       the 8 bytes b[r] (for bcast16); bcast16(v, s): 16 int16 = byte s of them;
-//                   pairs16(b): int16 b0 b0 b1 b1 .. b7 b7 of b[r]
+//   reduce8(m[8])   lane j = the sum of m[j]'s 8 int32 lanes (exact); reduce8_i16(p[8], c): lane j =
+//                   c_j * the sum of p[j]'s 16 int16 lanes (c = pairs16 of the factors), for codes
+//                   whose sums of 8 int16 lanes fit an int16
+//   pairs16(b)      int16 b0 b0 b1 b1 .. b7 b7 of the 8 bytes b[r]
 //   q6_scales(p,st) Q6_K's 16 int8 scales as int16; q6_pair(v, g): sc_2g x 8, sc_2g+1 x 8
 //   halves8(p, step, st, cnt)  lane j < cnt = the fp16 at p + j * step widened, else 0; h2f one
 //                   fp16 widened (both exact, as blocks.h's half_to_float, NaN payloads aside)
@@ -63,7 +64,8 @@ struct Q8Tile {
   }
 
   // ---- Q4_K: 144 bytes: d @0, dmin @2, scales[12] @4, qs[128] @16 ---------------------------
-  // maddubs pairs <= 2 * 15 * 127; lane s of the reduce = sc_s * Σ w q.
+  // maddubs pairs <= 2 * 15 * 127, so the reduce runs in int16 (reduce8_i16); lane s of the dot =
+  // sc_s * Σ w q (exact in int32).
   SPECDEC_Q8_INLINE void q4_k() const {
     F A[MB];
     SPECDEC_Q8_UNROLL
@@ -79,24 +81,21 @@ struct Q8Tile {
         q4k_scales_mins_bytes(blk + r * a.row_bytes + 4, sc[r], mn[r]);
       }
       const F dv = V::rows_f(d), dmv = V::rows_f(dmin);
-      I w[8], scv[8];
+      I w[8];
       SPECDEC_Q8_UNROLL
       for (int c = 0; c < 4; ++c) {
         const I raw = V::wload(blk + 16 + 32 * c, a.row_bytes);
         w[2 * c] = V::and8(raw, 15);
         w[2 * c + 1] = V::and8(V::srli16(raw, 4), 15);
       }
-      const I scb = V::bytes8(sc);
-      SPECDEC_Q8_UNROLL
-      for (int s = 0; s < 8; ++s) scv[s] = V::bcast16(scb, s);
-      const I mnv = V::pairs16(mn);
+      const I scv = V::pairs16(sc), mnv = V::pairs16(mn);
       SPECDEC_Q8_UNROLL
       for (int m = 0; m < MB; ++m) {
         const int8_t* q = a.codes(m0 + m) + kQK_K * t;
         I p[8];
         SPECDEC_Q8_UNROLL
-        for (int s = 0; s < 8; ++s) p[s] = V::madd(V::maddubs(w[s], V::xload(q + 32 * s)), scv[s]);
-        const I dot = V::reduce8(p);
+        for (int s = 0; s < 8; ++s) p[s] = V::maddubs(w[s], V::xload(q + 32 * s));
+        const I dot = V::reduce8_i16(p, scv);
         const I mins = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), mnv);  // lane s: m_s * Σ q
         const F dx = V::xf(a.scales(m0 + m) + 8 * t);
         A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
@@ -161,9 +160,14 @@ struct Q8Tile {
       w[j] = V::izero();
       if (j >= cnt) continue;
       const uint8_t* b = blk + j * kBytes;
-      if constexpr (kType == 8) w[j] = V::wload(b + 2, a.row_bytes);
+      if constexpr (kType == 8) w[j] = V::wload(b + 2, a.row_bytes);  // signs; |w| below
       if constexpr (kType == 6) w[j] = V::or_(V::wnib16(b + 6, a.row_bytes), V::wbit5(b + 2, a.row_bytes));
       if constexpr (kType == 3) w[j] = V::wnib16(b + 4, a.row_bytes);
+    }
+    I wabs[8];
+    if constexpr (kType == 8) {
+      SPECDEC_Q8_UNROLL
+      for (int j = 0; j < 8; ++j) wabs[j] = V::abs8(w[j]);
     }
     const F dw = V::halves8(blk, kBytes, a.row_bytes, cnt);
     F mw = V::zero();
@@ -181,12 +185,14 @@ struct Q8Tile {
         }
         const I x = V::xload(q + 32 * j);
         if constexpr (kType == 8) {
-          p[j] = V::madd(V::maddubs(V::abs8(w[j]), V::sign8(x, w[j])), ones);
-        } else {
+          p[j] = V::madd(V::maddubs(wabs[j], V::sign8(x, w[j])), ones);
+        } else if constexpr (kType == 6) {
           p[j] = V::madd(V::maddubs(w[j], x), ones);
+        } else {
+          p[j] = V::maddubs(w[j], x);  // 4-bit codes: reduced in int16
         }
       }
-      I dot = V::reduce8(p);
+      I dot = kType == 3 ? V::reduce8_i16(p, ones) : V::reduce8(p);
       const F dx = V::xf(a.scales(m0 + m) + 8 * t);
       if constexpr (kType == 8) {
         A[m] = V::fma(V::cvt(dot), V::mul(dw, dx), A[m]);

@@ -39,6 +39,30 @@ SPECDEC_Q8_INLINE __m256i q8_reduce8_256(const __m256i* m) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x21), _mm256_blend_epi32(h0123, h4567, 0xf0));
 }
 
+// The same reduce from 8 vectors of 16 int16 (maddubs outputs), times an int16 factor per lane:
+// lane j = c_j * (the sum of p[j]'s words), with c = pairs [c0 c0 c1 c1 .. c7 c7] (Q4_K's scales,
+// or ones). For codes whose sums of 8 words fit an int16 (4-bit weights: 16 * 15 * 127 = 30480):
+// three levels of int16 unpack-adds, then one vpmaddwd that adds the two 128-bit halves' sums and
+// multiplies, instead of a vpmaddwd per vector and an int32 tree.
+SPECDEC_Q8_INLINE __m256i q8_pair16(__m256i a, __m256i b) {  // [a0+a4, b0+b4, a1+a5, b1+b5, ...] per 128 bits
+  return _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+}
+SPECDEC_Q8_INLINE __m256i q8_quad16(__m256i ab, __m256i cd) {  // [a, b, c, d of words 0246 | of 1357]
+  return _mm256_add_epi16(_mm256_unpacklo_epi32(ab, cd), _mm256_unpackhi_epi32(ab, cd));
+}
+SPECDEC_Q8_INLINE __m256i q8_reduce8_i16_256(const __m256i* p, __m256i c) {
+  const __m256i abcd = q8_quad16(q8_pair16(p[0], p[1]), q8_pair16(p[2], p[3]));
+  const __m256i efgh = q8_quad16(q8_pair16(p[4], p[5]), q8_pair16(p[6], p[7]));
+  // words j = 0..7 of the low 128 bits: p[j]'s sum over its low half (bytes 0..15); of the high
+  // 128 bits: over its high half
+  const __m256i v = _mm256_add_epi16(_mm256_unpacklo_epi64(abcd, efgh), _mm256_unpackhi_epi64(abcd, efgh));
+  // -> dword j = (low-half sum, high-half sum) of p[j]: qwords lo0 hi0 | lo1 hi1, then interleave
+  const __m256i t = _mm256_permute4x64_epi64(v, 0xd8);
+  const __m256i u = _mm256_shuffle_epi8(t, _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                                            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+  return _mm256_madd_epi16(u, c);
+}
+
 struct V256 {
   static constexpr int kRows = 1;
   using F = __m256;
@@ -76,11 +100,7 @@ struct V256 {
   SPECDEC_Q8_INLINE static I abs8(I a) { return _mm256_abs_epi8(a); }
   SPECDEC_Q8_INLINE static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
   SPECDEC_Q8_INLINE static I reduce8(const I* m) { return q8_reduce8_256(m); }
-  // 8 bytes b[0] in both 128-bit halves, for bcast16.
-  SPECDEC_Q8_INLINE static I bytes8(const uint64_t* b) { return _mm256_set1_epi64x(static_cast<int64_t>(b[0])); }
-  SPECDEC_Q8_INLINE static I bcast16(I bytes, int s) {
-    return _mm256_shuffle_epi8(bytes, _mm256_set1_epi16(static_cast<int16_t>(0x8000 | s)));  // (s, zero) pairs
-  }
+  SPECDEC_Q8_INLINE static I reduce8_i16(const I* p, I c) { return q8_reduce8_i16_256(p, c); }
   SPECDEC_Q8_INLINE static I pairs16(const uint64_t* b) {
     const __m128i v = _mm_cvtsi64_si128(static_cast<int64_t>(b[0]));
     return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
