@@ -100,6 +100,10 @@ class Draft:
     parents: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     context: Any = None  # the proposer's own bookkeeping, handed back to its accept()
+    # Seconds of this proposal spent on work later steps do not repeat (a draft model catching up
+    # with the prompt, or with tokens decoded while the policy did not draft): a speculation policy
+    # leaves them out of the step's cost, which would otherwise make drafting look dear for good.
+    one_time_seconds: float = 0.0
 
     @property
     def is_chain(self) -> bool:

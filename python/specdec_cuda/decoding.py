@@ -98,7 +98,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         last, lengths = next_tokens, next_lengths
         if policy is not None:  # last: the step's time includes the proposer's accept()
             now = time.perf_counter()
-            policy.observe(active, drafted, num_accepted, fed.tokens.shape[1], now - step_start)
+            one_time = draft.one_time_seconds if draft is not None else 0.0
+            policy.observe(active, drafted, num_accepted, fed.tokens.shape[1], now - step_start - one_time)
             step_start = now
     metrics.seconds = time.perf_counter() - start
     metrics.new_tokens = sum(len(o) for o in rows.out)

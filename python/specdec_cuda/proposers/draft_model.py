@@ -23,6 +23,8 @@ falls below it.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .. import ops
@@ -88,8 +90,12 @@ class DraftModelProposer(Proposer):
         idx = self.cache.lengths[:, None] + torch.arange(width, device=device)
         idx = idx.clamp(max=self.seq.shape[1] - 1)
         last = (behind - 1).clamp(min=0)
+        started = time.perf_counter()
         cur = self.draft.forward(self.seq.gather(1, idx), idx, self.cache, logits_at=last).logits[:, 0]
         self.cache.commit(behind)  # cur [B, V]: the drafter's view of position lengths + 1
+        # A steady step feeds 1 or 2 tokens (the last draft, the bonus); more is a catch-up (the
+        # prompt, or tokens decoded without drafting), a cost the policy should not expect again.
+        one_time = time.perf_counter() - started if width > 2 else 0.0
 
         tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
         keep_logits = self.keep_logits
@@ -118,7 +124,7 @@ class DraftModelProposer(Proposer):
             if j + 1 < k_step:
                 cur = self.draft.forward(tokens[:, j : j + 1], positions[:, j : j + 1], self.cache).logits[:, 0]
                 self.cache.commit(ones if uniform else drafting.to(torch.int64))
-        return Draft(tokens, num_draft, self.kind, logits=draft_logits, context=num_draft)
+        return Draft(tokens, num_draft, self.kind, logits=draft_logits, context=num_draft, one_time_seconds=one_time)
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Extend ``seq`` with the accepted drafts and the next token; roll the drafter back."""
