@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: deps build demo test bench bench-real cpu-only-check clean
+.PHONY: deps build demo test bench bench-real llama-cpp-env cpu-only-check clean
 
 $(VENV)/.deps-installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ bench: build
 # trained part, batch 1 and 4, greedy and T = 0.8 (fetches the pair the first time).
 bench-real: build
 	$(PY) bench/bench_real.py
+
+# llama.cpp as a peer of the real bench (`bench/bench_real.py --peers llama.cpp`): llama-cpp-python,
+# pinned, built from the registry's source package as a native CPU build into its own .venv-llamacpp
+# (never into .venv; several minutes on 2 cores; nothing to do when that version is there already).
+llama-cpp-env:
+	PYTHON=$(PYTHON) bash bench/peers/install_llama_cpp.sh
 
 # CPU-only build into a scratch copy, then the CPU tests against it (cheap proof that
 # SPECDEC_CUDA=0 builds and passes).

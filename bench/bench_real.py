@@ -1,7 +1,7 @@
 """The real bench: every method that needs no trained part, on a real target / draft pair from the
 registry, with HumanEval as the workload.
 
-    python bench/bench_real.py [--pair qwen2.5-coder] [--dtype bfloat16|float32] [--prompts N]
+    python bench/bench_real.py [--pair qwen2.5-coder] [--dtype bfloat16|float32] [--weights gguf] [--prompts N]
                                [--max-new-tokens N] [--batch B] [--threads T] [--out PATH]
     make bench-real          # the same, with the defaults
 
@@ -57,9 +57,13 @@ def load_real_pair(args) -> Pair:
     else:
         target_name, draft_name = PAIRS[args.pair]
         target_dir, draft_dir = models.model_path(target_name), models.model_path(draft_name)
-    dtype = getattr(torch, args.dtype)
-    target = models.load(target_dir, dtype=dtype)
-    draft = models.load(draft_dir, dtype=dtype) if draft_dir else None
+    if getattr(args, "weights", "safetensors") == "gguf":  # the files' own blocks, int8 activations
+        target = models.load(target_dir, weights="gguf")
+        draft = models.load(draft_dir, weights="gguf") if draft_dir else None
+    else:
+        dtype = getattr(torch, args.dtype)
+        target = models.load(target_dir, dtype=dtype)
+        draft = models.load(draft_dir, dtype=dtype) if draft_dir else None
     return Pair(target_dir, draft_dir, AutoTokenizer.from_pretrained(target_dir), target, draft)
 
 
@@ -125,12 +129,49 @@ def bench(args) -> dict:
                              lossless=lossless, baseline=baseline, vs_engine_ar=r["tokens_per_s"] / ar["tokens_per_s"],
                              identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
                              **{k: v for k, v in r.items() if k != "outputs"}))
-    return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), dtype=args.dtype, kind=args.kind,
+    if "llama.cpp" in (getattr(args, "peers", None) or ()):
+        rows += llama_cpp_rows(args, pair, workloads, results, eos)
+    dtype = "gguf (int8 activations)" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
+    return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), dtype=dtype, kind=args.kind,
                 prompts_per_workload=args.prompts, max_new_tokens=args.max_new_tokens, batches=batches,
                 temperatures=list(temperatures), threads=torch.get_num_threads(), seed=args.seed,
                 rows=rows, not_benched=not_benched,
                 not_identical=[f"{r['method']} ({r['split']}, batch {r['batch']})" for r in rows
                                if r["lossless"] and r["identical"] is False])
+
+
+def peer_option(name: str) -> str:
+    """``--peers`` values; a missing private environment is reported before the long bench starts."""
+    from bench.peers import llama_cpp_rows as peer
+
+    if name != "llama.cpp":
+        raise argparse.ArgumentTypeError(f"unknown peer {name!r} (known: llama.cpp)")
+    try:
+        peer.python()
+    except FileNotFoundError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
+
+
+def llama_cpp_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: dict,
+                   eos: int | None) -> list[dict]:
+    """``--peers llama.cpp``: llama.cpp on the pair's own GGUF files and the same prompt token ids, batch 1,
+    greedy, same ``--max-new-tokens`` and ``--threads``, in its own environment (bench/peers/); rows named
+    ``llama.cpp ...`` with tokens/s, ``vs_engine_ar`` against this engine's autoregressive row of the
+    workload, and ``agreement`` with that row's tokens (different numerics: reported, not checked)."""
+    from bench.peers import llama_cpp_rows as peer
+
+    target, draft = peer.gguf_of(pair.target_dir), peer.gguf_of(pair.draft_dir)
+    if target is None:
+        print(f"[bench_real] llama.cpp not benched: no model.gguf in {pair.target_dir}", file=sys.stderr)
+        return []
+    print("[bench_real] llama.cpp peer ...", file=sys.stderr, flush=True)
+    prompts = [ids for w in workloads for ids in workloads[w]]
+    job = peer.job(target, draft, prompts, args.max_new_tokens, [eos] if eos is not None else [], args.threads)
+    engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
+    rows = peer.bench_rows(peer.run_peer(job), workloads, engine_ar, peer.size_label(pair.draft_dir) if draft else "")
+    peer.print_rows(rows, "llama.cpp (batch 1, greedy; also in the table below)")
+    return rows
 
 
 def plot(result: dict, path: Path) -> None:
@@ -166,6 +207,9 @@ def main(argv=None) -> int:
     p.add_argument("--target", help="a target checkpoint folder instead of --pair")
     p.add_argument("--draft", help="its draft checkpoint folder (same tokenizer)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
+                   help="the folders' converted bf16 weights (in --dtype), or their GGUF files' quantised blocks "
+                        "as stored (int8 activations as llama.cpp; --dtype is then ignored)")
     p.add_argument("--kind", choices=humaneval.KINDS, default="chat", help="chat requests or raw completion")
     p.add_argument("--prompts", type=int, default=4, help="prompts per workload (each HumanEval half; default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -173,6 +217,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results/real.json")
+    p.add_argument("--peers", nargs="+", type=peer_option, default=[], metavar="PEER",
+                   help="also bench these engines on the same GGUF files and prompts: llama.cpp "
+                        "(needs `make llama-cpp-env`)")
     args = p.parse_args(argv)
     if args.draft and not args.target:
         p.error("--draft needs --target")

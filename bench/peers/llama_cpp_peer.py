@@ -1,0 +1,224 @@
+"""llama.cpp (through llama-cpp-python) as a peer: greedy decoding of given token ids, timed.
+
+Runs with the private environment's interpreter, never the project's (it imports neither torch nor
+specdec_cuda)::
+
+    .venv-llamacpp/bin/python bench/peers/llama_cpp_peer.py JOB.json [--out RESULT.json]
+    ... | .venv-llamacpp/bin/python bench/peers/llama_cpp_peer.py - > RESULT.json
+
+The job (JSON)::
+
+    {"model": "target.gguf", "draft_model": "draft.gguf" or null,
+     "prompts": [[token ids], ...], "max_new_tokens": 64, "eos_token_ids": [151645],
+     "n_threads": 2, "n_ctx": null (long enough for the longest prompt), "warmup_tokens": 8,
+     "modes": ["plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4"]}
+
+Modes:
+
+* ``plain``: one token per target forward (``Llama.generate``, greedy sampler);
+* ``prompt_lookup:N``: ``llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=N)``
+  (llama-cpp-python's default n-gram size 2) proposes up to N tokens copied from the context;
+* ``draft:K``: ``GGUFDraftModel``, a second ``Llama`` on ``draft_model`` that greedily drafts K
+  tokens from its own KV cache, evaluating only what it has not seen.
+
+In both speculative modes the target verifies the proposal in one forward and keeps it while its
+own greedy token agrees, so under greedy decoding every mode emits the tokens of ``plain`` (up to
+the float rounding of a batched forward against a one-token forward).
+
+The result (JSON): the settings, and per mode ``tokens`` / ``seconds`` / ``tokens_per_s`` over all
+prompts and per prompt ``new_tokens`` (EOS included when hit), ``seconds`` (the whole
+``generate``: prefill and decode, the definition bench/bench_real.py uses for this engine),
+``prefill_seconds`` (to the first token), ``tokens_per_s``, and for speculative modes
+``target_forwards`` (verify forwards after the prefill) and ``drafted``. Prompts are interleaved:
+every mode decodes prompt i before any mode decodes prompt i + 1, so load drift hits all modes.
+
+Model objects, built once and reused across prompts (reset before each prompt, so nothing is
+reused from the previous prompt's cache): one target ``Llama`` for ``plain`` (``logits_all=False``)
+and, when a speculative mode is asked for, a second one on the same file (mmap'd, so the weights
+are shared) with ``logits_all=True``, which llama-cpp-python needs to verify a proposal: it samples
+the target at every proposed position (``Llama.__init__`` forces ``_logits_all`` on when given a
+draft model but sizes its logits buffer from the ``logits_all`` argument, so it must be passed).
+The speculative modes swap that object's ``draft_model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import llama_cpp
+from llama_cpp import Llama
+from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+
+# Greedy: temperature 0 makes llama-cpp-python's sampler chain (neutral penalties) + greedy argmax.
+GREEDY = dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+              frequency_penalty=0.0, presence_penalty=0.0)
+DEFAULT_MODES = ("plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4")
+
+
+class GGUFDraftModel(LlamaDraftModel):
+    """Drafts ``num_draft_tokens`` greedy tokens with a small ``Llama`` of the same vocabulary.
+
+    The draft keeps its own KV cache across calls: each call gets the target's whole context
+    (prompt, accepted tokens and the target's latest token); the draft keeps the longest prefix of
+    what it evaluated before that matches (its own accepted drafts included), drops the rest from
+    its cache, evaluates only the new tokens, then drafts. The last drafted token is never
+    evaluated (no one needs its logits unless it is accepted, and then the next call evaluates it).
+    """
+
+    def __init__(self, llm: Llama, num_draft_tokens: int):
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        self.llm, self.num_draft_tokens = llm, num_draft_tokens
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        context = np.asarray(input_ids, dtype=np.intc)
+        seen = self.llm.input_ids[: min(self.llm.n_tokens, len(context))]
+        differ = np.nonzero(seen != context[: len(seen)])[0]
+        keep = int(differ[0]) if len(differ) else len(seen)
+        keep = min(keep, len(context) - 1)  # re-evaluate at least the last token: its logits draft the first
+        self.llm.n_tokens = keep  # Llama.eval drops the KV cache from n_tokens on before it decodes
+        self.llm.eval(context[keep:].tolist())
+        drafted = []
+        for i in range(self.num_draft_tokens):
+            token = self.llm.sample(**GREEDY)
+            drafted.append(token)
+            if i + 1 < self.num_draft_tokens:
+                self.llm.eval([token])
+        return np.array(drafted, dtype=np.intc)
+
+
+class Counting(LlamaDraftModel):
+    """Wraps a proposer to count its calls (one per target verify forward) and drafted tokens."""
+
+    def __init__(self, inner: LlamaDraftModel):
+        self.inner, self.calls, self.drafted = inner, 0, 0
+
+    def reset(self) -> None:
+        self.calls = self.drafted = 0
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        out = self.inner(input_ids, **kwargs)
+        self.calls += 1
+        self.drafted += len(out)
+        return out
+
+
+def parse_mode(mode: str) -> tuple[str, int | None]:
+    """``"plain"`` -> ("plain", None); ``"prompt_lookup:10"`` -> ("prompt_lookup", 10); ``"draft:4"``."""
+    kind, _, arg = mode.partition(":")
+    if kind == "plain" and not arg:
+        return kind, None
+    if kind in ("prompt_lookup", "draft") and arg.isdigit() and int(arg) >= 1:
+        return kind, int(arg)
+    raise ValueError(f"unknown mode {mode!r}: expected plain, prompt_lookup:N or draft:K (N, K >= 1)")
+
+
+def decode(llm: Llama, prompt: list[int], max_new_tokens: int, eos: set[int]) -> dict:
+    """Greedy ``generate`` from ``prompt`` to ``max_new_tokens`` or the first EOS (kept), timed."""
+    llm.reset()  # no prefix reuse from the previous prompt
+    if isinstance(llm.draft_model, Counting):
+        llm.draft_model.reset()
+    tokens: list[int] = []
+    first = None
+    start = time.perf_counter()
+    generator = llm.generate(prompt, reset=True, **GREEDY)
+    for token in generator:
+        if first is None:
+            first = time.perf_counter()
+        tokens.append(int(token))
+        if len(tokens) >= max_new_tokens or token in eos:
+            break
+    seconds = time.perf_counter() - start
+    generator.close()
+    out = dict(new_tokens=tokens, seconds=seconds, prefill_seconds=(first or start) - start,
+               tokens_per_s=len(tokens) / seconds if seconds > 0 else 0.0)
+    if isinstance(llm.draft_model, Counting):
+        out.update(target_forwards=llm.draft_model.calls, drafted=llm.draft_model.drafted)
+    return out
+
+
+def run(job: dict) -> dict:
+    prompts = [list(map(int, p)) for p in job["prompts"]]
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("job['prompts'] must be a non-empty list of non-empty token-id lists")
+    max_new = int(job.get("max_new_tokens", 64))
+    eos = set(map(int, job.get("eos_token_ids", [])))
+    threads = int(job.get("n_threads", 2))
+    modes = list(job.get("modes") or DEFAULT_MODES)
+    parsed = {m: parse_mode(m) for m in modes}
+    if any(kind == "draft" for kind, _ in parsed.values()) and not job.get("draft_model"):
+        raise ValueError("a draft:K mode needs job['draft_model'] (a GGUF path)")
+    longest_draft = max([n for _, n in parsed.values() if n] + [0])
+    # Room for the longest prompt, its new tokens and one proposal past them.
+    n_ctx = int(job.get("n_ctx") or max(map(len, prompts)) + max_new + longest_draft + 16)
+    common = dict(n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False)
+
+    plain = Llama(job["model"], logits_all=False, **common)
+    speculative = (Llama(job["model"], logits_all=True, **common)
+                   if any(kind != "plain" for kind, _ in parsed.values()) else None)
+    draft_llm = (Llama(job["draft_model"], logits_all=False, **dict(common, n_ctx=n_ctx + longest_draft))
+                 if any(kind == "draft" for kind, _ in parsed.values()) else None)
+
+    def prepared(mode: str) -> Llama:
+        kind, n = parsed[mode]
+        if kind == "plain":
+            return plain
+        proposer = (LlamaPromptLookupDecoding(num_pred_tokens=n) if kind == "prompt_lookup"
+                    else GGUFDraftModel(draft_llm, n))
+        speculative.draft_model = Counting(proposer)
+        return speculative
+
+    warmup = int(job.get("warmup_tokens", 8))
+    for mode in modes:  # first decodes allocate llama.cpp's compute buffers; untimed
+        decode(prepared(mode), prompts[0], warmup, eos)
+
+    per_prompt: dict[str, list[dict]] = {m: [] for m in modes}
+    for prompt in prompts:
+        for mode in modes:
+            per_prompt[mode].append(decode(prepared(mode), prompt, max_new, eos))
+
+    results = {}
+    for mode, rows in per_prompt.items():
+        tokens, seconds = sum(len(r["new_tokens"]) for r in rows), sum(r["seconds"] for r in rows)
+        summary = dict(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+                       prefill_seconds=sum(r["prefill_seconds"] for r in rows), prompts=rows)
+        if parsed[mode][0] != "plain":
+            forwards = sum(r["target_forwards"] for r in rows)
+            # tokens per target verify forward after each prompt's first token (1.0 for plain)
+            summary["tau"] = (tokens - len(rows)) / forwards if forwards else None
+            summary["drafted"] = sum(r["drafted"] for r in rows)
+        results[mode] = summary
+    return dict(peer="llama.cpp", llama_cpp_python=llama_cpp.__version__,
+                system_info=llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+                model=job["model"], draft_model=job.get("draft_model"), n_threads=threads, n_ctx=n_ctx,
+                max_new_tokens=max_new, eos_token_ids=sorted(eos), prompt_lookup_max_ngram_size=2,
+                modes=results)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("job", help="the job JSON file, or - for standard input")
+    p.add_argument("--out", help="write the result JSON here (default: standard output)")
+    args = p.parse_args(argv)
+    job = json.load(sys.stdin if args.job == "-" else open(args.job))
+    text = json.dumps(run(job))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
