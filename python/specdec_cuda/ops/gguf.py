@@ -1,4 +1,5 @@
-"""GGUF quantized weights read as stored in the file: ``gguf_matmul`` and ``gguf_dequantize``.
+"""GGUF quantized weights read as stored in the file: ``gguf_matmul``, ``gguf_linear`` (several
+weights concatenated along N, as a model's fused projections), ``gguf_rows`` and ``gguf_dequantize``.
 
 A ``.gguf`` file keeps each quantized weight ``W [N, K]`` as N rows of ``K / QK`` blocks (fp16
 scales + packed codes; layouts in ``specdec_cuda.reference.gguf``). These ops take those bytes as
@@ -13,8 +14,9 @@ kernels give the same bits. ``gguf_dequantize`` equals ``gguf.quants.dequantize`
 
 ``gguf_matmul(x, w, activations="q8")`` first rounds each 32-value block of a row of ``x`` to int8
 with one float32 scale (``quantize_q8``; format in ``csrc/kernels/gguf/q8.h``), then runs integer
-dot products: ~3x the weight bandwidth of the float32-activation kernel on AVX2, at a relative
-error of ~1e-2 of ``max|x|·|W|``. Its order also depends only on K (rows independent, tiers
+dot products: 1.3-2x the float32-activation kernel's weight bandwidth at one row on AVX2 and
+1.4-2.6x at 5-64 rows (``bench/bench_gguf.py``; a whole Qwen2.5-1.5B Q4_K_M step 1.8x), at a
+relative error of ~1e-2 of ``max|x|·|W|``. Its order also depends only on K (rows independent, tiers
 agree bit for bit), and ``reference.gguf.matmul_q8`` reproduces it bit for bit. CPU only.
 """
 
