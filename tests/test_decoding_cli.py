@@ -85,7 +85,7 @@ def test_demo_runs_on_given_folders(tiny_pair, capsys):
     assert rc == 0
     assert "tokens/s" in out and "greedy identical" in out
     table = out[out.index("greedy identical"):]
-    assert "NO" not in table and table.count("yes") == 4  # AR, k, adaptive k, cost policy
+    assert "NO" not in table and table.count("yes") == 5  # AR, k, adaptive k, cost policy, prompt lookup
 
 
 def test_bench_quick_writes_json(tiny_pair, tmp_path, capsys):
