@@ -176,4 +176,16 @@ void claim_parallel_range(int64_t begin, int64_t end, int64_t grain, const F& f)
   ClaimPool::instance().run(begin, end, std::max<int64_t>(grain, 1), threads, f);
 }
 
+// The grain for streaming a weight of `items` rows (or panels) of `item_bytes` each through
+// claim_parallel_range: chunks of 256 KiB .. 2 MiB, aiming at 4 per thread. Larger chunks stream
+// better (each thread's run is contiguous and its prefetch stops at the chunk's end: measured 82%
+// -> 86% of the machine's read bandwidth at one token, 2 threads, from 196 KiB chunks to 2 MiB);
+// enough of them keep the threads balanced. Shared by the packed and the GGUF linears.
+inline int64_t streaming_grain(int64_t items, int64_t item_bytes) {
+  item_bytes = std::max<int64_t>(1, item_bytes);
+  const int64_t threads = std::max(1, at::get_num_threads());
+  const int64_t chunk_bytes = std::clamp<int64_t>(items * item_bytes / (4 * threads), 256 << 10, 2 << 20);
+  return std::max<int64_t>(1, chunk_bytes / item_bytes);
+}
+
 }  // namespace specdec::ops

@@ -22,8 +22,8 @@ namespace {
 constexpr const char* kOp = "decoder_layer";
 
 // A float32 tensor, contiguous, of exactly `shape`.
-void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == shape, kOp, ": ", name,
+void check_f32(const char* op, const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == shape, op, ": ", name,
               " must be a contiguous float32 tensor of shape ", shape, "; got ", t.scalar_type(), " ", t.sizes());
 }
 
@@ -36,7 +36,7 @@ void check_packed(const at::Tensor& packed, const std::optional<at::Tensor>& bia
                   packed.size(2) == skinny::kPanel,
               kOp, ": ", name, " must be a packed float32 / bfloat16 weight [", panels, ", ", K, ", ", skinny::kPanel,
               "] (N=", N, "); got ", packed.scalar_type(), " ", packed.sizes());
-  if (bias.has_value()) check_f32(*bias, "a bias", {N});
+  if (bias.has_value()) check_f32(kOp, *bias, "a bias", {N});
 }
 
 // The checked geometry of one call: x (B, n, Hd), caches (B, Hkv, T, D), Hq query heads.
@@ -64,17 +64,17 @@ LayerShape check_layer(const char* op, const at::Tensor& x, const at::Tensor& no
   TORCH_CHECK(num_kv_heads == s.Hkv && s.Hq > 0 && s.Hq % s.Hkv == 0 && s.D % 2 == 0, op, ": ", s.Hq,
               " query heads over ", num_kv_heads, " KV heads (cache: ", s.Hkv, " heads of dim ", s.D, ") do not fit");
   s.QKV = (s.Hq + 2 * s.Hkv) * s.D;
-  check_f32(k_cache, "k_cache", {s.B, s.Hkv, s.T, s.D});
-  check_f32(v_cache, "v_cache", {s.B, s.Hkv, s.T, s.D});
-  check_f32(norm1, "norm1", {s.Hd});
-  check_f32(norm2, "norm2", {s.Hd});
-  check_f32(cos, "cos", {s.B, s.n, s.D});
-  check_f32(sin, "sin", {s.B, s.n, s.D});
-  check_f32(out, "out", {s.B, s.n, s.Hd});
+  check_f32(op, k_cache, "k_cache", {s.B, s.Hkv, s.T, s.D});
+  check_f32(op, v_cache, "v_cache", {s.B, s.Hkv, s.T, s.D});
+  check_f32(op, norm1, "norm1", {s.Hd});
+  check_f32(op, norm2, "norm2", {s.Hd});
+  check_f32(op, cos, "cos", {s.B, s.n, s.D});
+  check_f32(op, sin, "sin", {s.B, s.n, s.D});
+  check_f32(op, out, "out", {s.B, s.n, s.Hd});
   if (q_norm.has_value() || k_norm.has_value()) {
     TORCH_CHECK(q_norm.has_value() && k_norm.has_value(), op, ": q_norm and k_norm go together");
-    check_f32(*q_norm, "q_norm", {s.D});
-    check_f32(*k_norm, "k_norm", {s.D});
+    check_f32(op, *q_norm, "q_norm", {s.D});
+    check_f32(op, *k_norm, "k_norm", {s.D});
   }
   TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() &&
                   lengths.sizes() == at::IntArrayRef{s.B},
@@ -198,7 +198,7 @@ void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const 
   for (int p = 0; p < 4; ++p) {
     const auto [w, t] = slice(p);
     linears[p] = check_gguf_parts(op, names[p], w, t, shapes[p][0], shapes[p][1]);
-    if (biases[p]->has_value()) check_f32(**biases[p], "a bias", {shapes[p][0]});
+    if (biases[p]->has_value()) check_f32(op, **biases[p], "a bias", {shapes[p][0]});
   }
   run_layer(s, I, x, norm1, norm2, norm_eps, q_norm, k_norm, cos, sin, k_cache, v_cache, sm_scale, out,
             [&](int p, const float* in, int64_t M, int64_t K, float* y, int64_t N) {

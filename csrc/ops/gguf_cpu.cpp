@@ -19,18 +19,25 @@ namespace {
 // Rows of W per thread chunk: at least 64 KiB of blocks, worth a thread start.
 int64_t row_grain(int64_t row_bytes) { return std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(row_bytes, 1)); }
 
+// The arguments of a matmul op (`op` names it in the messages): x (M, K) float32 / bfloat16 /
+// float16, out a contiguous (M, N) tensor of x's dtype, the weight's blocks (N, K) of `type`, all
+// on one device.
+void check_matmul(const char* op, const at::Tensor& x, const at::Tensor& weight, int64_t type, const at::Tensor& out) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be [M, K]; got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
+              ": x must be float32, bfloat16 or float16; got ", x.scalar_type());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
+              op, ": out must be a contiguous [M=", x.size(0), ", N] tensor of x's dtype ", x.scalar_type(), "; got ",
+              out.scalar_type(), " ", out.sizes());
+  TORCH_CHECK(weight.device() == x.device() && out.device() == x.device(), op, ": x (", x.device(), "), weight (",
+              weight.device(), ") and out (", out.device(), ") must be on one device");
+  check_gguf_weight(op, weight, type, out.size(1), x.size(1));
+}
+
 void gguf_matmul_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t type, at::Tensor& out) {
   // x: (M, K) float32 / bfloat16 / float16; weight: GGUF blocks of W (N, K); out: (M, N) of x's dtype
-  TORCH_CHECK(x.dim() == 2, "gguf_matmul: x must be [M, K]; got ", x.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              "gguf_matmul: x must be float32, bfloat16 or float16; got ", x.scalar_type());
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
-              "gguf_matmul: out must be a contiguous [M=", x.size(0), ", N] tensor of x's dtype ", x.scalar_type(),
-              "; got ", out.scalar_type(), " ", out.sizes());
-  TORCH_CHECK(weight.device() == x.device() && out.device() == x.device(), "gguf_matmul: x (", x.device(),
-              "), weight (", weight.device(), ") and out (", out.device(), ") must be on one device");
+  check_matmul("gguf_matmul", x, weight, type, out);
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  check_gguf_weight("gguf_matmul", weight, type, N, K);
   if (M == 0 || N == 0) return;
   // bf16 / fp16 activations widen exactly; the float32 result is rounded once to x's dtype.
   const at::Tensor xf = x.to(at::kFloat).contiguous();
@@ -77,13 +84,8 @@ void gguf_quantize_q8_cpu(const at::Tensor& x, at::Tensor& out) {
 void gguf_matmul_q8_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t type, at::Tensor& out) {
   // x: (M, K) float32 / bfloat16 / float16; weight: GGUF blocks of W (N, K); out: (M, N) of x's dtype
   const at::Tensor xf = q8_input("gguf_matmul_q8", x);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.scalar_type() == x.scalar_type() && out.is_contiguous(),
-              "gguf_matmul_q8: out must be a contiguous [M=", x.size(0), ", N] tensor of x's dtype ", x.scalar_type(),
-              "; got ", out.scalar_type(), " ", out.sizes());
-  TORCH_CHECK(weight.device() == x.device() && out.device() == x.device(), "gguf_matmul_q8: x (", x.device(),
-              "), weight (", weight.device(), ") and out (", out.device(), ") must be on one device");
+  check_matmul("gguf_matmul_q8", x, weight, type, out);
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  check_gguf_weight("gguf_matmul_q8", weight, type, N, K);
   if (M == 0 || N == 0) return;
   // x is quantised once; every thread reads the same Q8 rows against its own rows of W.
   at::Tensor xq = at::empty({M, gguf::q8_row_bytes(K)}, x.options().dtype(at::kByte));

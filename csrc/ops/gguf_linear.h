@@ -98,14 +98,10 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
     xq.resize(M * gguf::q8_row_bytes(K));
     gguf::quantize_rows_q8(x, M, K, xq.data());
   }
-  // Chunks of 256 KiB .. 2 MiB of blocks, aiming at 4 per thread (as ops/packed_linear.h, where
-  // larger chunks were measured to stream better and enough of them keep two threads balanced).
+  // Rows claimed in chunks of 256 KiB .. 2 MiB of blocks (streaming_grain, at the parts' mean row size).
   int64_t bytes = 0;
   for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
-  const int64_t row_bytes = std::max<int64_t>(1, bytes / N);
-  const int64_t threads = std::max(1, at::get_num_threads());
-  const int64_t chunk_bytes = std::clamp<int64_t>(bytes / (4 * threads), 256 << 10, 2 << 20);
-  const int64_t grain = std::max<int64_t>(1, chunk_bytes / row_bytes);
+  const int64_t grain = streaming_grain(N, bytes / N);
   const uint8_t* q = xq.empty() ? nullptr : xq.data();
   claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {
     gguf_linear_rows(x, q, M, K, parts, bias, y, N, begin, end);

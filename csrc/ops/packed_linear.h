@@ -15,16 +15,10 @@ namespace specdec::ops {
 
 inline void packed_linear(const float* x, int64_t M, int64_t K, const at::Tensor& packed, const float* bias,
                           float* y, int64_t N) {
-  // Panels are claimed in chunks of 256 KiB .. 2 MiB of weights, aiming at 4 chunks per thread
-  // (Qwen2.5-1.5B: o 8 chunks of 3 panels, gate|up 28 of 10, the LM head 2 MiB each). Larger
-  // chunks stream better (each thread's run of panels is contiguous, and its prefetch stops at the
-  // chunk's end: measured 82% -> 86% of the machine's read bandwidth at one token, 2 threads, from
-  // 196 KiB chunks to 2 MiB); enough of them keep the threads balanced. Each output is computed
+  // Panels are claimed in chunks of 256 KiB .. 2 MiB of weights (streaming_grain; Qwen2.5-1.5B:
+  // o 8 chunks of 3 panels, gate|up 28 of 10, the LM head 2 MiB each). Each output is computed
   // whole by whichever thread claims its panel: the bits do not depend on the thread count.
-  const int64_t panel_bytes = std::max<int64_t>(1, K * skinny::kPanel * packed.element_size());
-  const int64_t threads = std::max(1, at::get_num_threads());
-  const int64_t chunk_bytes = std::clamp<int64_t>(packed.size(0) * panel_bytes / (4 * threads), 256 << 10, 2 << 20);
-  const int64_t grain = std::max<int64_t>(1, chunk_bytes / panel_bytes);
+  const int64_t grain = streaming_grain(packed.size(0), K * skinny::kPanel * packed.element_size());
   const bool bf16 = packed.scalar_type() == at::kBFloat16;
   const void* panels = packed.data_ptr();
   claim_parallel_range(0, packed.size(0), grain, [&](int64_t begin, int64_t end) {

@@ -31,6 +31,7 @@
 
 #include "kernels/gguf/blocks.h"
 #include "kernels/gguf/matmul_tiers.h"
+#include "kernels/gguf/tile_rows.h"
 
 #define SPECDEC_GGUF_UNROLL _Pragma("GCC unroll 16")
 // Everything below inlines into the tile loop, so that arrays of vectors indexed by unrolled loop
@@ -262,31 +263,12 @@ struct GgufTile {
     if (b < blocks) block32<kType>(b, A, S);
     store(A, B, kType == 3 ? S : nullptr);
   }
-
-  void run(int32_t type) const {
-    switch (type) {
-      case 12: q4_k(); break;
-      case 14: q6_k(); break;
-      case 8: legacy<8>(); break;
-      case 6: legacy<6>(); break;
-      default: legacy<3>(); break;
-    }
-  }
 };
 
 // Rows [n_begin, n_end) of y (n_end - n_begin a multiple of V::kRows), all M rows of x, in tiles
-// of up to kMaxMB rows of x.
+// of up to kMaxMB rows of x (tile_rows.h).
 template <class V, int kMaxMB>
 void gguf_rows(int32_t type, const MatmulArgs& a, int64_t M, int64_t n_begin, int64_t n_end) {
   static_assert(kMaxMB >= 1 && kMaxMB <= 4, "tiles of 1 to 4 rows of x are instantiated");
-  for (int64_t n = n_begin; n < n_end; n += V::kRows) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) {
-      switch (M - m0 >= kMaxMB ? kMaxMB : M - m0) {
-        case 1: GgufTile<V, 1>{a, n, m0}.run(type); break;
-        case 2: if constexpr (kMaxMB >= 2) GgufTile<V, 2>{a, n, m0}.run(type); break;
-        case 3: if constexpr (kMaxMB >= 3) GgufTile<V, 3>{a, n, m0}.run(type); break;
-        default: if constexpr (kMaxMB >= 4) GgufTile<V, 4>{a, n, m0}.run(type); break;
-      }
-    }
-  }
+  tile_rows<GgufTile, V, kMaxMB>(type, a, M, n_begin, n_end);
 }

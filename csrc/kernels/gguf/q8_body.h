@@ -33,6 +33,7 @@
 
 #include "kernels/gguf/blocks.h"
 #include "kernels/gguf/q8_tiers.h"
+#include "kernels/gguf/tile_rows.h"
 
 #define SPECDEC_Q8_UNROLL _Pragma("GCC unroll 16")
 #define SPECDEC_Q8_INLINE __attribute__((always_inline)) inline
@@ -219,35 +220,12 @@ struct Q8Tile {
     if (G % 8) octet<kType>(full, static_cast<int>(G % 8), A);
     store(A);
   }
-
-  void run(int32_t type) const {
-    switch (type) {
-      case 12: q4_k(); break;
-      case 14: q6_k(); break;
-      case 8: legacy<8>(); break;
-      case 6: legacy<6>(); break;
-      default: legacy<3>(); break;
-    }
-  }
 };
 
 // Rows [n_begin, n_end) of y (n_end - n_begin a multiple of V::kRows), all M rows of x, in tiles
-// of up to kMaxMB rows of x.
+// of up to kMaxMB rows of x (tile_rows.h).
 template <class V, int kMaxMB>
 void q8_rows(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
   static_assert(kMaxMB >= 1 && kMaxMB <= 8, "tiles of 1 to 8 rows of x are instantiated");
-  for (int64_t n = n_begin; n < n_end; n += V::kRows) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) {
-      switch (M - m0 >= kMaxMB ? kMaxMB : M - m0) {
-        case 1: Q8Tile<V, 1>{a, n, m0}.run(type); break;
-        case 2: if constexpr (kMaxMB >= 2) Q8Tile<V, 2>{a, n, m0}.run(type); break;
-        case 3: if constexpr (kMaxMB >= 3) Q8Tile<V, 3>{a, n, m0}.run(type); break;
-        case 4: if constexpr (kMaxMB >= 4) Q8Tile<V, 4>{a, n, m0}.run(type); break;
-        case 5: if constexpr (kMaxMB >= 5) Q8Tile<V, 5>{a, n, m0}.run(type); break;
-        case 6: if constexpr (kMaxMB >= 6) Q8Tile<V, 6>{a, n, m0}.run(type); break;
-        case 7: if constexpr (kMaxMB >= 7) Q8Tile<V, 7>{a, n, m0}.run(type); break;
-        default: if constexpr (kMaxMB >= 8) Q8Tile<V, 8>{a, n, m0}.run(type); break;
-      }
-    }
-  }
+  tile_rows<Q8Tile, V, kMaxMB>(type, a, M, n_begin, n_end);
 }

@@ -1,0 +1,42 @@
+// The loop both GGUF matmuls (matmul_body.h: float32 activations; q8_body.h: int8 activations)
+// run over their tiles: rows n of W in steps of V::kRows, rows of x in tiles of up to kMaxMB, each
+// tile instantiated for its exact height (its accumulators are arrays sized at compile time, kept
+// in registers), and the format's loop picked by type id. Included, like the bodies that use it,
+// inside each tier's anonymous namespace, so every tier instantiates it with its own target options.
+//
+//   Tile<V, MB>{args, n, m0}: rows n .. n + V::kRows - 1 of W against rows m0 .. m0 + MB - 1 of x,
+//   with members q4_k(), q6_k() and legacy<type>() (Q8_0 = 8, Q5_0 = 6, Q4_1 = 3).
+#pragma once
+
+#include <cstdint>
+
+template <class T>
+void run_tile(const T& tile, int32_t type) {
+  switch (type) {
+    case 12: tile.q4_k(); break;
+    case 14: tile.q6_k(); break;
+    case 8: tile.template legacy<8>(); break;
+    case 6: tile.template legacy<6>(); break;
+    default: tile.template legacy<3>(); break;
+  }
+}
+
+// Rows [n_begin, n_end) of y (n_end - n_begin a multiple of V::kRows), all M rows of x.
+template <template <class, int> class Tile, class V, int kMaxMB, class Args>
+void tile_rows(int32_t type, const Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
+  static_assert(kMaxMB >= 1 && kMaxMB <= 8, "tiles of 1 to 8 rows of x are instantiated");
+  for (int64_t n = n_begin; n < n_end; n += V::kRows) {
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) {
+      switch (M - m0 >= kMaxMB ? kMaxMB : M - m0) {
+        case 1: run_tile(Tile<V, 1>{a, n, m0}, type); break;
+        case 2: if constexpr (kMaxMB >= 2) run_tile(Tile<V, 2>{a, n, m0}, type); break;
+        case 3: if constexpr (kMaxMB >= 3) run_tile(Tile<V, 3>{a, n, m0}, type); break;
+        case 4: if constexpr (kMaxMB >= 4) run_tile(Tile<V, 4>{a, n, m0}, type); break;
+        case 5: if constexpr (kMaxMB >= 5) run_tile(Tile<V, 5>{a, n, m0}, type); break;
+        case 6: if constexpr (kMaxMB >= 6) run_tile(Tile<V, 6>{a, n, m0}, type); break;
+        case 7: if constexpr (kMaxMB >= 7) run_tile(Tile<V, 7>{a, n, m0}, type); break;
+        default: if constexpr (kMaxMB >= 8) run_tile(Tile<V, 8>{a, n, m0}, type); break;
+      }
+    }
+  }
+}
