@@ -13,33 +13,18 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
+from _gguf_testlib import HALF_FIELDS, random_blocks  # noqa: E402
 from specdec_cuda.ops import gguf as g  # noqa: E402
 from specdec_cuda.reference import gguf as ref  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 FORMATS = [Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K]
-# Byte offsets of each format's fp16 fields in a block (reference/gguf.py), and a range of sane
-# values for each: scales of real weights, offsets (Q4_1's m) of either sign.
-HALF_FIELDS = {Q.Q4_1: [(0, 1e-3, 2e-2), (2, -0.2, 0.2)], Q.Q5_0: [(0, -2e-2, 2e-2)], Q.Q8_0: [(0, -2e-2, 2e-2)],
-               Q.Q4_K: [(0, 1e-4, 5e-3), (2, 1e-4, 5e-3)], Q.Q6_K: [(208, -5e-3, 5e-3)]}
 # K of the odd shapes: not a power of two, a few blocks (k-quants: 256 per block, others 32).
 ODD_K = {Q.Q4_1: 224, Q.Q5_0: 224, Q.Q8_0: 224, Q.Q4_K: 768, Q.Q6_K: 768}
 
 # gguf_matmul accumulates in float32: max |y - x·Wᵀ| <= MATMUL_RTOL * max(|x|·|W|ᵀ) for K up to a
 # few thousand (measured ~2e-8 at K = 512..1536); bf16 / fp16 outputs add one rounding.
 MATMUL_RTOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
-
-
-def random_blocks(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Blocks of random bytes (every code value, every scale bit pattern of the k-quants' 6-bit
-    scales) with sane fp16 scales.  Shape: uint8 [n, row_bytes]."""
-    rng = np.random.default_rng(seed)
-    qk, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(n, k // qk, nbytes), dtype=np.uint8)
-    for off, lo, hi in HALF_FIELDS[qtype]:
-        vals = rng.uniform(lo, hi, size=raw.shape[:2]).astype(np.float16)
-        raw[:, :, off:off + 2] = vals.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return raw.reshape(n, -1)
 
 
 def quantized_blocks(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:

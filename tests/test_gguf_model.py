@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import specdec_cuda
+from _gguf_testlib import random_blocks
 from specdec_cuda import models
 from specdec_cuda.models.gguf_file import GgufCheckpoint, read_header
 from specdec_cuda.models.layers import PACKED_MAX_ROWS
@@ -29,24 +30,12 @@ pytestmark = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-51
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 256, 4, 2, 64, 512, 300, 2
-# fp16 fields of each format's block and sane ranges (as tests/test_gguf.py)
-HALF_FIELDS = {Q.Q4_1: [(0, 1e-3, 2e-2), (2, -0.2, 0.2)], Q.Q5_0: [(0, -2e-2, 2e-2)], Q.Q8_0: [(0, -2e-2, 2e-2)],
-               Q.Q4_K: [(0, 1e-4, 5e-3), (2, 1e-4, 5e-3)], Q.Q6_K: [(208, -5e-3, 5e-3)]}
 # Which format each tensor gets: every supported one appears, q|k|v and gate|up mix formats.
 FORMAT_OF = {"attn_q": Q.Q4_K, "attn_k": Q.Q5_0, "attn_v": Q.Q6_K, "attn_output": Q.Q8_0, "ffn_gate": Q.Q4_1,
              "ffn_up": Q.Q4_1, "ffn_down": Q.Q6_K, "token_embd": Q.Q8_0, "output": Q.Q4_K}
 HF_NAME = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
            "ffn_down": "mlp.down_proj"}
-
-
-def random_blocks(qtype, n: int, k: int, rng) -> np.ndarray:
-    qk, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(n, k // qk, nbytes), dtype=np.uint8)
-    for off, lo, hi in HALF_FIELDS[qtype]:
-        vals = rng.uniform(lo, hi, size=raw.shape[:2]).astype(np.float16)
-        raw[:, :, off:off + 2] = vals.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return raw.reshape(n, -1)
 
 
 def llama_cpp_row_order(rows: np.ndarray, heads: int) -> np.ndarray:

@@ -8,19 +8,16 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 import pytest
 import torch
 
+from _gguf_testlib import random_blocks as random_block_bytes
 from specdec_cuda.ops import gguf as g
 from specdec_cuda.reference import gguf as ref
 
 Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
 FORMATS = [Q4_1, Q5_0, Q8_0, Q4_K, Q6_K]
 NAMES = {q: g.FORMATS[q][0] for q in FORMATS}
-# fp16 fields (byte offset) of each format's block and a range of sane values (as tests/test_gguf.py)
-HALF_FIELDS = {Q4_1: [(0, 1e-3, 2e-2), (2, -0.2, 0.2)], Q5_0: [(0, -2e-2, 2e-2)], Q8_0: [(0, -2e-2, 2e-2)],
-               Q4_K: [(0, 1e-4, 5e-3), (2, 1e-4, 5e-3)], Q6_K: [(208, -5e-3, 5e-3)]}
 # K per format: legacy 224 = 7 blocks (a partial octet), 1536 = 6 octets; k-quants 256 .. 1536
 SHAPES = {Q4_1: [224, 512, 1536], Q5_0: [224, 512, 1536], Q8_0: [224, 512, 1536],
           Q4_K: [256, 512, 1536], Q6_K: [256, 512, 1536]}
@@ -29,14 +26,8 @@ Q8_RTOL = 1e-2
 
 
 def random_blocks(qtype: int, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Random bytes (every code value) with sane fp16 scales.  Shape: uint8 [n, row_bytes]."""
-    rng = np.random.default_rng(seed)
-    _, qk, nbytes = g.FORMATS[qtype]
-    raw = rng.integers(0, 256, size=(n, k // qk, nbytes), dtype=np.uint8)
-    for off, lo, hi in HALF_FIELDS[qtype]:
-        vals = rng.uniform(lo, hi, size=raw.shape[:2]).astype(np.float16)
-        raw[:, :, off:off + 2] = vals.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return torch.from_numpy(raw.reshape(n, -1))
+    """``_gguf_testlib.random_blocks`` as a tensor.  Shape: uint8 [n, row_bytes]."""
+    return torch.from_numpy(random_block_bytes(qtype, n, k, seed))
 
 
 def weight(qtype: int, n: int, k: int, seed: int = 0) -> g.GgufWeight:

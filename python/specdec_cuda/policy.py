@@ -189,10 +189,8 @@ class CostAwarePolicy:
         if k_max == 0 or not any(adapt):
             return [lim if a else 0 for a, lim in zip(active, limits)]
         fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
-        # Lengths measured for this batch size, or tried often enough (a proposer may feed less than
-        # it was granted, so a grant need not produce its own measurement).
-        untried = [k for k in (0, 1) if self.samples.get((len(rows), max(k, fixed)), 0) < self.WARM_SAMPLES
-                   and self.explored.get((len(rows), max(k, fixed)), 0) < self.WARM_SAMPLES + 2]
+        # The cheap lengths not yet measured for this batch size.
+        untried = [k for k in (0, 1) if self._unmeasured(len(rows), max(k, fixed))]
         if not untried and k_max > 1 and self._worth_measuring(rows, limits, adapt, k_max, fixed, remaining):
             untried = [k_max]
         if untried:  # a new batch size: two cheap lengths fix its cost line (and the longest may be measured)
@@ -222,6 +220,13 @@ class CostAwarePolicy:
         self.explored[key] = self.explored.get(key, 0) + 1
         return [(min(k, lim) if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
 
+    def _unmeasured(self, rows: int, k: int) -> bool:
+        """Whether ``(rows, k)`` still lacks its warm measurements and has not been granted often
+        enough to give up on them (a proposer may feed less than it was granted, so a grant need
+        not produce its own measurement)."""
+        return (self.samples.get((rows, k), 0) < self.WARM_SAMPLES
+                and self.explored.get((rows, k), 0) < self.WARM_SAMPLES + 2)
+
     def _worth_measuring(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
                          remaining: list[int] | None) -> bool:
         """Whether the longest draft, not measured yet at this batch size, should be: its predicted
@@ -231,8 +236,7 @@ class CostAwarePolicy:
         its width on a CPU (1 row 57 ms, 5 rows 134 ms for a 1.5B GGUF model), so the line through
         K = 0 and 1 overstates the longest draft's cost, and a length never measured is never
         chosen; a clearly hopeless one (a drafted step costing several plain ones) is not paid for."""
-        key = (len(rows), max(k_max, fixed))
-        if self.samples.get(key, 0) >= self.WARM_SAMPLES or self.explored.get(key, 0) >= self.WARM_SAMPLES + 2:
+        if not self._unmeasured(len(rows), max(k_max, fixed)):
             return False
         hopeful = max(self.EXPLORE_ALPHA, min(0.98, self._pooled()))
         rates = self._rates(rows, limits, adapt, k_max, fixed, remaining if remaining is not None else [1] * len(limits),
