@@ -129,10 +129,48 @@ def test_flash_attention_needs_a_maskable_implementation():
         HFCausalLM(hf, attn_implementation="flash_attention_2")
 
 
-def test_sliding_window_models_are_refused():
-    hf = make_hf_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
-    with pytest.raises(UnsupportedModelError, match="DynamicSlidingWindowLayer"):
-        HFCausalLM(hf).new_cache(1, 16)
+def test_sliding_window_layers_ragged_rows_and_trees():
+    # Qwen2 with sliding layers (window 4) over full ones: rows of different committed lengths, then
+    # a tree whose deep nodes see only part of the prefix through the window. Every node's logits
+    # equal the raw model's on that row's linear sequence.
+    hf = make_hf_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    model = HFCausalLM(hf)
+    assert model.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    prompt = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(6))
+    tree = torch.randint(0, VOCAB, (2, len(PARENTS)), generator=torch.Generator().manual_seed(7))
+    cache = model.new_cache(2, 32)
+    model.forward(prompt, torch.arange(10).expand(2, 10), cache)
+    cache.commit(torch.tensor([10, 6]))
+    positions = cache.lengths[:, None] + torch.tensor([depths(PARENTS)])
+    out = model.forward(tree, positions, cache, tree_mask=ancestors_mask(PARENTS).expand(2, -1, -1))
+    for b, length in enumerate((10, 6)):
+        for node in range(len(PARENTS)):
+            with torch.no_grad():
+                seq = torch.cat([prompt[b : b + 1, :length], tree[b : b + 1, path_to(PARENTS, node)]], 1)
+                ref = hf(input_ids=seq).logits[0, -1]
+            torch.testing.assert_close(out.logits[b, node], ref, **FP32_TOL)
+    # Keep one path per row (compaction moves the slot positions too), then decode on.
+    cache.commit(torch.tensor([2, 3]), torch.tensor([[0, 2, -1], [0, 1, 3]]))
+    assert cache.lengths.tolist() == [12, 9]
+    assert cache.slot_positions[0, :12].tolist() == list(range(12))
+    assert cache.slot_positions[1, :9].tolist() == list(range(9))
+    step = torch.randint(0, VOCAB, (2, 1), generator=torch.Generator().manual_seed(8))
+    out = model.forward(step, cache.lengths[:, None], cache)
+    kept = [tree[0, [0, 2]], tree[1, [0, 1, 3]]]
+    for b, length in enumerate((10, 6)):
+        with torch.no_grad():
+            seq = torch.cat([prompt[b, :length], kept[b], step[b]])[None]
+            ref = hf(input_ids=seq).logits[0, -1]
+        torch.testing.assert_close(out.logits[b, 0], ref, **FP32_TOL)
+
+
+def test_layers_without_a_rollback_are_refused():
+    cfg = transformers.Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+        layer_types=["linear_attention", "full_attention"], bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    with pytest.raises(UnsupportedModelError, match="linear_attention"):
+        HFCausalLM(transformers.AutoModelForCausalLM.from_config(cfg))
 
 
 def test_eos_token_ids():

@@ -5,22 +5,41 @@ The cache is a ``transformers`` ``DynamicCache`` (K/V [B, H, T, D] per layer, on
 physical slots ``0 .. lengths[b] - 1``; slots ``lengths[b] .. T - 1`` are holes left by rows that
 committed fewer tokens than the longest row, hidden by a 4-D additive attention mask. So ragged
 batches (rows accepting different numbers of tokens) work, and a batch whose rows share one length
-runs with no mask at all (the model's own causal path).
+runs with no mask at all (the model's own causal path) when every layer is full attention.
 
 A forward appends the ``n`` new tokens at physical slots ``T .. T + n - 1``; ``commit`` moves each
 row's kept ones to ``lengths[b] + j`` (the same slot rule as the built-in model) and crops the
-physical length back to ``max(lengths)``.
+physical length back to ``max(lengths)``. The cache also records the position of every slot
+(``HFCache.slot_positions``), which the windowed masks below are computed from.
 
-Attention: custom masks (trees, ragged rows) need the ``sdpa`` or ``eager`` implementation
-(FlashAttention-2 rejects 4-D masks); pass ``attn_implementation="sdpa"`` to switch a model.
-Only models whose cache layers are all plain full-attention ``DynamicLayer`` are supported
-(sliding-window or linear-attention layers cannot be cropped or compacted this way).
+Layer types (``config.layer_types``, or what ``transformers`` infers from the config):
+
+* ``full_attention``: a plain ``DynamicLayer``.
+* ``sliding_attention`` (Gemma 2 / 3, Mistral / Qwen2 / Phi-3 / Qwen3-MoE with ``sliding_window``
+  set, gpt-oss) and ``chunked_attention`` (Llama 4): also a full ``DynamicLayer``, never the
+  ``DynamicSlidingWindowLayer`` that ``transformers`` would pick, since a rolling buffer cannot be
+  cropped back or compacted. The window is applied in the mask instead, by position, with the
+  rule ``transformers``' own mask functions use: a query at position ``q`` sees a key at ``k <= q``
+  when ``q - k < config.sliding_window`` (sliding), or when ``q // C == k // C`` with ``C =
+  config.attention_chunk_size`` (chunked). With a draft tree, a new token sees the committed tokens
+  and its tree ancestors that satisfy the rule. Such models always get explicit masks, one per
+  layer type: a 4-D tensor when all layers share a type, else a dict keyed by layer type (the form
+  ``transformers`` models accept for mixed stacks). The price is memory: windowed layers keep the
+  whole sequence, not just the window.
+* anything else (linear attention / recurrent layers such as Qwen3-Next's gated delta net, indexed
+  or compressed attention, KV-shared layers) is refused with ``UnsupportedModelError`` naming the
+  layer type: their state cannot be rolled back to a shorter prefix or compacted to the accepted
+  tree path.
+
+Attention: custom masks (trees, ragged rows, windows) need the ``sdpa`` or ``eager``
+implementation (FlashAttention-2 rejects 4-D masks); pass ``attn_implementation="sdpa"`` to switch
+a model.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -31,16 +50,27 @@ from ..ops.tree import compact_kv
 from .protocol import ModelOutput, check_commit_args, check_forward_args, logits_rows
 
 _MASKABLE = ("sdpa", "eager")
+_WINDOWED = ("sliding_attention", "chunked_attention")  # full K/V kept, the rule applied in the mask
+_ATTENTION = ("full_attention",) + _WINDOWED
+
+# A layer type's visibility rule between query positions q [B, n, 1] and key positions k [B, 1, K]
+# (both int64), on top of causality / the tree; None: no rule beyond that (full attention).
+MaskRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class HFCache:
-    """DynamicCache plus per-row ``lengths`` [B] int64 (see the module docstring)."""
+    """DynamicCache plus per-row ``lengths`` [B] int64 (see the module docstring).
+
+    ``slot_positions`` [B, max_length + 1] int64: the position of the token in each physical slot
+    (the last column is scratch for compaction's padding lanes).
+    """
 
     def __init__(self, dynamic, batch_size: int, max_length: int, device: torch.device) -> None:
         self.dynamic = dynamic  # transformers.DynamicCache
         self.batch_size = batch_size
         self.max_length = max_length
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        self.slot_positions = torch.zeros(batch_size, max_length + 1, dtype=torch.int64, device=device)
         self.max_length_committed = 0  # host: max(lengths) = committed physical length
         self.uniform = True  # host: every row has the same length (no holes, no mask needed)
         self.num_pending = 0
@@ -57,13 +87,17 @@ class HFCache:
         if current > length:
             self.dynamic.crop(length - current)  # negative: number of tokens to drop
 
-    def begin_forward(self, n: int) -> None:
+    def begin_forward(self, n: int, positions: torch.Tensor | None = None) -> None:
+        """Drop an uncommitted forward, check room for ``n`` new tokens, record their ``positions`` [B, n]."""
         if self.max_length_committed + n > self.max_length:
             raise ValueError(
                 f"KV cache overflow: a row holds {self.max_length_committed} committed tokens and the "
                 f"forward adds {n}, but the cache was made with max_length={self.max_length}"
             )
         self._crop_to(self.max_length_committed)  # drop pending tokens of an uncommitted forward
+        if positions is not None:
+            P = self.max_length_committed
+            self.slot_positions[:, P : P + n] = positions
         self.num_pending = n
 
     def commit(self, num_kept: torch.Tensor, kept_indices: torch.Tensor | None = None) -> None:
@@ -97,11 +131,22 @@ class HFCache:
                 caches = [t for layer in self._layers() for t in (layer.keys, layer.values)]
                 compact_kv(caches, path, (num_kept - 1).clamp(min=0), torch.full_like(num_kept, base),
                            self.lengths)
+                self._compact_positions(path, base)
         self._crop_to(hi_len)
         self.lengths.copy_(new_lengths)
         self.max_length_committed = int(hi_len)
         self.uniform = lo_len == hi_len
         self.num_pending = 0
+
+    def _compact_positions(self, path: torch.Tensor, base: int) -> None:
+        # The same move for the slot positions: slot base + path[b, j] -> lengths[b] + j for the
+        # kept lanes (path >= 0); padding lanes write to the scratch column. The gather reads every
+        # source before the scatter writes, so overlapping sources and destinations are safe.
+        kept = path >= 0
+        source = self.slot_positions.gather(1, base + path.clamp(min=0))  # [B, m]
+        scratch = self.slot_positions.shape[1] - 1
+        target = torch.where(kept, self.lengths[:, None] + torch.arange(path.shape[1], device=self.device), scratch)
+        self.slot_positions.scatter_(1, target, source)
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll rows back to ``lengths`` [B] int64 (each between 0 and the row's current length)."""
@@ -129,7 +174,13 @@ class HFCausalLM:
     ----------
     model : a ``transformers`` ``PreTrainedModel`` with a causal-LM head; it is put in eval mode.
     attn_implementation : if given (``"sdpa"`` or ``"eager"``), switch the model to it; needed
-        for tree masks and ragged batches when the model was loaded with FlashAttention-2.
+        for tree masks, ragged batches and windowed layers when the model was loaded with
+        FlashAttention-2.
+
+    Raises
+    ------
+    UnsupportedModelError : the model has layers other than full, sliding-window or chunked
+        attention (see the module docstring).
 
     Example::
 
@@ -161,6 +212,11 @@ class HFCausalLM:
         # transformers >= 5.? names the cache argument `cache`; earlier releases `past_key_values`.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._decoder_layers = _find_decoder_layers(model, self.num_layers)
+        self.layer_types = _layer_types(config, type(model).__name__)
+        self._rules = {t: _mask_rule(config, t, type(model).__name__) for t in sorted(set(self.layer_types))}
+        self.windowed = any(rule is not None for rule in self._rules.values())
+        if self.windowed:
+            _check_windowed_model(config, type(model).__name__)
 
     @property
     def device(self) -> torch.device:
@@ -173,36 +229,42 @@ class HFCausalLM:
     def new_cache(self, batch_size: int, max_length: int) -> HFCache:
         """An empty cache for ``batch_size`` rows of up to ``max_length`` tokens (pending included)."""
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
-        dynamic = DynamicCache(config=self.model.config)
-        odd = sorted({type(layer).__name__ for layer in dynamic.layers if type(layer) is not DynamicLayer})
-        if odd:
-            raise UnsupportedModelError(
-                f"HFCausalLM supports models whose cache layers are all full-attention DynamicLayer; "
-                f"{type(self.model).__name__} uses {', '.join(odd)}"
-            )
-        return HFCache(dynamic, batch_size, max_length, self.device)
+        if self.windowed:
+            _check_length(self.config, max_length, type(self.model).__name__)
+        # No config: every layer is a plain DynamicLayer, created as the model first writes it (so
+        # sliding and chunked layers keep their whole sequence; their rule is in the mask).
+        return HFCache(DynamicCache(), batch_size, max_length, self.device)
 
-    def _attention_mask(self, cache: HFCache, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+    def _attention_mask(self, cache: HFCache, positions: torch.Tensor,
+                        tree_mask: torch.Tensor | None) -> torch.Tensor | dict[str, torch.Tensor]:
         # Additive [B, 1, n, P + n] over physical slots: row b sees its committed slots < lengths[b]
-        # and, among the new tokens at P .. P + n - 1, those the tree (or causality) allows.
+        # and, among the new tokens at P .. P + n - 1, those the tree (or causality) allows; a
+        # windowed layer type further keeps the keys its rule admits by position.
         impl = getattr(self.model.config, "_attn_implementation", "eager")
         if impl not in _MASKABLE:
             raise ValueError(
-                f"tree masks and ragged batches need sdpa or eager attention (custom 4-D masks), but the "
-                f"model uses {impl!r}; wrap it as HFCausalLM(model, attn_implementation='sdpa')"
+                f"tree masks, ragged batches and windowed layers need sdpa or eager attention (custom 4-D "
+                f"masks), but the model uses {impl!r}; wrap it as HFCausalLM(model, attn_implementation='sdpa')"
             )
-        B, P, device = cache.batch_size, cache.max_length_committed, self.device
+        B, n = positions.shape
+        P, device = cache.max_length_committed, self.device
         committed = torch.arange(P, device=device)[None, :] < cache.lengths[:, None]  # [B, P]
         steps = torch.arange(n, device=device)
         if tree_mask is None:
             new = (steps[None, :] <= steps[:, None]).expand(B, n, n)
         else:
             new = tree_mask.to(torch.bool) | torch.eye(n, dtype=torch.bool, device=device)
-        visible = torch.cat([committed[:, None, :].expand(B, n, P), new], dim=2)
-        mask = torch.zeros(B, 1, n, P + n, dtype=self.dtype, device=device)
-        return mask.masked_fill_(~visible[:, None], torch.finfo(self.dtype).min)
+        visible = torch.cat([committed[:, None, :].expand(B, n, P), new], dim=2)  # [B, n, P + n]
+        key_positions = cache.slot_positions[:, : P + n]  # the new tokens' were recorded by begin_forward
+        query = positions[:, :, None]
+        masks = {}
+        for layer_type, rule in self._rules.items():
+            seen = visible if rule is None else visible & rule(query, key_positions[:, None, :])
+            mask = torch.zeros(B, 1, n, P + n, dtype=self.dtype, device=device)
+            masks[layer_type] = mask.masked_fill_(~seen[:, None], torch.finfo(self.dtype).min)
+        # One layer type: the tensor itself (every model takes it); mixed stacks take a dict.
+        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     @torch.no_grad()
     def forward(
@@ -221,8 +283,9 @@ class HFCausalLM:
         computes them all, and the adapter keeps those) and hidden_states {layer: [B, n, hidden]}.
         """
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
-        cache.begin_forward(n)
-        mask = None if (tree_mask is None and cache.uniform) else self._attention_mask(cache, n, tree_mask)
+        cache.begin_forward(n, positions)
+        needs_mask = tree_mask is not None or not cache.uniform or self.windowed
+        mask = self._attention_mask(cache, positions, tree_mask) if needs_mask else None
 
         # transformers replaces its last hidden state by the final normed one, so the raw output of
         # the last decoder layer comes from a hook.
@@ -259,6 +322,67 @@ class HFCausalLM:
             else:
                 hidden_states[i] = out.hidden_states[i + 1]  # [0] is the embedding output
         return ModelOutput(logits=logits_rows(out.logits, logits_at), hidden_states=hidden_states)
+
+
+def _layer_types(config, name: str) -> list[str]:
+    # transformers' own reading of the config (explicit layer_types, else inferred from
+    # sliding_window / attention_chunk_size), which is also what DynamicCache(config) dispatches on.
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:  # older transformers: explicit layer_types or all full attention
+        types = list(getattr(config, "layer_types", None) or ["full_attention"] * int(config.num_hidden_layers))
+    else:
+        types = list(get_layer_types_and_kwargs(config)[0])
+    odd = sorted(set(types) - set(_ATTENTION))
+    if odd:
+        raise UnsupportedModelError(
+            f"HFCausalLM supports full, sliding-window and chunked attention layers; {name} has "
+            f"{', '.join(odd)} layers, whose state cannot be rolled back to a shorter prefix or compacted "
+            f"to an accepted tree path"
+        )
+    return types
+
+
+def _positive_int(config, attr: str, name: str) -> int:
+    value = getattr(config, attr, None)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedModelError(f"{name} has {attr}-type layers but config.{attr} is {value!r}, not a positive int")
+    return value
+
+
+def _mask_rule(config, layer_type: str, name: str) -> MaskRule | None:
+    # The rules of transformers' masking_utils (sliding_window_overlay / chunked_overlay, no left
+    # padding), by position: query at q, key at k <= q.
+    if layer_type == "sliding_attention":
+        window = _positive_int(config, "sliding_window", name)
+        return lambda q, k: q - k < window
+    if layer_type == "chunked_attention":
+        chunk = _positive_int(config, "attention_chunk_size", name)
+        return lambda q, k: torch.div(q, chunk, rounding_mode="floor") == torch.div(k, chunk, rounding_mode="floor")
+    return None
+
+
+def _check_windowed_model(config, name: str) -> None:
+    # Masking variants that the window rules above do not describe.
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UnsupportedModelError(f"{name} uses bidirectional attention (use_bidirectional_attention=True)")
+    if getattr(config, "is_causal", True) is False:
+        raise UnsupportedModelError(f"{name} is configured as non-causal (is_causal=False)")
+
+
+def _check_length(config, max_length: int, name: str) -> None:
+    # Llama 4 scales the queries of its NoRoPE layers by floor((slot + 1) / floor_scale), with the
+    # slot counted from the cache's physical length rather than the token's position. The two agree
+    # when both stay below floor_scale - 1, which max_length guarantees here (a token's position
+    # never exceeds its slot); past that, trees and ragged rows would get the wrong scale.
+    if getattr(config, "attn_temperature_tuning", False) and any(
+            not use for use in (getattr(config, "no_rope_layers", None) or [1])):
+        floor_scale = int(getattr(config, "floor_scale", 0) or 0)
+        if floor_scale and max_length > floor_scale - 1:
+            raise UnsupportedModelError(
+                f"{name}: attention temperature tuning counts cache slots, not positions; a cache of "
+                f"max_length={max_length} would pass floor_scale={floor_scale} (use max_length <= {floor_scale - 1})"
+            )
 
 
 def _find_decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList | None:
