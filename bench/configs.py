@@ -91,6 +91,17 @@ def ddtree(pair):
     return [("M=16", dict(drafter=drafter, budget=16)), ("M=32", dict(drafter=drafter, budget=32))]
 
 
+def cross_tokenizer(pair):
+    """A draft model of another tokenizer (``bench/bench_real.py --cross-draft DIR``), k = 4, its text
+    re-tokenized for the target: always drafting, and under the cost policy (the method's default).
+    The tokenizers are the two folders' tokenizer.json."""
+    draft = getattr(pair, "cross_draft", None)
+    if draft is None:
+        raise FileNotFoundError("no draft model of another tokenizer (bench/bench_real.py --cross-draft DIR)")
+    options = dict(draft=draft, draft_tokenizer=pair.cross_draft_dir, target_tokenizer=pair.target_dir, k=4)
+    return [("k=4", dict(options, policy="fixed")), ("k=4, cost policy", options)]
+
+
 def diffusion(pair):
     """LOSSY. The cached zoo diffusion LM that shares the pair's tokenizer (one adapted from the
     pair's target, ``<pair>-diffusion-ar`` beside the pair folder, first), Fast-dLLM threshold 0.7
@@ -127,6 +138,8 @@ CONFIGS = {
     # autoregressive output, and quantspec equals autoregressive decoding on its own int4 KV cache
     # instead; bench/bench_quantspec.py measures it against that baseline.
     "quantspec": lambda pair: [],
+    "layer_skip": lambda pair: [("calibrated, k=4", dict(k=4))],
+    "cross_tokenizer": cross_tokenizer,
     "diffusion": diffusion,
 }
 
@@ -149,6 +162,12 @@ def quantspec_real(pair):
     return [("k=4", dict(target=target, baseline="autoregressive, 4-bit KV cache", k=4))]
 
 
+def layer_skip_real(pair):
+    """The target drafting through a subset of its own layers (chosen by the calibration at the first
+    prompt), k = 4: under the cost policy (the default) and always drafting."""
+    return [("calibrated, k=4", dict(k=4)), ("calibrated, k=4, fixed", dict(k=4, policy="fixed"))]
+
+
 # The real bench's configurations (bench/bench_real.py): fewer than the zoo's (a real model's step
 # costs 100x more), every method that needs no trained part; a method missing here runs with its
 # CONFIGS entry, where a method that needs trained heads or a drafter finds them beside the target
@@ -161,6 +180,8 @@ REAL_CONFIGS = {
     "lookahead": lookahead,
     "lookahead+draft": lookahead_draft,
     "quantspec": quantspec_real,
+    "layer_skip": layer_skip_real,
+    "cross_tokenizer": cross_tokenizer,
 }
 
 

@@ -96,3 +96,50 @@ def path_to(parents: list[int], node: int) -> list[int]:
         path.append(node)
         node = parents[node]
     return path[::-1]
+
+
+def write_mimo_checkpoint(source: Path, folder: Path, num_mtp: int = 2, seed: int = 0, noise: float = 0.02) -> Path:
+    """A MiMo-layout checkpoint (Qwen2 decoder + ``model.mtp_layers.{i}.*``) from a Llama/Qwen2
+    checkpoint folder ``source``: its tensors (zero q/k/v biases added where it has none, as a
+    Qwen2 block has them), ``model_type`` "mimo", and ``num_mtp`` MTP layers built to predict a
+    little: each block a noisy copy of the source's layer 0, ``input_proj`` passing the next token's
+    normed embedding (its hidden half small noise), the final norm the source's; so drafts are
+    sometimes accepted and every path of the method runs."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    source, folder = Path(source), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    tensors = {}
+    for f in sorted(source.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    H = config["hidden_size"]
+    q = config["num_attention_heads"] * config.get("head_dim", H // config["num_attention_heads"])
+    kv = config["num_key_value_heads"] * config.get("head_dim", H // config["num_attention_heads"])
+    dtype = tensors["model.norm.weight"].dtype
+    for i in range(config["num_hidden_layers"]):
+        for proj, rows in (("q", q), ("k", kv), ("v", kv)):
+            tensors.setdefault(f"model.layers.{i}.self_attn.{proj}_proj.bias", torch.zeros(rows, dtype=dtype))
+    g = torch.Generator().manual_seed(seed)
+
+    def noisy(t: torch.Tensor) -> torch.Tensor:
+        return (t + noise * t.float().std().clamp(min=1e-3) * torch.randn(t.shape, generator=g)).to(dtype)
+
+    for d in range(num_mtp):
+        p = f"model.mtp_layers.{d}."
+        for name, t in list(tensors.items()):
+            if name.startswith("model.layers.0."):
+                tensors[p + name[len("model.layers.0."):]] = noisy(t)
+        proj = torch.zeros(H, 2 * H, dtype=dtype)
+        proj[:, H:] = 0.3 * torch.eye(H, dtype=dtype)  # [hidden | embedding]: pass the embedding
+        tensors[p + "input_proj.weight"] = noisy(proj)
+        tensors[p + "token_layernorm.weight"] = noisy(torch.ones(H, dtype=dtype))
+        tensors[p + "hidden_layernorm.weight"] = noisy(torch.ones(H, dtype=dtype))
+        tensors[p + "final_layernorm.weight"] = noisy(tensors["model.norm.weight"])
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config.update(model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=num_mtp,
+                  attention_bias=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

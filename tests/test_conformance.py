@@ -128,7 +128,47 @@ CASES = [
                                   policy="fixed"), same_samples_as=AR),
     Case("quantspec", True, method="quantspec", options=lambda env: dict(k=3, group_size=32, policy="fixed"),
          target=lambda env: _quantized_target(env.target)),
+    Case("mtp-native", True, method="mtp", options=lambda env: dict(k=3, policy="fixed"),
+         target=lambda env: _mimo_target(env.target)),
+    # Layer 0 left out: the small target has one layer, so its draft is the head over the embeddings.
+    Case("layer-skip", True, method="layer_skip", options=lambda env: dict(k=3, skip=[0], policy="fixed"),
+         target=lambda env: _builtin_target(env.target, "layer_skip")),
+    Case("layer-skip-cost-policy", True, method="layer_skip", options=lambda env: dict(k=3, skip=[0]),
+         target=lambda env: _builtin_target(env.target, "layer_skip"), same_samples_as="layer-skip"),
+    Case("layer-skip-calibrated", True, method="layer_skip", options=lambda env: dict(k=3, policy="fixed"),
+         target=lambda env: _builtin_target(env.target, "layer_skip")),
 ]
+
+
+_MIMO: dict = {}  # source folder -> its MiMo-layout copy (native MTP layers), written once per session
+
+
+def _mimo_target(model):
+    """The env's target with MTP layers in its checkpoint (MiMo layout), loaded as the built-in model:
+    ``method="mtp"`` with no heads runs the checkpoint's own layers."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from _models_testlib import write_mimo_checkpoint
+    from specdec_cuda import models
+
+    model = _builtin_target(model, "native MTP")
+    source = model.checkpoint_dir
+    if source not in _MIMO:
+        folder = Path(tempfile.mkdtemp(prefix="mimo-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _MIMO[source] = write_mimo_checkpoint(source, folder, num_mtp=2, seed=7)
+    return models.load(_MIMO[source], dtype=model.dtype)
+
+
+def _builtin_target(model, method: str):
+    from specdec_cuda.models import LlamaModel
+
+    if not isinstance(model, LlamaModel):
+        pytest.skip(f"{method} runs a subset of the built-in model's layers; the transformers adapter has no such forward")
+    return model
 
 
 def _quantized_target(model):

@@ -349,3 +349,12 @@ def test_quantspec_drafts_with_the_files_own_blocks(written):
     expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=20).tokens
     out = specdec_cuda.generate(target, prompts, method="quantspec", max_new_tokens=20, k=3, policy="fixed")
     assert out.tokens == expected and out.metrics.tau > 1.5
+
+
+def test_layer_skip_drafts_through_the_files_own_layers(written):
+    _, path, _ = written
+    target = models.load(path)
+    prompts = [torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(8)).tolist()]
+    expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=20).tokens
+    out = specdec_cuda.generate(target, prompts, method="layer_skip", max_new_tokens=20, k=3, policy="fixed")
+    assert out.tokens == expected and out.metrics.drafted[0] > 0  # drafted, verified, exact

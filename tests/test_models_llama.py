@@ -316,3 +316,47 @@ def test_a_packed_model_holds_its_weights_once(family_pair):
     torch.testing.assert_close(packed, plain, **FP32_TOL)
     model.packed_linear = True
     assert torch.equal(model.forward(tokens, positions, model.new_cache(2, 8)).logits, packed) and model.packed
+
+
+# ---- forward(layers=...): the layer-skip draft path ----------------------------------------------
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_forward_over_a_subset_of_layers_equals_the_model_without_the_others(family_pair, packed):
+    # layers=(0, 2) of a 3-layer model is the 2-layer model of those layers (same norm and head):
+    # transformers' own model with layer 1 removed, no cache. Incrementally too, on our cache: the
+    # skipped layer's cache slots are never read by the layers that run.
+    import copy
+
+    if packed and not packed_kernel_available():
+        pytest.skip("no AVX-512 or AVX2: models keep the torch path")
+    _, hf, _, folder = family_pair
+    model = models.load(folder)
+    model.packed_linear = packed
+    short = copy.deepcopy(hf)
+    short.model.layers = torch.nn.ModuleList([short.model.layers[0], short.model.layers[2]])
+    short.config.num_hidden_layers = 2
+    if getattr(short.config, "layer_types", None):
+        short.config.layer_types = short.config.layer_types[:2]
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        ref = short(input_ids=tokens, use_cache=False).logits
+    cache = model.new_cache(2, 16)
+    first = model.forward(tokens[:, :8], torch.arange(8).expand(2, 8), cache, layers=(0, 2), hidden_layers=(2,))
+    cache.commit(torch.full((2,), 8))
+    pieces = [first.logits]
+    for t in range(8, 12):
+        pieces.append(model.forward(tokens[:, t : t + 1], torch.full((2, 1), t), cache, layers=[0, 2]).logits)
+        cache.commit(torch.ones(2, dtype=torch.long))
+    torch.testing.assert_close(torch.cat(pieces, 1), ref, **FP32_TOL)
+    assert set(first.hidden_states) == {2}
+    assert torch.count_nonzero(cache.keys[1]) == 0  # the skipped layer's slots were never written
+
+
+def test_forward_layers_rejects_bad_subsets(family_pair):
+    _, _, model, _ = family_pair
+    tokens, positions = torch.tensor([[3, 5]]), torch.arange(2)[None]
+    for bad in ([1, 0], [0, 0], [0, 3], [-1]):
+        with pytest.raises(ValueError, match="increasing indices"):
+            model.forward(tokens, positions, model.new_cache(1, 4), layers=bad)
+    with pytest.raises(ValueError, match="skips"):
+        model.forward(tokens, positions, model.new_cache(1, 4), layers=[0, 2], hidden_layers=(1,))

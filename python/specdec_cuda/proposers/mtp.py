@@ -49,6 +49,7 @@ class MTPProposer(Proposer):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.head, self.modules, self.k = head, modules, k
+        self.heads = [modules.head_for(d, head) for d in range(modules.num_modules)]  # the head of each depth
         self.max_draft = k
 
     def prefill(self, ctx: PrefillContext) -> None:
@@ -74,12 +75,14 @@ class MTPProposer(Proposer):
         h = self.hidden[depth]
         return h.gather(1, positions[:, :, None].expand(-1, -1, h.shape[-1]))
 
-    def _draw(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft token per row from q = softmax(lm_head(norm(h))). Shape: h [B, H] -> tokens [B],
-        logits [B, V] (None when every row is greedy: the fused op's argmax, no logits written)."""
+    def _draw(self, h: torch.Tensor, position: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft token per row from q = softmax(lm_head(norm(h))) of module ``depth`` (1-based).
+        Shape: h [B, H] -> tokens [B], logits [B, V] (None when every row is greedy: the fused op's
+        argmax, no logits written)."""
+        head = self.heads[depth - 1]
         if self.all_greedy:
-            return self.head.topk(h, 1).indices[:, 0], None
-        logits = self.head.topk(h, 1, return_logits=True).logits
+            return head.topk(h, 1).indices[:, 0], None
+        logits = head.topk(h, 1, return_logits=True).logits
         sampled = ops.sample(logits, **self.params.kwargs(), position=position, purpose=Purpose.DRAFT)
         # A row the sampler flagged (-1) proposes token 0, judged like any draft.
         return sampled.tokens.clamp(min=0), logits
@@ -101,12 +104,14 @@ class MTPProposer(Proposer):
             width = int(behind.max())
             if width > 0:
                 pos = (cache.lengths[:, None] + torch.arange(width, device=L.device)).clamp(max=last - d)
-                h = self.modules(d - 1, self._gather_hidden(d - 1, pos), self.seq.gather(1, pos + d), pos, cache,
-                                 self.head)
+                h_prev = self._gather_hidden(d - 1, pos)
+                if d > 1:  # another module's output, not the target's hidden state
+                    h_prev = self.modules.chain_input(d - 2, h_prev, self.head)
+                h = self.modules(d - 1, h_prev, self.seq.gather(1, pos + d), pos, cache, self.head)
                 cache.commit(behind)
                 # Pad columns land at positions >= L: scratch, never read as valid.
                 self.hidden[d].scatter_(1, pos[:, :, None].expand(-1, -1, h.shape[-1]), h)
-            token, logits = self._draw(self.hidden[d][rows, L - 1], L + d)
+            token, logits = self._draw(self.hidden[d][rows, L - 1], L + d, d)
             draft_logits = self._keep(draft_logits, logits, d - 1, k_step)
             tokens[:, d - 1] = token
             self.seq[rows, (L + d).clamp(max=last)] = token
@@ -114,11 +119,12 @@ class MTPProposer(Proposer):
         for j in range(D + 1, k_step + 1):
             # The last module again, one position on, its own previous output as the hidden input.
             p = (L - 1 + (j - D)).clamp(max=last - D)
-            h = self.modules(D - 1, self.hidden[D][rows, p - 1][:, None], self.seq[rows, p + D][:, None], p[:, None],
-                             self.caches[D - 1], self.head)[:, 0]
+            h_prev = self.modules.chain_input(D - 1, self.hidden[D][rows, p - 1][:, None], self.head)
+            h = self.modules(D - 1, h_prev, self.seq[rows, p + D][:, None], p[:, None], self.caches[D - 1],
+                             self.head)[:, 0]
             self.caches[D - 1].commit(ones)
             self.hidden[D][rows, p] = h
-            token, logits = self._draw(h, L + j)
+            token, logits = self._draw(h, L + j, D)
             draft_logits = self._keep(draft_logits, logits, j - 1, k_step)
             tokens[:, j - 1] = token
             self.seq[rows, (L + j).clamp(max=last)] = token
@@ -158,6 +164,10 @@ def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool
     head = target_head(target)
     if w4_lm_head:
         head.use_w4()
+    if heads is None:  # the checkpoint's own MTP layers (MiMo), or FileNotFoundError saying what it has
+        from ..models.native_mtp import native_modules
+
+        heads = native_modules(target)
     modules = resolve_heads(target, heads, "mtp")
     return MTPProposer(head, modules, k=k)
 
@@ -168,7 +178,8 @@ register(MethodSpec(
     lossless=True,
     make=make_mtp_proposer,
     options={
-        "heads": "MTPModules or a heads folder, trained for this target",
+        "heads": "MTPModules or a heads folder, trained for this target (default: the MTP layers the target's "
+                 "checkpoint carries, MiMo layout; models/native_mtp.py)",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
     },

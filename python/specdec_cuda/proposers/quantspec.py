@@ -22,14 +22,11 @@ has exactly the distribution of the target's autoregressive decoding on the same
 
 from __future__ import annotations
 
-import torch
-
-from .. import ops
 from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
 from ..models.quant_cache import DraftLinears, QuantKVCache, quantized_forward
 from ..models.quant_model import QuantKVModel
-from ..reference.philox import Purpose
+from .self_chain import self_draft_chain
 
 
 class QuantSpecProposer(Proposer):
@@ -55,35 +52,14 @@ class QuantSpecProposer(Proposer):
             raise TypeError(f"quantspec drafts on the target's QuantKVCache, got {type(ctx.cache).__name__}")
         self.cache, self.params = ctx.cache, ctx.params
         # Rejection sampling needs q; all-greedy batches verify greedily and need none.
-        self.keep_logits = not bool((ctx.params.temperature == 0).all())
-        self.kind = DraftKind.SAMPLED if self.keep_logits else DraftKind.GUESS
+        self.kind = DraftKind.GUESS if bool((ctx.params.temperature == 0).all()) else DraftKind.SAMPLED
 
     def propose(self, state: StepState) -> Draft | None:
-        lengths, active = state.lengths, state.active
-        limit = torch.where(active, torch.clamp(state.max_draft, max=self.k), 0)  # [B]
-        k_step = int(limit.max())
-        if k_step == 0:
-            return None
-        cache, batch = self.cache, lengths.shape[0]
-        committed = cache.lengths.clone()  # the draft pass is rolled back to this
-        ones = torch.ones(batch, dtype=torch.int64, device=lengths.device)
-        tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=lengths.device)
-        draft_logits = None
-        current = state.last_tokens[:, None]  # the root, at position lengths
-        for j in range(k_step):
-            logits = quantized_forward(self.target.model, current, lengths[:, None] + j, cache, use_lower=False,
-                                       linears=self.linears).logits[:, 0]  # [B, V]: q at position lengths + j + 1
-            cache.commit(ones)
-            if draft_logits is None and self.keep_logits:
-                draft_logits = torch.empty(batch, k_step, logits.shape[-1], dtype=logits.dtype, device=logits.device)
-            sampled = ops.sample(logits, **self.params.kwargs(), position=lengths + 1 + j, purpose=Purpose.DRAFT)
-            # A row the sampler flagged (-1: bad draft logits) proposes token 0, judged like any draft.
-            torch.clamp(sampled.tokens, min=0, out=tokens[:, j])
-            if self.keep_logits:
-                draft_logits[:, j] = logits
-            current = tokens[:, j : j + 1]
-        cache.truncate(committed)  # verification rewrites these slots with full-precision K/V
-        return Draft(tokens, limit, self.kind, logits=draft_logits)
+        def draft_pass(tokens, positions):  # full-precision buffer, upper 4 bits of the codes, 4-bit linears
+            return quantized_forward(self.target.model, tokens, positions, self.cache, use_lower=False,
+                                     linears=self.linears).logits[:, 0]
+
+        return self_draft_chain(draft_pass, self.cache, state, self.params, self.k, self.kind)
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Nothing to learn: the shared cache was committed by the loop."""
