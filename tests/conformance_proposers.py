@@ -194,3 +194,109 @@ class DeepOffByOne(Wrapped):
         logits = draft.logits.clone()
         logits[:, 1:] = draft.logits[:, :-1]
         return Draft(draft.tokens, draft.num_nodes, draft.kind, logits=logits, context=draft)
+
+
+# -- method="cross_tokenizer": tokenizers and a drafter of another vocabulary for any small target ------
+
+_CROSS: dict = {}  # id(target) -> (target, the options without k), built once per target
+
+
+def train_bpe(alphabet: str, vocab_size: int, seed: int):
+    """A character BPE (no pre-tokenizer, so a text is one word; the decoder joins the pieces)
+    trained to ``vocab_size`` on random strings over ``alphabet``: a tokenizer whose pieces
+    straddle each other's boundaries, as real subword vocabularies do."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, trainers
+
+    rng = random.Random(seed)
+    corpus = ["".join(rng.choice(alphabet) for _ in range(rng.randint(8, 40))) for _ in range(400)]
+    tok = Tokenizer(models.BPE())
+    tok.decoder = decoders.Fuse()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=list(alphabet),
+                                                        limit_alphabet=len(alphabet), show_progress=False))
+    if tok.get_vocab_size() != vocab_size:
+        raise AssertionError(f"trained {tok.get_vocab_size()} tokens, wanted {vocab_size}")
+    return tok
+
+
+def coarser_bpe(tok, keep_merges: int):
+    """Another tokenizer from the BPE ``tok``: its first ``keep_merges`` merges only, ids numbered
+    in reverse. Its pieces are the target's or smaller, so a drafter token often ends inside a
+    target token (the boundary problem) while the two agree on much of the text."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models
+
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]][:keep_merges]
+    pieces = sorted(model["vocab"], key=model["vocab"].get)
+    pieces = [p for p in pieces if len(p) == 1] + ["".join(m) for m in merges]
+    out = Tokenizer(models.BPE(vocab={p: len(pieces) - 1 - i for i, p in enumerate(pieces)}, merges=merges))
+    out.decoder = decoders.Fuse()
+    return out
+
+
+def write_bigram_drafter(folder, sequences, vocab: int) -> None:
+    """A Llama checkpoint that is a bigram model of ``sequences`` (lists of token ids < ``vocab``):
+    one layer whose attention and MLP write nothing (o_proj, down_proj zero), one-hot embeddings,
+    so the final norm gives sqrt(H) e_i and the LM head's column i holds log-counts of what follows
+    token i (scaled by 1 / sqrt(H)). Greedy, it proposes each token's most frequent successor."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden = 4 * ((vocab + 3) // 4)  # H >= vocab, two heads of an even size
+    counts = torch.full((vocab, vocab), 0.1, dtype=torch.float64)  # [previous, next]
+    for seq in sequences:
+        for a, b in zip(seq, seq[1:]):
+            counts[a, b] += 1
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in (model.model.norm, model.model.layers[0].input_layernorm,
+                     model.model.layers[0].post_attention_layernorm):
+            norm.weight.fill_(1.0)
+        model.model.embed_tokens.weight[:, :vocab] = torch.eye(vocab)
+        head = torch.zeros(vocab, hidden, dtype=torch.float64)
+        head[:, :vocab] = counts.log().T / hidden ** 0.5  # head[next, previous]
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(folder)
+
+
+def cross_tokenizer_options(target) -> dict:
+    """``method="cross_tokenizer"`` options for a small random ``target`` (vocabulary 6 .. 64): a BPE
+    target tokenizer of exactly its vocabulary, a BPE drafter tokenizer over the same letters with
+    other merges, and a bigram drafter fitted to the target's own greedy and sampled text (drafter
+    tokens), so drafts are accepted often, whole runs of them included."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import specdec_cuda
+    from specdec_cuda import models
+
+    key = id(target)
+    if key in _CROSS and _CROSS[key][0] is target:
+        return dict(_CROSS[key][1])
+    V = target.vocab_size
+    alphabet = "abcdefgh"[: max(2, min(8, V // 2))]
+    target_tok = train_bpe(alphabet, V, seed=11)
+    draft_tok = coarser_bpe(target_tok, keep_merges=max(1, 2 * (V - len(alphabet)) // 3))
+    # The target's text: greedy from every one-token prompt and a few longer ones, and samples at
+    # the conformance suite's temperature, decoded and re-encoded in the drafter's vocabulary.
+    prompts = [[t] for t in range(V)] + [[1, 2, 3], [5 % V, 6 % V, 7 % V, 8 % V], [4 % V, 1]]
+    texts = []
+    for kw in (dict(), dict(temperature=0.9, top_k=5, top_p=0.95, seed=list(range(len(prompts))))):
+        out = specdec_cuda.generate(target, prompts, max_new_tokens=32, **kw)
+        texts += [target_tok.decode(p + o) for p, o in zip(prompts, out.tokens)]
+    folder = Path(tempfile.mkdtemp(prefix="cross-drafter-"))
+    atexit.register(shutil.rmtree, folder, True)
+    write_bigram_drafter(folder, [draft_tok.encode(t).ids for t in texts], draft_tok.get_vocab_size())
+    draft_tok.save(str(folder / "tokenizer.json"))
+    drafter = models.load(folder, dtype=target.dtype, device=target.device)
+    _CROSS[key] = (target, dict(draft=drafter, draft_tokenizer=folder, target_tokenizer=target_tok))
+    return dict(_CROSS[key][1])
