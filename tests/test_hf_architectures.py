@@ -5,7 +5,8 @@ decide a token), with a one-layer draft of the same family. For each of ``draft`
 ``prompt_lookup`` and ``lookahead`` (chains, trees and riding Jacobi rows), greedy output of two
 prompts of different lengths in one batch (ragged rows, holes in the cache) must be token for token
 what ``transformers``' own ``generate(do_sample=False)`` gives for each prompt alone, with its own
-cache (sliding-window layers as rolling buffers, chunked layers, ...).
+cache (sliding-window layers as rolling buffers, chunked layers, recurrent states, ...). Qwen3-Next's
+linear-attention layers take chains only: its tree methods must raise, its chain ones must match.
 
 Windows are small (sliding 4-5, chunks of 4) and sequences ~40 tokens, so every windowed layer
 drops keys within the test; ``test_the_window_changes_the_output`` checks that each windowed model
@@ -19,7 +20,7 @@ import torch
 import transformers
 
 import specdec_cuda
-from specdec_cuda.models import HFCausalLM
+from specdec_cuda.models import HFCausalLM, UnsupportedModelError
 
 VOCAB = 97
 NEW_TOKENS = 28
@@ -74,8 +75,21 @@ ARCHITECTURES = {
     "llama4": ("Llama4TextConfig", lambda L: dict(COMMON, num_hidden_layers=L, head_dim=8, intermediate_size_mlp=48,
                                                   attention_chunk_size=4, num_local_experts=2,
                                                   no_rope_layers=[int((i + 1) % 3 != 0) for i in range(L)]), "sdpa"),
+    # Qwen3-Next: gated-delta-net (linear attention) layers around a full one, MoE. Its draft has
+    # two layers (linear + full): transformers cannot run a stack with no attention layer.
+    "qwen3_next": ("Qwen3NextConfig", lambda L: dict(COMMON, num_hidden_layers=L, head_dim=8, num_experts=4,
+                                                     num_experts_per_tok=2, moe_intermediate_size=16,
+                                                     linear_num_value_heads=4, linear_num_key_heads=2,
+                                                     linear_key_head_dim=8, linear_value_head_dim=8,
+                                                     layer_types=["linear_attention", "full_attention",
+                                                                  "linear_attention"][:L],
+                                                     initializer_range=0.05), "sdpa"),
 }
 WINDOWED = ("mistral", "gemma2", "gemma3", "gpt_oss", "llama4")
+DRAFT_LAYERS = {"qwen3_next": 2}
+# Recurrent layers follow one sequence: chains only (prompt lookup with one candidate, the draft
+# model); tree methods are refused.
+CHAIN_ONLY = {"qwen3_next": {"prompt_lookup": dict(k=4, num_candidates=1)}}
 
 
 def make(name: str, layers: int, seed: int, **overrides):
@@ -106,7 +120,7 @@ def case(request):
     assert all(len(set(e)) >= 8 for e in expected), f"{name}: degenerate greedy reference {expected}"
     # The draft: the target's first layer with its embeddings and head (a truncated target), so that
     # it agrees with the target often enough for every method path to run.
-    draft = make(name, 1, seed=1)
+    draft = make(name, DRAFT_LAYERS.get(name, 1), seed=1)
     draft.load_state_dict(target.state_dict(), strict=False)
     return name, target, draft, expected
 
@@ -121,6 +135,12 @@ def test_autoregressive_equals_transformers(case):
 def test_speculative_greedy_equals_transformers(case, method):
     name, target, draft, expected = case
     options = dict(METHODS[method], draft=draft) if method == "draft" else METHODS[method]
+    if name in CHAIN_ONLY and method != "draft":
+        if method not in CHAIN_ONLY[name]:
+            with pytest.raises(UnsupportedModelError, match="cannot verify a draft tree"):
+                specdec_cuda.generate(target, PROMPTS, method=method, max_new_tokens=NEW_TOKENS, **options)
+            return
+        options = CHAIN_ONLY[name][method]
     out = specdec_cuda.generate(target, PROMPTS, method=method, max_new_tokens=NEW_TOKENS, **options)
     assert out.tokens == expected, f"{name} / {method}"
     assert out.metrics.tau > 1.0, f"{name} / {method}: no draft token was ever accepted"

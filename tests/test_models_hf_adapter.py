@@ -164,12 +164,68 @@ def test_sliding_window_layers_ragged_rows_and_trees():
         torch.testing.assert_close(out.logits[b, 0], ref, **FP32_TOL)
 
 
-def test_layers_without_a_rollback_are_refused():
+def tiny_qwen3_next():
+    # Gated-delta-net (linear attention) layers around a full-attention one, MoE MLPs.
     cfg = transformers.Qwen3NextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
         num_key_value_heads=1, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-        layer_types=["linear_attention", "full_attention"], bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    with pytest.raises(UnsupportedModelError, match="linear_attention"):
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], initializer_range=0.15,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager").eval()
+
+
+def test_linear_attention_rolls_back_by_recomputation():
+    # Rows that keep fewer tokens than a forward fed them, a truncate, and an uncommitted forward:
+    # each time the next logits equal the raw model's on the row's sequence, so the recurrent states
+    # were put back exactly where each row's committed text ends.
+    hf = tiny_qwen3_next()
+    model = HFCausalLM(hf)
+    assert model.recurrent_layers == [0, 2]
+    seq = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(9))
+    cache = model.new_cache(2, 32)
+
+    def step(tokens, kept=None):
+        out = model.forward(tokens, cache.lengths[:, None] + torch.arange(tokens.shape[1]), cache)
+        if kept is not None:
+            cache.commit(torch.tensor(kept))
+        return out.logits
+
+    def check(logits, rows_text):
+        for b, text in enumerate(rows_text):
+            with torch.no_grad():
+                ref = hf(input_ids=torch.tensor([text])).logits[0, -1]
+            torch.testing.assert_close(logits[b, -1], ref, **FP32_TOL)
+
+    step(seq[:, :10], kept=[10, 6])  # prefill, ragged: row 1 reruns its 6 tokens from the empty state
+    text = [seq[0, :10].tolist(), seq[1, :6].tolist()]
+    feed = torch.stack([seq[0, 10:14], seq[1, 6:10]])
+    step(feed, kept=[4, 2])  # row 1 keeps 2 of 4
+    text = [text[0] + feed[0].tolist(), text[1] + feed[1, :2].tolist()]
+    nxt = torch.tensor([[seq[0, 14]], [seq[1, 20]]])
+    check(step(nxt, kept=[1, 1]), [text[0] + nxt[0].tolist(), text[1] + nxt[1].tolist()])
+    text = [text[0] + nxt[0].tolist(), text[1] + nxt[1].tolist()]
+    assert cache.lengths.tolist() == [15, 9]
+
+    cache.truncate(torch.tensor([12, 9]))  # row 0 back 3 tokens: from a checkpoint, rerun the rest
+    text[0] = text[0][:12]
+    step(torch.tensor([[7, 8, 9], [7, 8, 9]]))  # uncommitted: the next forward discards it
+    nxt = torch.tensor([[seq[0, 22]], [seq[1, 23]]])
+    check(step(nxt, kept=[1, 1]), [text[0] + nxt[0].tolist(), text[1] + nxt[1].tolist()])
+
+    with pytest.raises(UnsupportedModelError, match="cannot verify a draft tree"):
+        model.forward(torch.zeros(2, len(PARENTS), dtype=torch.int64), torch.zeros(2, len(PARENTS), dtype=torch.int64),
+                      cache, tree_mask=ancestors_mask(PARENTS).expand(2, -1, -1))
+
+
+def test_layers_without_a_rollback_are_refused():
+    # LFM2's short-convolution layers ("conv") are neither attention nor the linear attention above.
+    cfg = transformers.Lfm2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, layer_types=["conv", "full_attention"], bos_token_id=0, eos_token_id=0,
+        pad_token_id=0)
+    with pytest.raises(UnsupportedModelError, match="conv"):
         HFCausalLM(transformers.AutoModelForCausalLM.from_config(cfg))
 
 

@@ -26,10 +26,15 @@ Layer types (``config.layer_types``, or what ``transformers`` infers from the co
   layer type: a 4-D tensor when all layers share a type, else a dict keyed by layer type (the form
   ``transformers`` models accept for mixed stacks). The price is memory: windowed layers keep the
   whole sequence, not just the window.
-* anything else (linear attention / recurrent layers such as Qwen3-Next's gated delta net, indexed
-  or compressed attention, KV-shared layers) is refused with ``UnsupportedModelError`` naming the
-  layer type: their state cannot be rolled back to a shorter prefix or compacted to the accepted
-  tree path.
+* ``linear_attention`` (Qwen3-Next's gated delta net): a ``LinearAttentionLayer``, one conv and
+  one recurrent state per row, which only move forward. Such models take chains only (a tree
+  forward raises ``UnsupportedModelError``). Rollback is by checkpoint and recomputation
+  (``_RecurrentStates``): each forward first copies the states; a row that keeps fewer tokens than
+  it was fed is restored from that copy and its kept tokens run through the model again on a
+  one-row cache; ``truncate`` restores the newest checkpoint at or below the new length and reruns
+  the committed tokens after it.
+* anything else (short convolutions such as LFM2's ``conv``, indexed or compressed attention,
+  KV-shared layers) is refused with ``UnsupportedModelError`` naming the layer type.
 
 Attention: custom masks (trees, ragged rows, windows) need the ``sdpa`` or ``eager``
 implementation (FlashAttention-2 rejects 4-D masks); pass ``attn_implementation="sdpa"`` to switch
@@ -52,6 +57,8 @@ from .protocol import ModelOutput, check_commit_args, check_forward_args, logits
 _MASKABLE = ("sdpa", "eager")
 _WINDOWED = ("sliding_attention", "chunked_attention")  # full K/V kept, the rule applied in the mask
 _ATTENTION = ("full_attention",) + _WINDOWED
+_RECURRENT = ("linear_attention",)  # a state per row, rolled back by checkpoint + recomputation
+_MAX_CHECKPOINTS = 8  # recurrent-state checkpoints kept for truncate (older ones: recompute from 0)
 
 # A layer type's visibility rule between query positions q [B, n, 1] and key positions k [B, 1, K]
 # (both int64), on top of causality / the tree; None: no rule beyond that (full attention).
@@ -65,7 +72,8 @@ class HFCache:
     (the last column is scratch for compaction's padding lanes).
     """
 
-    def __init__(self, dynamic, batch_size: int, max_length: int, device: torch.device) -> None:
+    def __init__(self, dynamic, batch_size: int, max_length: int, device: torch.device,
+                 recurrent: "_RecurrentStates | None" = None) -> None:
         self.dynamic = dynamic  # transformers.DynamicCache
         self.batch_size = batch_size
         self.max_length = max_length
@@ -74,30 +82,42 @@ class HFCache:
         self.max_length_committed = 0  # host: max(lengths) = committed physical length
         self.uniform = True  # host: every row has the same length (no holes, no mask needed)
         self.num_pending = 0
+        # Linear-attention layers (None without): their states, checkpoints and the token of each slot.
+        self.recurrent = recurrent
+        self.slot_tokens = (torch.zeros(batch_size, max_length + 1, dtype=torch.int64, device=device)
+                            if recurrent is not None else None)
 
     @property
     def device(self) -> torch.device:
         return self.lengths.device
 
     def _layers(self):
+        # The initialized K/V layers (linear-attention layers have no keys and are never "initialized").
         return [layer for layer in self.dynamic.layers if getattr(layer, "is_initialized", False)]
 
     def _crop_to(self, length: int) -> None:
-        current = self.dynamic.get_seq_length()
-        if current > length:
-            self.dynamic.crop(length - current)  # negative: number of tokens to drop
+        for layer in self._layers():  # K/V layers only: a recurrent layer has no length to crop
+            current = layer.get_seq_length()
+            if current > length:
+                layer.crop(length - current)  # negative: number of tokens to drop
 
-    def begin_forward(self, n: int, positions: torch.Tensor | None = None) -> None:
-        """Drop an uncommitted forward, check room for ``n`` new tokens, record their ``positions`` [B, n]."""
+    def begin_forward(self, n: int, positions: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> None:
+        """Drop an uncommitted forward, check room for ``n`` new tokens, record their ``positions``
+        and ``tokens`` [B, n] in the pending slots."""
         if self.max_length_committed + n > self.max_length:
             raise ValueError(
                 f"KV cache overflow: a row holds {self.max_length_committed} committed tokens and the "
                 f"forward adds {n}, but the cache was made with max_length={self.max_length}"
             )
         self._crop_to(self.max_length_committed)  # drop pending tokens of an uncommitted forward
+        P = self.max_length_committed
         if positions is not None:
-            P = self.max_length_committed
             self.slot_positions[:, P : P + n] = positions
+        if self.recurrent is not None:
+            if tokens is None:
+                raise ValueError("a cache with linear-attention layers needs the forward's tokens")
+            self.slot_tokens[:, P : P + n] = tokens
+            self.recurrent.begin_forward(self, self.lengths.tolist(), discard=self.num_pending > 0)
         self.num_pending = n
 
     def commit(self, num_kept: torch.Tensor, kept_indices: torch.Tensor | None = None) -> None:
@@ -116,6 +136,8 @@ class HFCache:
             )
         if bad and bad[0]:
             raise ValueError(f"kept_indices must index the {self.num_pending} pending tokens (0 .. n-1)")
+        if self.recurrent is not None:
+            self._commit_recurrent(num_kept, kept_indices, base)
 
         # Move row b's kept pending tokens from physical base + i to lengths[b] + j. With no holes
         # and no kept_indices the tokens are already in place.
@@ -131,22 +153,38 @@ class HFCache:
                 caches = [t for layer in self._layers() for t in (layer.keys, layer.values)]
                 compact_kv(caches, path, (num_kept - 1).clamp(min=0), torch.full_like(num_kept, base),
                            self.lengths)
-                self._compact_positions(path, base)
+                self._compact_slots(path, base)
         self._crop_to(hi_len)
         self.lengths.copy_(new_lengths)
         self.max_length_committed = int(hi_len)
         self.uniform = lo_len == hi_len
         self.num_pending = 0
 
-    def _compact_positions(self, path: torch.Tensor, base: int) -> None:
-        # The same move for the slot positions: slot base + path[b, j] -> lengths[b] + j for the
-        # kept lanes (path >= 0); padding lanes write to the scratch column. The gather reads every
-        # source before the scatter writes, so overlapping sources and destinations are safe.
+    def _compact_slots(self, path: torch.Tensor, base: int) -> None:
+        # The same move for the slot positions (and tokens): slot base + path[b, j] -> lengths[b] + j
+        # for the kept lanes (path >= 0); padding lanes write to the scratch column. The gather reads
+        # every source before the scatter writes, so overlapping sources and destinations are safe.
         kept = path >= 0
-        source = self.slot_positions.gather(1, base + path.clamp(min=0))  # [B, m]
         scratch = self.slot_positions.shape[1] - 1
         target = torch.where(kept, self.lengths[:, None] + torch.arange(path.shape[1], device=self.device), scratch)
-        self.slot_positions.scatter_(1, target, source)
+        for slots in (self.slot_positions, self.slot_tokens):
+            if slots is not None:
+                slots.scatter_(1, target, slots.gather(1, base + path.clamp(min=0)))
+
+    def _commit_recurrent(self, num_kept: torch.Tensor, kept_indices: torch.Tensor | None, base: int) -> None:
+        # The recurrent states ran over all n pending tokens; a row keeping fewer goes back to its
+        # state before the forward and runs the kept ones again (a recurrence cannot skip tokens, so
+        # only a prefix of the pending tokens can be kept).
+        kept = num_kept.tolist()
+        if kept_indices is not None:
+            width = kept_indices.shape[1]
+            prefix = torch.arange(width, device=self.device).expand_as(kept_indices)
+            lanes = prefix < num_kept[:, None]
+            if bool((lanes & (kept_indices != prefix)).any()):
+                raise UnsupportedModelError(
+                    "a model with linear-attention layers can keep only a prefix of the pending tokens "
+                    "(a chain), not tree nodes")
+        self.recurrent.commit(self, self.lengths.tolist(), kept, base)
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll rows back to ``lengths`` [B] int64 (each between 0 and the row's current length)."""
@@ -160,11 +198,99 @@ class HFCache:
             raise ValueError(
                 f"truncate: lengths {lengths.tolist()} must lie in [0, current lengths {self.lengths.tolist()}]"
             )
+        if self.recurrent is not None:
+            self.recurrent.truncate(self, self.lengths.tolist(), lengths.tolist())
         self._crop_to(hi)
         self.lengths.copy_(lengths)
         self.max_length_committed = int(hi)
         self.uniform = lo == hi
         self.num_pending = 0
+
+
+class _RecurrentStates:
+    """Rollback for linear-attention (recurrent) layers, by checkpoint and recomputation.
+
+    Such a layer keeps one state per row (a conv window and a recurrent matrix) that only moves
+    forward. Invariant between calls: every row's state is its state after its ``lengths[b]``
+    committed tokens. ``begin_forward`` checkpoints the states (a copy per layer, with the lengths
+    they belong to). A commit that keeps fewer than all pending tokens of a row restores the row
+    from that checkpoint and runs the kept tokens through the model again, on a one-row cache (its
+    K/V prefix copied from the main cache, its recurrent states from the restored row), then copies
+    the row's new states back. ``truncate`` restores the newest checkpoint at or below a row's new
+    length and reruns the committed tokens from there (from the empty state if none is left).
+    Costs: a copy of the states per forward, and a forward over the kept tokens of each partially
+    accepted row.
+    """
+
+    def __init__(self, adapter: "HFCausalLM", layer_indices: list[int]) -> None:
+        self.adapter = adapter
+        self.layer_indices = layer_indices
+        # [lengths, snapshot, valid per row], oldest first: the states at those lengths.
+        self.checkpoints: list[list] = []
+        self.before: list | None = None  # the states before the pending forward
+
+    def _layers(self, cache: HFCache):
+        return [cache.dynamic.layers[i] for i in self.layer_indices]
+
+    def _snapshot(self, cache: HFCache) -> list:
+        # Per layer, per state index: (conv, recurrent) copies; None where there is no state yet.
+        out = []
+        for layer in self._layers(cache):
+            states = []
+            for i in range(layer.number_of_states):
+                started = layer.has_previous_state[i]
+                conv = layer.conv_states[i].clone() if started and layer.is_conv_states_initialized[i] else None
+                rec = layer.recurrent_states[i].clone() if started and layer.is_recurrent_states_initialized[i] else None
+                states.append((conv, rec))
+            out.append(states)
+        return out
+
+    def _restore(self, cache: HFCache, rows, snapshot: list | None) -> None:
+        # Rows' states from a snapshot; None (or no state in it): the empty state, zeros (what a
+        # first forward starts from).
+        for li, layer in enumerate(self._layers(cache)):
+            for i in range(layer.number_of_states):
+                conv, rec = (None, None) if snapshot is None else snapshot[li][i]
+                for b in rows:
+                    if layer.is_conv_states_initialized[i]:
+                        layer.conv_states[i][b] = 0 if conv is None else conv[b]
+                    if layer.is_recurrent_states_initialized[i]:
+                        layer.recurrent_states[i][b] = 0 if rec is None else rec[b]
+
+    def begin_forward(self, cache: HFCache, lengths: list[int], discard: bool) -> None:
+        if discard and self.before is not None:  # an uncommitted forward moved every row's state
+            self._restore(cache, range(cache.batch_size), self.before)
+        self.before = self._snapshot(cache)
+        self.checkpoints.append([list(lengths), self.before, [True] * cache.batch_size])
+        self.checkpoints = self.checkpoints[-_MAX_CHECKPOINTS:]
+
+    def commit(self, cache: HFCache, lengths: list[int], kept: list[int], base: int) -> None:
+        """Rows keeping ``kept[b]`` < n pending tokens: back to ``lengths[b]``, then through those tokens."""
+        for b, k in enumerate(kept):
+            if k < cache.num_pending:
+                self._restore(cache, [b], self.before)
+                if k:
+                    self.adapter._advance_row(cache, b, lengths[b], cache.slot_tokens[b, base : base + k],
+                                              cache.slot_positions[b, base : base + k])
+        self.before = None
+
+    def truncate(self, cache: HFCache, current: list[int], new: list[int]) -> None:
+        if self.before is not None:  # an uncommitted forward: undo it first
+            self._restore(cache, range(cache.batch_size), self.before)
+            self.before = None
+        for b in range(cache.batch_size):
+            if new[b] < current[b]:
+                start, snapshot = 0, None
+                for lengths, states, valid in reversed(self.checkpoints):
+                    if valid[b] and lengths[b] <= new[b]:
+                        start, snapshot = lengths[b], states
+                        break
+                self._restore(cache, [b], snapshot)
+                if new[b] > start:
+                    self.adapter._advance_row(cache, b, start, cache.slot_tokens[b, start : new[b]],
+                                              cache.slot_positions[b, start : new[b]])
+            for lengths, _states, valid in self.checkpoints:  # their tokens past new[b] are gone
+                valid[b] = valid[b] and lengths[b] <= new[b]
 
 
 class HFCausalLM:
@@ -179,8 +305,9 @@ class HFCausalLM:
 
     Raises
     ------
-    UnsupportedModelError : the model has layers other than full, sliding-window or chunked
-        attention (see the module docstring).
+    UnsupportedModelError : the model has layers other than full, sliding-window, chunked or
+        linear attention (see the module docstring); ``forward`` raises it for a draft tree on a
+        model with linear-attention layers.
 
     Example::
 
@@ -213,7 +340,10 @@ class HFCausalLM:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._decoder_layers = _find_decoder_layers(model, self.num_layers)
         self.layer_types = _layer_types(config, type(model).__name__)
-        self._rules = {t: _mask_rule(config, t, type(model).__name__) for t in sorted(set(self.layer_types))}
+        self.recurrent_layers = [i for i, t in enumerate(self.layer_types) if t in _RECURRENT]
+        self._rules = {t: _mask_rule(config, t, type(model).__name__)
+                       for t in sorted(set(self.layer_types) - set(_RECURRENT))}
+        self._logits_arg = "logits_to_keep" if "logits_to_keep" in params else None
         self.windowed = any(rule is not None for rule in self._rules.values())
         if self.windowed:
             _check_windowed_model(config, type(model).__name__)
@@ -228,13 +358,48 @@ class HFCausalLM:
 
     def new_cache(self, batch_size: int, max_length: int) -> HFCache:
         """An empty cache for ``batch_size`` rows of up to ``max_length`` tokens (pending included)."""
-        from transformers import DynamicCache
-
         if self.windowed:
             _check_length(self.config, max_length, type(self.model).__name__)
-        # No config: every layer is a plain DynamicLayer, created as the model first writes it (so
-        # sliding and chunked layers keep their whole sequence; their rule is in the mask).
-        return HFCache(DynamicCache(), batch_size, max_length, self.device)
+        recurrent = _RecurrentStates(self, self.recurrent_layers) if self.recurrent_layers else None
+        return HFCache(self._dynamic_cache(), batch_size, max_length, self.device, recurrent)
+
+    def _dynamic_cache(self):
+        # Every attention layer a plain DynamicLayer (so sliding and chunked layers keep their whole
+        # sequence; their rule is in the mask), every linear-attention layer a LinearAttentionLayer.
+        from transformers import DynamicCache
+
+        cache = DynamicCache()  # no config: layers are DynamicLayer, created as the model writes them
+        if self.recurrent_layers:
+            from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+            cache.layers = [LinearAttentionLayer() if t in _RECURRENT else DynamicLayer() for t in self.layer_types]
+        return cache
+
+    def _advance_row(self, cache: HFCache, b: int, start: int, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        # Run row b's tokens [m] at positions [m] (slots start .. start + m - 1) through the model on a
+        # one-row cache holding row b's K/V slots < start and its current recurrent states, and take
+        # the recurrent states it ends with. Its K/V are dropped: the main cache has them already.
+        sub = self._dynamic_cache()
+        for i, layer in enumerate(cache.dynamic.layers):
+            mine = sub.layers[i]
+            if i in cache.recurrent.layer_indices:
+                for s in (range(layer.number_of_states) if start > 0 else ()):
+                    if layer.is_conv_states_initialized[s]:
+                        mine.update_conv_state(layer.conv_states[s][b : b + 1].clone(), state_idx=s)
+                    if layer.is_recurrent_states_initialized[s]:
+                        mine.update_recurrent_state(layer.recurrent_states[s][b : b + 1].clone(), state_idx=s)
+            elif start > 0 and layer.is_initialized:
+                mine.update(layer.keys[b : b + 1, :, :start].clone(), layer.values[b : b + 1, :, :start].clone())
+        extra = {self._logits_arg: 1} if self._logits_arg else {}
+        self.model(input_ids=tokens[None], position_ids=positions[None], use_cache=True,
+                   **{self._cache_arg: sub}, **extra)
+        for i in cache.recurrent.layer_indices:
+            layer, mine = cache.dynamic.layers[i], sub.layers[i]
+            for s in range(layer.number_of_states):
+                if layer.is_conv_states_initialized[s]:
+                    layer.conv_states[s][b] = mine.conv_states[s][0]
+                if layer.is_recurrent_states_initialized[s]:
+                    layer.recurrent_states[s][b] = mine.recurrent_states[s][0]
 
     def _attention_mask(self, cache: HFCache, positions: torch.Tensor,
                         tree_mask: torch.Tensor | None) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -263,8 +428,11 @@ class HFCausalLM:
             seen = visible if rule is None else visible & rule(query, key_positions[:, None, :])
             mask = torch.zeros(B, 1, n, P + n, dtype=self.dtype, device=device)
             masks[layer_type] = mask.masked_fill_(~seen[:, None], torch.finfo(self.dtype).min)
-        # One layer type: the tensor itself (every model takes it); mixed stacks take a dict.
-        return next(iter(masks.values())) if len(masks) == 1 else masks
+        # One attention type: the tensor itself (every model takes it, and makes its own masks for
+        # linear-attention layers from it); mixed stacks take a dict.
+        if len(masks) == 1:
+            return next(iter(masks.values()))
+        return {**masks, **{t: None for t in set(self.layer_types) & set(_RECURRENT)}}
 
     @torch.no_grad()
     def forward(
@@ -283,7 +451,15 @@ class HFCausalLM:
         computes them all, and the adapter keeps those) and hidden_states {layer: [B, n, hidden]}.
         """
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
-        cache.begin_forward(n, positions)
+        if self.recurrent_layers and tree_mask is not None:
+            chain = torch.ones(n, n, dtype=torch.bool, device=tree_mask.device).tril()
+            if not torch.equal(tree_mask.to(torch.bool) | torch.eye(n, dtype=torch.bool, device=tree_mask.device),
+                               chain.expand(B, n, n)):
+                raise UnsupportedModelError(
+                    f"{type(self.model).__name__} has linear-attention layers: a recurrent state follows one "
+                    f"sequence, so it cannot verify a draft tree; use a chain method (draft, prompt_lookup "
+                    f"with num_candidates=1)")
+        cache.begin_forward(n, positions, tokens)
         needs_mask = tree_mask is not None or not cache.uniform or self.windowed
         mask = self._attention_mask(cache, positions, tree_mask) if needs_mask else None
 
@@ -333,13 +509,16 @@ def _layer_types(config, name: str) -> list[str]:
         types = list(getattr(config, "layer_types", None) or ["full_attention"] * int(config.num_hidden_layers))
     else:
         types = list(get_layer_types_and_kwargs(config)[0])
-    odd = sorted(set(types) - set(_ATTENTION))
+    odd = sorted(set(types) - set(_ATTENTION) - set(_RECURRENT))
     if odd:
         raise UnsupportedModelError(
-            f"HFCausalLM supports full, sliding-window and chunked attention layers; {name} has "
+            f"HFCausalLM supports full, sliding-window, chunked and linear attention layers; {name} has "
             f"{', '.join(odd)} layers, whose state cannot be rolled back to a shorter prefix or compacted "
             f"to an accepted tree path"
         )
+    if set(types) & set(_RECURRENT) and set(types) & set(_WINDOWED):
+        raise UnsupportedModelError(f"{name} mixes linear-attention and windowed layers, which HFCausalLM "
+                                    f"does not combine")
     return types
 
 
