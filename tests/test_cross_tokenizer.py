@@ -25,7 +25,7 @@ import torch
 
 import specdec_cuda
 import test_conformance as conformance
-from conformance_proposers import coarser_bpe, cross_tokenizer_options, train_bpe
+from conformance_proposers import cross_tokenizer_options
 from decoding_models import load_backend, make_checkpoint
 from lossless_stats import chi2_pvalue, exact_joint
 from specdec_cuda.decoding import SamplingParams, decode
