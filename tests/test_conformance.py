@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import specdec_cuda
-from conformance_proposers import ChainAsTree, DeepOffByOne, GuessTree, SampledTree
+from conformance_proposers import ChainAsTree, DeepOffByOne, GuessTree, SampledTree, cross_tokenizer_options
 from decoding_models import load_backend, make_checkpoint
 from lossless_stats import chi2_pvalue, exact_joint, exact_sequences, project
 from specdec_cuda import methods
@@ -128,6 +128,8 @@ CASES = [
                                   policy="fixed"), same_samples_as=AR),
     Case("quantspec", True, method="quantspec", options=lambda env: dict(k=3, group_size=32, policy="fixed"),
          target=lambda env: _quantized_target(env.target)),
+    Case("cross-tokenizer", True, method="cross_tokenizer",
+         options=lambda env: dict(cross_tokenizer_options(env.target), k=3, policy="fixed"), same_samples_as=AR),
     Case("mtp-native", True, method="mtp", options=lambda env: dict(k=3, policy="fixed"),
          target=lambda env: _mimo_target(env.target)),
     # Layer 0 left out: the small target has one layer, so its draft is the head over the embeddings.

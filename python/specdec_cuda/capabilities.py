@@ -17,7 +17,7 @@ from .models.native_mtp import detect_folder
 _NEEDS = {
     "draft": "a draft model with this tokenizer: draft=<model> (another tokenizer: cross_tokenizer)",
     "lookahead+draft": "a draft model with this tokenizer: draft=<model>",
-    "cross_tokenizer": "a draft model and both tokenizers",
+    "cross_tokenizer": "a draft model of another tokenizer: draft=<model> (tokenizers from the model folders)",
     "medusa": "Medusa heads trained for it: heads=<folder> (python -m zoo.train --heads in a checkout)",
     "dflash": "a DFlash drafter trained for it: drafter=<folder>",
     "ddtree": "a DFlash drafter trained for it: drafter=<folder>",
