@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import methods
 from .models.config import UnsupportedModelError, family_of
-from .models.native_mtp import detect_folder
+from .models.native_mtp import detect
 
 # What a method needs beyond the target itself; methods not listed need nothing.
 _NEEDS = {
@@ -30,7 +30,7 @@ _BUILTIN_ONLY = ("quantspec", "layer_skip", "mtp")  # they run the built-in mode
 
 def checkpoint_methods(folder: str | Path) -> tuple[list[tuple[str, bool, str]], str]:
     """([(method, runs with no options, note)], a line about the checkpoint) for a HF folder."""
-    from .models.loader import read_checkpoint_config
+    from .models.loader import SafetensorsFolder, read_checkpoint_config
 
     folder, _, raw = read_checkpoint_config(folder, "a Hugging Face checkpoint folder")
     try:
@@ -38,7 +38,7 @@ def checkpoint_methods(folder: str | Path) -> tuple[list[tuple[str, bool, str]],
         builtin, why_not = True, ""
     except UnsupportedModelError as exc:
         family, builtin, why_not = None, False, str(exc).split(";")[0]
-    native = detect_folder(folder) if builtin else None
+    native = detect(raw, SafetensorsFolder(folder)) if builtin else None
     about = (f"{folder}: {raw.get('model_type', '?')}, " + (f"the built-in model runs it ({family})" if builtin
              else "the built-in model does not run it: models.HFCausalLM does")
              + (f"; it carries {native.describe()}" if native else "; no MTP layers"))

@@ -205,7 +205,6 @@ class MTPModules(nn.Module):
             nn.Parameter(torch.ones(config.hidden_size, dtype=dtype, device=device)) for _ in range(num_modules)
         ) if final_norm else None
         self.chain_normed = chain_normed
-        self.source: str | None = None  # where the modules came from, when not trained here (native_mtp.py)
         self._inv_freq: dict = {}
         self.topk_accuracy: list[list[float]] | None = None
         # What the blocks were bound with, as LlamaModel keeps it: (pack, sum of the parameters'

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -80,14 +79,6 @@ def detect(config: Mapping, names: Iterable[str]) -> NativeMTP | None:
     return None
 
 
-def detect_folder(folder: str | Path) -> NativeMTP | None:
-    """``detect`` on a Hugging Face checkpoint folder (config.json and its safetensors' names)."""
-    from .loader import SafetensorsFolder, read_checkpoint_config
-
-    folder, _, raw = read_checkpoint_config(folder, "a Hugging Face checkpoint folder")
-    return detect(raw, SafetensorsFolder(folder))
-
-
 def load_mimo(tensors: Mapping[str, torch.Tensor], config: LlamaConfig, count: int,
               dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> MTPModules:
     """MiMo's ``count`` MTP layers from ``tensors`` (HF names) as ``MTPModules`` for a target of
@@ -119,7 +110,6 @@ def load_mimo(tensors: Mapping[str, torch.Tensor], config: LlamaConfig, count: i
             modules.final_norms[i].copy_(read(p + "final_layernorm.weight", (H,)))
             for name, (param, off, rows) in decoder_layer_hf_layout(m.block, config, p).items():
                 param[off : off + rows].copy_(read(name, (rows, *param.shape[1:])))
-    modules.source = "the checkpoint's MiMo MTP layers"
     return modules.requires_grad_(False)
 
 
