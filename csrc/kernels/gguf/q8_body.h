@@ -16,7 +16,9 @@
 //                   c_j * the sum of p[j]'s 16 int16 lanes (c = pairs16 of the factors), for codes
 //                   whose sums of 8 int16 lanes fit an int16
 //   pairs16(b)      int16 b0 b0 b1 b1 .. b7 b7 of the 8 bytes b[r]
-//   q6_scales(p,st) Q6_K's 16 int8 scales as int16; q6_pair(v, g): sc_2g x 8, sc_2g+1 x 8
+//   q6_scales(p,st) Q6_K's 16 int8 scales as int16; q6_half_scales(p, st, s0123, s4567): the same
+//                   scales as int32 in the lane order reduce8_halves(m, s0123, s4567) applies them
+//                   (lane j = s_2j x the sum of m[j]'s low 128 bits + s_2j+1 x its high ones)
 //   halves8(p, step, st, cnt)  lane j < cnt = the fp16 at p + j * step widened, else 0; h2f one
 //                   fp16 widened (both exact, as blocks.h's half_to_float, NaN payloads aside)
 //
@@ -119,7 +121,7 @@ struct Q8Tile {
       float d[R];
       for (int r = 0; r < R; ++r) d[r] = V::h2f(u16(blk + 208, r));
       const F dv = V::rows_f(d);
-      I w[8], scv[8];
+      I w[8];
       SPECDEC_Q8_UNROLL
       for (int h = 0; h < 2; ++h) {
         // group 4h + i, weight l: low 4 bits ql[64h + 32 (i & 1) + l] >> 4 (i >> 1), high 2 bits
@@ -132,16 +134,17 @@ struct Q8Tile {
         w[4 * h + 3] = V::or_(V::and8(V::srli16(ql1, 4), 15), V::srli16(V::and8(qh, 0xc0), 2));
       }
       const I sc16 = V::q6_scales(blk + 192, a.row_bytes);
-      SPECDEC_Q8_UNROLL
-      for (int g = 0; g < 8; ++g) scv[g] = V::q6_pair(sc16, g);
+      I s0123, s4567;  // the scales of the groups' first / last 16 values, applied after the half sums
+      V::q6_half_scales(blk + 192, a.row_bytes, s0123, s4567);
+      const I ones = V::ones16();
       SPECDEC_Q8_UNROLL
       for (int m = 0; m < MB; ++m) {
         const int8_t* q = a.codes(m0 + m) + kQK_K * t;
         I p[8];
         SPECDEC_Q8_UNROLL
-        for (int g = 0; g < 8; ++g) p[g] = V::madd(V::maddubs(w[g], V::xload(q + 32 * g)), scv[g]);
+        for (int g = 0; g < 8; ++g) p[g] = V::madd(V::maddubs(w[g], V::xload(q + 32 * g)), ones);
         const I off = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), sc16);
-        const I dot = V::sub32(V::reduce8(p), V::slli32(off, 5));
+        const I dot = V::sub32(V::reduce8_halves(p, s0123, s4567), V::slli32(off, 5));
         const F dx = V::xf(a.scales(m0 + m) + 8 * t);
         A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
       }

@@ -11,15 +11,23 @@
 // Lane j < cnt: the fp16 at p + j * step widened (F16C: exact, as blocks.h's half_to_float for
 // every finite or infinite value), else 0.
 SPECDEC_Q8_INLINE __m256 q8_halves8(const uint8_t* p, int64_t step, int cnt) {
-  __m128i h = _mm_setzero_si128();
-  uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int j = 0; j < 8; ++j) {
-    if (j >= cnt) break;
-    std::memcpy(&v[j], p + j * step, 2);
+  // The 8 halves gathered with scalar loads into two 64-bit words (integer ports), then one
+  // vmovq / vpinsrq pair: inserting them word by word (vpinsrw) costs 8 vector shuffles per octet.
+  uint64_t w[2] = {0, 0};
+  if (cnt == 8) {
+    for (int j = 0; j < 8; ++j) {
+      uint16_t v;
+      std::memcpy(&v, p + j * step, 2);
+      w[j >> 2] |= static_cast<uint64_t>(v) << (16 * (j & 3));
+    }
+  } else {
+    for (int j = 0; j < cnt; ++j) {
+      uint16_t v;
+      std::memcpy(&v, p + j * step, 2);
+      w[j >> 2] |= static_cast<uint64_t>(v) << (16 * (j & 3));
+    }
   }
-  h = _mm_setr_epi16(static_cast<int16_t>(v[0]), static_cast<int16_t>(v[1]), static_cast<int16_t>(v[2]),
-                     static_cast<int16_t>(v[3]), static_cast<int16_t>(v[4]), static_cast<int16_t>(v[5]),
-                     static_cast<int16_t>(v[6]), static_cast<int16_t>(v[7]));
+  const __m128i h = _mm_insert_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(w[0])), static_cast<int64_t>(w[1]), 1);
   return _mm256_cvtph_ps(h);
 }
 
@@ -37,6 +45,23 @@ SPECDEC_Q8_INLINE __m256i q8_reduce8_256(const __m256i* m) {
   const __m256i h0123 = q8_quad_sums(q8_pair_sums(m[0], m[1]), q8_pair_sums(m[2], m[3]));
   const __m256i h4567 = q8_quad_sums(q8_pair_sums(m[4], m[5]), q8_pair_sums(m[6], m[7]));
   return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x21), _mm256_blend_epi32(h0123, h4567, 0xf0));
+}
+
+// Q6_K's scaled reduce, from 8 vectors of 8 int32 (lanes 0..3: partial sums over group j's first
+// 16 values, lanes 4..7: over its last 16): lane j = s[2j] * (sum of m[j]'s lanes 0..3) + s[2j + 1]
+// * (sum of its lanes 4..7), the scales applied to the half sums before the two halves meet, as
+// ``s0123`` = [s0 s2 s4 s6 | s1 s3 s5 s7], ``s4567`` = [s8 s10 s12 s14 | s9 s11 s13 s15] (int32;
+// q8_q6_half_scales). Exact: |products| < 2^24.
+SPECDEC_Q8_INLINE __m256i q8_reduce8_halves_256(const __m256i* m, __m256i s0123, __m256i s4567) {
+  const __m256i h0123 = _mm256_mullo_epi32(q8_quad_sums(q8_pair_sums(m[0], m[1]), q8_pair_sums(m[2], m[3])), s0123);
+  const __m256i h4567 = _mm256_mullo_epi32(q8_quad_sums(q8_pair_sums(m[4], m[5]), q8_pair_sums(m[6], m[7])), s4567);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x21), _mm256_blend_epi32(h0123, h4567, 0xf0));
+}
+SPECDEC_Q8_INLINE void q8_q6_half_scales(const uint8_t* p, __m256i& s0123, __m256i& s4567) {
+  const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)),
+                                     _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+  s0123 = _mm256_cvtepi8_epi32(b);
+  s4567 = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b));
 }
 
 // The same reduce from 8 vectors of 16 int16 (maddubs outputs), times an int16 factor per lane:
@@ -70,9 +95,9 @@ struct V256 {
 
   SPECDEC_Q8_INLINE static I wload(const uint8_t* p, int64_t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   SPECDEC_Q8_INLINE static I wnib16(const uint8_t* p, int64_t) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i m = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+    // the 16 bytes in both halves (a broadcast load, no shuffle), the high half shifted by 4
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
   }
   SPECDEC_Q8_INLINE static I wbit5(const uint8_t* p, int64_t) {
     uint32_t bits;
@@ -108,11 +133,11 @@ struct V256 {
   SPECDEC_Q8_INLINE static I q6_scales(const uint8_t* p, int64_t) {
     return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  SPECDEC_Q8_INLINE static I q6_pair(I sc16, int g) {
-    // dword g = (sc_2g, sc_2g+1) everywhere, then word 0 across the low half, word 1 the high half
-    const __m256i pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g));
-    return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                                      2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+  SPECDEC_Q8_INLINE static void q6_half_scales(const uint8_t* p, int64_t, I& s0123, I& s4567) {
+    q8_q6_half_scales(p, s0123, s4567);
+  }
+  SPECDEC_Q8_INLINE static I reduce8_halves(const I* m, I s0123, I s4567) {
+    return q8_reduce8_halves_256(m, s0123, s4567);
   }
   SPECDEC_Q8_INLINE static F halves8(const uint8_t* p, int64_t step, int64_t, int cnt) {
     return q8_halves8(p, step, cnt);
