@@ -146,11 +146,24 @@ CONFIGS = {
 
 # ------------------------------------------------------------------------------ a real pair
 
+# The draft vocabulary of the real pair's rows (ids 0 .. n - 1: byte-level BPE merge order, about
+# frequency order; 96% of HumanEval's tokens under the Qwen2.5 tokenizer): the 0.5B drafter's
+# 151,936-row head is 30% of its weight bytes.
+DRAFT_VOCAB = 32768
+
+
 def draft_real(pair):
-    """Fixed k = 4 and the cost policy (adaptive k from 4, the method's default)."""
+    """Fixed k = 4 and the cost policy (adaptive k from 4, the method's default), each with the whole
+    vocabulary and with a draft vocabulary (``draft_vocab``; built-in drafters)."""
     _need_draft(pair)
-    return [("k=4", dict(draft=pair.draft, k=4, policy="fixed")),
+    rows = [("k=4", dict(draft=pair.draft, k=4, policy="fixed")),
             ("cost policy", dict(draft=pair.draft, k=4, adaptive_k=True))]
+    if hasattr(pair.draft, "vocab_subset"):
+        vocab = min(DRAFT_VOCAB, pair.draft.vocab_size)
+        rows += [(f"k=4, draft vocab {vocab}", dict(draft=pair.draft, k=4, policy="fixed", draft_vocab=vocab)),
+                 (f"cost policy, draft vocab {vocab}", dict(draft=pair.draft, k=4, adaptive_k=True,
+                                                            draft_vocab=vocab))]
+    return rows
 
 
 def quantspec_real(pair):

@@ -94,6 +94,11 @@ CASES = [
     Case("draft", True, method="draft", options=lambda env: dict(draft=env.draft, k=3, policy="fixed")),
     Case("draft-cost-policy", True, method="draft", options=lambda env: dict(draft=env.draft, k=3),
          same_samples_as="draft"),
+    # A draft vocabulary without every fourth id: the target's tokens outside it have q = 0 and
+    # come only from the residual distribution, which verification must still get right.
+    Case("draft-vocab", True, method="draft",
+         options=lambda env: dict(draft=_builtin_target(env.draft, "draft_vocab"), k=3, policy="fixed",
+                                  draft_vocab=[i for i in range(env.target.vocab_size) if i % 4 != 1])),
     Case("draft-match", True, method="draft",
          options=lambda env: dict(draft=env.draft, k=3, verification="match", policy="fixed"), same_samples_as=AR),
     Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3), same_samples_as=AR),
@@ -169,7 +174,8 @@ def _builtin_target(model, method: str):
     from specdec_cuda.models import LlamaModel
 
     if not isinstance(model, LlamaModel):
-        pytest.skip(f"{method} runs a subset of the built-in model's layers; the transformers adapter has no such forward")
+        pytest.skip(f"{method} runs a subset of the built-in model's layers or LM head; the transformers adapter has "
+                    f"no such forward")
     return model
 
 

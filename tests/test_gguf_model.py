@@ -358,3 +358,24 @@ def test_layer_skip_drafts_through_the_files_own_layers(written):
     expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=20).tokens
     out = specdec_cuda.generate(target, prompts, method="layer_skip", max_new_tokens=20, k=3, policy="fixed")
     assert out.tokens == expected and out.metrics.drafted[0] > 0  # drafted, verified, exact
+
+
+def test_a_draft_vocabulary_reads_the_heads_own_blocks(written):
+    """``vocab_subset`` on a GGUF model gathers the head's rows as stored: the subset's logits are
+    the full head's columns, bit for bit (a prefix and a scattered set), and a drafter with a
+    draft vocabulary keeps the greedy output exact."""
+    _, path, _ = written
+    model = models.load(path)
+    tokens = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(7).expand(2, 7)
+    full = model.forward(tokens, positions, model.new_cache(2, 16)).logits
+    for spec in (VOCAB // 2, list(range(1, VOCAB, 3))):
+        subset = model.vocab_subset(spec)
+        assert isinstance(subset.packed, g.GgufLinear)
+        sub = model.forward(tokens, positions, model.new_cache(2, 16), vocab=subset).logits
+        assert torch.equal(sub, full[..., subset.ids])
+    prompts = [torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(8)).tolist()]
+    expected = specdec_cuda.generate(model, prompts, method="autoregressive", max_new_tokens=16).tokens
+    out = specdec_cuda.generate(model, prompts, method="draft", draft=models.load(path), k=3, policy="fixed",
+                                draft_vocab=VOCAB // 2, max_new_tokens=16)
+    assert out.tokens == expected and out.metrics.drafted[0] > 0

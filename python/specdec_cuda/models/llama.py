@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from ..ops.gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_rows
+from ..ops.skinny_linear import pack_weight
 from .cache import StaticKVCache
 from .config import LlamaConfig
+from .draft_vocab import VocabSubset, gguf_rows_of, subset_ids
 from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, project
 from .protocol import ModelOutput, check_forward_args, logits_rows
 from .quant_cache import QuantKVCache, quantized_forward
@@ -355,6 +357,7 @@ class LlamaModel(nn.Module):
         hidden_layers: Sequence[int] = (),
         logits_at: torch.Tensor | None = None,
         layers: Sequence[int] | None = None,
+        vocab: VocabSubset | None = None,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache`` (see ``CausalLM.forward``).
 
@@ -368,21 +371,28 @@ class LlamaModel(nn.Module):
         the decoder layers to run, increasing indices; None runs all. The others are skipped (the
         residual stream passes them unchanged) and their cache slots are not written; the final
         norm and the LM head run as always. Hidden states can be asked for the layers that run.
+
+        ``vocab`` (an extension for drafters, ``draft_vocab=``): a ``VocabSubset`` of this model
+        (``vocab_subset``); the LM head then runs over its rows only and logits are [B, n, N] in
+        the subset's id order (``VocabSubset.expand`` maps them back to the vocabulary).
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():
-                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at, layers)
+                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at, layers, vocab)
         plan = self._layer_plan(layers, hidden_layers)
         if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
-            if layers is not None:
-                raise ValueError("forward(layers=...) runs on the model's own StaticKVCache, not a QuantKVCache")
+            if layers is not None or vocab is not None:
+                raise ValueError("forward(layers=..., vocab=...) runs on the model's own StaticKVCache, not a "
+                                 "QuantKVCache")
             return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at=logits_at)
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
+        if vocab is not None and vocab.model_id != id(self):
+            raise ValueError("forward(vocab=...) takes a VocabSubset made by this model's vocab_subset()")
         span = cache.begin_forward(n)
         device = self.device
         self._bind()
         if self._packed:
-            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan)
+            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan, vocab)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
@@ -414,7 +424,7 @@ class LlamaModel(nn.Module):
             x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
-        return self._output(x, wanted, hidden_states, logits_at)
+        return self._output(x, wanted, hidden_states, logits_at, vocab)
 
     def _layer_plan(self, layers: Sequence[int] | None, hidden_layers: Sequence[int]) -> list:
         """[(index, layer)] that a forward runs: every layer, or those of ``layers`` (increasing
@@ -429,7 +439,8 @@ class LlamaModel(nn.Module):
             raise ValueError(f"hidden states asked of layers {skipped}, which this forward skips")
         return [(i, self.layers[i]) for i in chosen]
 
-    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan) -> ModelOutput:
+    def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan,
+                        vocab=None) -> ModelOutput:
         """``forward`` of a packed model on the CPU: each layer one ``decoder_layer`` op over packed
         weights, the LM head through ``skinny_linear_packed``, all in float32. A causal forward of
         more than ``PACKED_MAX_ROWS`` rows (a prefill) runs in chunks of new tokens, each chunk on
@@ -460,17 +471,39 @@ class LlamaModel(nn.Module):
         x = torch.nn.functional.rms_norm(x, x.shape[-1:], self._norm_f32, eps=self.norm.eps)
         if -1 in wanted:
             hidden_states[-1] = x.to(self.dtype)
-        logits = project(logits_rows(x, logits_at), None, None, self._head_packed)  # float32
+        head = self._head_packed if vocab is None else vocab.packed
+        logits = project(logits_rows(x, logits_at), None, None, head)  # float32
         return ModelOutput(logits=logits, hidden_states=hidden_states)
 
-    def _output(self, x: torch.Tensor, wanted: set, hidden_states: dict, logits_at) -> ModelOutput:
-        """The final norm (kept as hidden state -1 when wanted) and the LM head after the last
-        layer's output x [B, n, hidden], on every row or at ``logits_at`` only (the torch path)."""
+    def _output(self, x: torch.Tensor, wanted: set, hidden_states: dict, logits_at, vocab=None) -> ModelOutput:
+        """The final norm (kept as hidden state -1 when wanted) and the LM head (or ``vocab``'s rows
+        of it) after the last layer's output x [B, n, hidden], on every row or at ``logits_at``
+        only (the torch path)."""
         x = self.norm.forward(x)
         if -1 in wanted:
             hidden_states[-1] = x
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if vocab is not None:
+            weight = vocab.weight
+        else:
+            weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return ModelOutput(logits=project(logits_rows(x, logits_at), weight, None, None), hidden_states=hidden_states)
+
+    def vocab_subset(self, ids) -> VocabSubset:
+        """The LM head's rows ``ids`` (an int ``n``: ids ``0 .. n - 1``; or a sequence of token ids)
+        for ``forward(vocab=...)``, in the form this model's forward multiplies them: GGUF blocks
+        gathered as stored, packed panels of the rows, or dense rows. A copy of those rows (the
+        prefix of a GGUF head is a view); make it after ``pack`` / ``load_gguf`` / ``.to()``: it
+        is tied to the model as it is then."""
+        from .layers import dense_of
+
+        ids = subset_ids(ids, self.vocab_size)
+        if isinstance(self._head_packed, GgufLinear):
+            return VocabSubset(ids, self.vocab_size, None, gguf_rows_of(self._head_packed, ids), id(self))
+        if self._head_packed is not None:
+            rows = dense_of(self._head_packed, self._head_packed.panels.dtype)[ids]
+            return VocabSubset(ids, self.vocab_size, None, pack_weight(rows), id(self))
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return VocabSubset(ids, self.vocab_size, weight[ids.to(weight.device)].contiguous(), None, id(self))
 
     # -- weights ----------------------------------------------------------------------------------
 

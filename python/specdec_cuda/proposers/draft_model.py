@@ -15,6 +15,13 @@ Verification modes (``verification=``):
   lossless, and the emitted tokens are exactly the autoregressive samples of the same seed.
 * ``"typical"``: rejection-free typical acceptance (Medusa), lossy, opt-in.
 
+Draft vocabulary (``draft_vocab=``, FR-Spec): the drafter's LM head runs over a subset of the
+vocabulary only (an int ``n``: ids ``0 .. n - 1``; or token ids, e.g. from
+``models.draft_vocab.frequent_token_ids``); every other token gets probability 0 in the draft, so
+it is never drafted but still emitted when the target chooses it: lossless in every mode (q is
+the distribution the drafts were drawn from, zeros included). Pays when the head is a large part
+of the drafter's step (small drafters of large-vocabulary targets). Built-in drafters only.
+
 Adaptive k (``adaptive=True``): per row, k grows by 2 after a step whose drafts were all
 accepted and shrinks by 1 otherwise, within ``[k_min, k_max]``. ``confidence_threshold``: a row
 stops drafting at the first position (after the first) where the drafter's own max probability
@@ -39,7 +46,8 @@ class DraftModelProposer(Proposer):
     """Chains of up to ``k_max`` tokens from a drafter LM (see the module docstring)."""
 
     def __init__(self, draft, k: int = 4, adaptive: bool = False, k_min: int = 1, k_max: int | None = None,
-                 confidence_threshold: float | None = None, verification: str = "rejection") -> None:
+                 confidence_threshold: float | None = None, verification: str = "rejection",
+                 draft_vocab=None) -> None:
         if verification not in VERIFICATION_MODES:
             raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {verification!r}")
         k_max = k_max if k_max is not None else (2 * k if adaptive else k)
@@ -51,6 +59,20 @@ class DraftModelProposer(Proposer):
         self.k_min, self.k_max, self.confidence_threshold = k_min, k_max, confidence_threshold
         self.verification = verification
         self.max_draft = k_max
+        self.vocab = None
+        if draft_vocab is not None:
+            if not hasattr(draft, "vocab_subset"):
+                raise TypeError(f"draft_vocab needs a built-in drafter (specdec_cuda.models.load), whose LM head can "
+                                f"run over part of the vocabulary; this drafter is a {type(draft).__name__}")
+            self.vocab = draft.vocab_subset(draft_vocab)
+
+    def _forward(self, tokens, positions, logits_at=None) -> torch.Tensor:
+        """The drafter's logits [B, V] at the last (or ``logits_at``) fed token; with a draft
+        vocabulary its head runs over the subset and the rest of the row is ``MASKED``."""
+        if self.vocab is None:
+            return self.draft.forward(tokens, positions, self.cache, logits_at=logits_at).logits[:, -1]
+        sub = self.draft.forward(tokens, positions, self.cache, logits_at=logits_at, vocab=self.vocab).logits[:, -1]
+        return self.vocab.expand(sub)
 
     def prefill(self, ctx: PrefillContext) -> None:
         prompts, prompt_lens, first_tokens, params = ctx.prompts, ctx.prompt_lens, ctx.first_tokens, ctx.params
@@ -91,7 +113,7 @@ class DraftModelProposer(Proposer):
         idx = idx.clamp(max=self.seq.shape[1] - 1)
         last = (behind - 1).clamp(min=0)
         started = time.perf_counter()
-        cur = self.draft.forward(self.seq.gather(1, idx), idx, self.cache, logits_at=last).logits[:, 0]
+        cur = self._forward(self.seq.gather(1, idx), idx, logits_at=last)
         self.cache.commit(behind)  # cur [B, V]: the drafter's view of position lengths + 1
         # A steady step feeds 1 or 2 tokens (the last draft, the bonus); more is a catch-up (the
         # prompt, or tokens decoded without drafting), a cost the policy should not expect again.
@@ -122,7 +144,7 @@ class DraftModelProposer(Proposer):
             if not uniform:
                 num_draft += drafting.to(torch.int64)
             if j + 1 < k_step:
-                cur = self.draft.forward(tokens[:, j : j + 1], positions[:, j : j + 1], self.cache).logits[:, 0]
+                cur = self._forward(tokens[:, j : j + 1], positions[:, j : j + 1])
                 self.cache.commit(ones if uniform else drafting.to(torch.int64))
         return Draft(tokens, num_draft, self.kind, logits=draft_logits, context=num_draft, one_time_seconds=one_time)
 
@@ -153,7 +175,7 @@ class DraftModelProposer(Proposer):
 
 def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool = False, k_min: int = 1,
                               k_max: int | None = None, confidence_threshold: float | None = None,
-                              verification: str = "rejection") -> DraftModelProposer:
+                              verification: str = "rejection", draft_vocab=None) -> DraftModelProposer:
     """The ``method="draft"`` proposer for ``target``; ``draft`` is a model, a transformers model or a
     checkpoint folder of the same tokenizer (loaded in the target's dtype, on its device)."""
     from ..api import as_causal_lm
@@ -163,7 +185,8 @@ def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool =
         raise ValueError(f"the draft's vocabulary ({drafter.vocab_size}) differs from the target's "
                          f"({target.vocab_size}); they must share a tokenizer")
     return DraftModelProposer(drafter, k=k, adaptive=adaptive_k, k_min=k_min, k_max=k_max,
-                              confidence_threshold=confidence_threshold, verification=verification)
+                              confidence_threshold=confidence_threshold, verification=verification,
+                              draft_vocab=draft_vocab)
 
 
 register(MethodSpec(
@@ -182,5 +205,7 @@ register(MethodSpec(
         "confidence_threshold": "stop a row's draft where the drafter's max probability drops below it",
         "verification": '"rejection" (default, lossless), "match" (greedy drafts, sample-and-match, '
                         'lossless) or "typical" (LOSSY typical acceptance)',
+        "draft_vocab": "the drafter's LM head over part of the vocabulary (FR-Spec): an int n (ids 0 .. n-1) "
+                       "or token ids; lossless, built-in drafters only (default: the whole vocabulary)",
     },
 ))
