@@ -2,7 +2,8 @@
 
 Usage: python bench/bench_real_step.py [--model DIR|NAME] [--dtype bfloat16|float32|gguf]
                                        [--rows 1,5,16,64] [--threads 1,2] [--context 64]
-                                       [--repeats 7] [--torch-path] [--out PATH]
+                                       [--repeats 7] [--torch-path] [--draft-vocab 32768,...]
+                                       [--out PATH]
 
 A decoding step is bound by streaming the weights: a one-token forward of a packed model reads
 every projection's panels and the LM head's once (``weight bytes``, printed). This bench times
@@ -13,7 +14,10 @@ then one forward per width; medians over the rounds). Reported per row count: mi
 bytes / time in GB/s, that as a percentage of the measured bandwidth, and the time over the
 one-token step's. Targets: a one-token step >= 85% of the bandwidth, a 5-row verification <= 1.2x
 a one-token step. ``--torch-path`` also times the same model with ``packed_linear = False``
-(BLAS, SDPA: the path real models took before), in the same rounds.
+(BLAS, SDPA: the path real models took before), in the same rounds. ``--draft-vocab N,...`` also
+times one-token steps whose LM head runs over ids 0 .. N - 1 only (``forward(vocab=...)``: a
+drafter's ``draft_vocab``), as paths ``vocab N``, so a drafter's cost per drafted token can be read
+against its whole-vocabulary step.
 
 ``--model`` takes a folder or a registry name (default ``qwen2.5-coder-1.5b``, fetched into the
 model cache by ``python -m specdec_cuda models fetch NAME``); absent, the bench says so and exits 0.
@@ -71,8 +75,8 @@ class Step:
     """Forwards of n new tokens at the end of a ``context``-token cache (not committed: each
     forward writes the same pending slots)."""
 
-    def __init__(self, model, context: int, widths: list[int]) -> None:
-        self.model = model
+    def __init__(self, model, context: int, widths: list[int], vocab=None) -> None:
+        self.model, self.widths, self.vocab = model, widths, vocab
         g = torch.Generator().manual_seed(0)
         self.cache = model.new_cache(1, context + max(widths))
         prompt = torch.randint(0, model.vocab_size, (1, context), generator=g)
@@ -84,7 +88,7 @@ class Step:
     def seconds(self, n: int) -> float:
         tokens, positions = self.inputs[n]
         start = time.perf_counter()
-        self.model.forward(tokens, positions, self.cache)
+        self.model.forward(tokens, positions, self.cache, vocab=self.vocab)
         return time.perf_counter() - start
 
 
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7, help="rounds per thread count (medians over them)")
     p.add_argument("--torch-path", action="store_true", help="also time packed_linear = False (BLAS)")
+    p.add_argument("--draft-vocab", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                   help="also time one-token steps with the LM head over ids 0 .. N - 1 (comma-separated N)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if 1 not in args.rows:
@@ -123,6 +129,8 @@ def main(argv=None) -> int:
         plain.packed_linear = False
         paths["torch"] = plain
     steps = {name: Step(m, args.context, args.rows) for name, m in paths.items()}
+    for n in args.draft_vocab:
+        steps[f"vocab {n}"] = Step(model, args.context, [1], vocab=model.vocab_subset(n))
     main_path = next(iter(paths))
     nbytes = weight_bytes(model)
     buffer = torch.ones(2**29)  # 2 GiB of float32
@@ -131,16 +139,19 @@ def main(argv=None) -> int:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for step in steps.values():  # warm-up at this thread count
-            for n in args.rows:
+            for n in step.widths:
                 step.seconds(n)
         bw, times = [], {}
         for _ in range(args.repeats):
             bw.append(bandwidth_gbs(buffer))
             for name, step in steps.items():
-                for n in args.rows:
+                for n in step.widths:
                     times.setdefault((name, n), []).append(step.seconds(n))
         bandwidth = statistics.median(bw)
         one = {name: statistics.median(times[(name, 1)]) for name in steps}
+        for name in steps:  # a draft-vocabulary step against the whole-vocabulary one-token step
+            if name.startswith("vocab "):
+                one[name] = one[main_path]
         for (name, n), ts in times.items():
             t = statistics.median(ts)
             results.append({"path": name, "threads": threads, "rows": n, "ms": 1e3 * t, "gbs": nbytes / t / 1e9,
@@ -151,9 +162,9 @@ def main(argv=None) -> int:
     print(f"\n{folder.name} ({args.dtype}, {main_path} path; loaded in {load_s:.1f} s): weight bytes per step "
           f"{nbytes / 1e9:.3f} GB, {args.context} tokens of context; load average {load_before[0]:.1f} -> "
           f"{load_after[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'path':>6} {'thr':>3} {'bw GB/s':>8} {'rows':>4} {'ms':>8} {'GB/s':>6} {'% bw':>5} {'x 1 row':>7}")
+    print(f"{'path':>11} {'thr':>3} {'bw GB/s':>8} {'rows':>4} {'ms':>8} {'GB/s':>6} {'% bw':>5} {'x 1 row':>7}")
     for r in results:
-        print(f"{r['path']:>6} {r['threads']:3d} {r['bandwidth_gbs']:8.1f} {r['rows']:4d} {r['ms']:8.1f} "
+        print(f"{r['path']:>11} {r['threads']:3d} {r['bandwidth_gbs']:8.1f} {r['rows']:4d} {r['ms']:8.1f} "
               f"{r['gbs']:6.1f} {r['pct_bandwidth']:5.0f} {r['vs_one_row']:7.2f}")
     verdicts = []
     for threads in args.threads:

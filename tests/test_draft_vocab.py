@@ -88,6 +88,15 @@ def test_greedy_drafting_with_a_draft_vocabulary_is_exact(folders, dtype):
     assert any(t >= VOCAB // 2 for row in expected for t in row)
 
 
+def test_lookahead_draft_takes_a_draft_vocabulary(folders):
+    target, draft = (models.load(f, dtype=torch.float64) for f in folders)
+    prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 6, 7, 8, 9]]
+    expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=20).tokens
+    out = specdec_cuda.generate(target, prompts, method="lookahead+draft", draft=draft, k=3, draft_vocab=VOCAB // 2,
+                                adaptive=False, max_new_tokens=20)
+    assert out.tokens == expected
+
+
 def test_bad_draft_vocabularies_are_refused(folders):
     model = load_backend(folders[0], "builtin")
     for bad in (0, VOCAB + 1, [], [-1, 3], [2, VOCAB], [[1, 2]], [0.5]):

@@ -339,11 +339,12 @@ def make_lookahead_proposer(target, window: int = 4, ngram: int = 4, num_guesses
 def make_lookahead_draft_proposer(target, draft=None, k: int = 4, window: int = 4, ngram: int = 4,
                                   num_guesses: int = 4, own_candidates: int = 1, n_min: int = 1,
                                   n_max: int = 4, max_occurrences: int = 64,
-                                  adaptive: bool = True) -> LookaheadProposer:
-    """The ``method="lookahead+draft"`` proposer: lookahead plus ``draft``'s greedy chain of ``k``."""
+                                  adaptive: bool = True, draft_vocab=None) -> LookaheadProposer:
+    """The ``method="lookahead+draft"`` proposer: lookahead plus ``draft``'s greedy chain of ``k``
+    (its LM head over ``draft_vocab`` only when given: see ``method="draft"``)."""
     from .draft_model import make_draft_model_proposer
 
-    drafter = make_draft_model_proposer(target, draft=draft, k=k, verification="match")
+    drafter = make_draft_model_proposer(target, draft=draft, k=k, verification="match", draft_vocab=draft_vocab)
     return LookaheadProposer(window=window, ngram=ngram, num_guesses=num_guesses,
                              own_candidates=own_candidates, n_min=n_min, n_max=n_max,
                              max_occurrences=max_occurrences, drafter=drafter, adaptive=adaptive)
@@ -377,6 +378,7 @@ register(MethodSpec(
     options={
         "draft": "the drafter: a model, transformers model or checkpoint folder (same tokenizer)",
         "k": "the drafter's greedy chain length (default 4)",
+        "draft_vocab": "the drafter's LM head over part of the vocabulary, as for method draft (default: all of it)",
         **LOOKAHEAD_OPTIONS,
         "adaptive": "choose per step between everything, lookahead alone, draft + own-text guesses and "
                     "own-text guesses alone by measured throughput (default True); False: always everything",
