@@ -57,9 +57,16 @@ def test_logits_at_keeps_one_row_per_sequence(hf):
     tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(input_ids=tokens).logits
-    at = torch.tensor([11, 4])
-    out = model.forward(tokens, torch.arange(12).expand(2, 12), model.new_cache(2, 16), logits_at=at)
-    torch.testing.assert_close(out.logits[:, 0], ref[torch.arange(2), at], **FP32_TOL)
+    head = hf.get_output_embeddings()
+    rows_seen = []
+    hook = head.register_forward_hook(lambda _m, args, _out: rows_seen.append(args[0].shape[1]))
+    try:
+        for at in (torch.tensor([11, 4]), torch.tensor([7, 7])):
+            out = model.forward(tokens, torch.arange(12).expand(2, 12), model.new_cache(2, 16), logits_at=at)
+            torch.testing.assert_close(out.logits[:, 0], ref[torch.arange(2), at], **FP32_TOL)
+    finally:
+        hook.remove()
+    assert rows_seen == [2, 1]  # the LM head ran on the distinct kept positions only (logits_to_keep)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

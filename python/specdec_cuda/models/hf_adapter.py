@@ -447,8 +447,9 @@ class HFCausalLM:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache``; see ``CausalLM.forward``.
 
         Shape: tokens [B, n]; positions [B, n]; tree_mask [B, n, n] bool or None (a token always
-        sees itself); returns logits [B, n, V] (or [B, 1, V] at ``logits_at`` [B]: ``transformers``
-        computes them all, and the adapter keeps those) and hidden_states {layer: [B, n, hidden]}.
+        sees itself); returns logits [B, n, V] (or [B, 1, V] at ``logits_at`` [B]: the model's LM
+        head runs on those positions only, through its ``logits_to_keep`` argument where it has one)
+        and hidden_states {layer: [B, n, hidden]}.
         """
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
         if self.recurrent_layers and tree_mask is not None:
@@ -477,6 +478,12 @@ class HFCausalLM:
                 captured[last] = output[0] if isinstance(output, tuple) else output
 
             hook = self._decoder_layers[last].register_forward_hook(grab)
+        # A prefill wants one position per row: the LM head runs on the distinct ones only (a
+        # 262k-token vocabulary over a long prompt is otherwise most of the prefill).
+        extra, keep = {}, None
+        if logits_at is not None and self._logits_arg is not None:
+            keep, where = torch.unique(logits_at.to(tokens.device), return_inverse=True)
+            extra[self._logits_arg] = keep
         try:
             out = self.model(
                 input_ids=tokens,
@@ -485,6 +492,7 @@ class HFCausalLM:
                 use_cache=True,
                 output_hidden_states=bool(hidden_layers),
                 **{self._cache_arg: cache.dynamic},
+                **extra,
             )
         finally:
             if hook is not None:
@@ -497,7 +505,11 @@ class HFCausalLM:
                 hidden_states[i] = captured[last]
             else:
                 hidden_states[i] = out.hidden_states[i + 1]  # [0] is the embedding output
-        return ModelOutput(logits=logits_rows(out.logits, logits_at), hidden_states=hidden_states)
+        if keep is not None:  # out.logits [B, len(keep), V]: row b's position is keep[where[b]]
+            logits = out.logits[torch.arange(B, device=out.logits.device), where.to(out.logits.device)][:, None]
+        else:
+            logits = logits_rows(out.logits, logits_at)
+        return ModelOutput(logits=logits, hidden_states=hidden_states)
 
 
 def _layer_types(config, name: str) -> list[str]:
