@@ -379,3 +379,4 @@ def test_a_draft_vocabulary_reads_the_heads_own_blocks(written):
     out = specdec_cuda.generate(model, prompts, method="draft", draft=models.load(path), k=3, policy="fixed",
                                 draft_vocab=VOCAB // 2, max_new_tokens=16)
     assert out.tokens == expected and out.metrics.drafted[0] > 0
+    assert model.batch_invariant and out.metrics.batch_invariant  # GGUF blocks: exact verification

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import _native
 from . import ops
-from .api import SpeculativeDecoder, generate
+from .api import InexactVerificationWarning, SpeculativeDecoder, generate
 from .outputs import GenerationResult, Metrics
 
 __version__ = _native._C.build_info()["version"]
@@ -32,4 +32,4 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["GenerationResult", "Metrics", "SpeculativeDecoder", "build_info", "generate", "ops", "__version__"]
+__all__ = ["GenerationResult", "InexactVerificationWarning", "Metrics", "SpeculativeDecoder", "build_info", "generate", "ops", "__version__"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -10,8 +11,34 @@ import torch
 from . import methods
 from .contract import SamplingParams
 from .decoding import decode
+from .models.protocol import batch_invariant
 from .outputs import GenerationResult, StreamCallback
 from .policy import make_policy
+
+
+class InexactVerificationWarning(UserWarning):
+    """A speculative method runs on a target whose forwards are not batch invariant
+    (``models.protocol.batch_invariant``): greedy output equals autoregressive output except where
+    a wider forward's rounding flips a near-tie. Shown once per kind of target; filter it with
+    ``warnings.filterwarnings("ignore", category=InexactVerificationWarning)``."""
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_if_inexact(target, method: str) -> None:
+    if batch_invariant(target):
+        return
+    kind = type(target).__name__
+    if kind in _WARNED:
+        return
+    _WARNED.add(kind)
+    where = ("the transformers adapter (its matmuls and attention block by shape)" if kind == "HFCausalLM" else
+             f"{kind}'s forward (not its packed CPU path or GGUF blocks)")
+    warnings.warn(f"method {method!r} verifies drafts through {where}: a row of a verification forward may round "
+                  f"differently from the same token decoded alone, so greedy output can differ from autoregressive "
+                  f"output at near-ties (Metrics.batch_invariant is False). The built-in model on its packed CPU "
+                  f"path (float32 / bfloat16) or GGUF blocks is exact.", InexactVerificationWarning, stacklevel=3)
 
 
 def as_causal_lm(model, dtype: torch.dtype | None = None, device=None):
@@ -89,6 +116,8 @@ class SpeculativeDecoder:
         self.generator = built if self.spec.kind == "generation" else None
         # One policy for the decoder's life: the step costs it measures carry over between calls.
         self.policy = make_policy(policy if policy is not None else self.spec.default_policy) if self.proposer else None
+        if self.proposer is not None:
+            _warn_if_inexact(self.target, method)
 
     def generate(self, prompts, max_new_tokens: int = 64, temperature=0.0, top_k=0, top_p=1.0, seed=0,
                  eos_token_id: int | Sequence[int] | None = None,

@@ -31,6 +31,7 @@ import torch
 
 from . import ops
 from .contract import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, Proposer, SamplingParams, StepState
+from .models.protocol import batch_invariant
 from .ops.status import raise_for
 from .outputs import GenerationResult, Metrics, RowOutputs, StreamCallback
 
@@ -55,7 +56,7 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     rows = RowOutputs(len(prompts), max_new_tokens, eos_token_id, stream)
     max_draft = proposer.max_draft if proposer is not None else 0
-    metrics = Metrics(drafted=[0] * max_draft, accepted=[0] * max_draft)
+    metrics = Metrics(drafted=[0] * max_draft, accepted=[0] * max_draft, batch_invariant=batch_invariant(target))
     hidden_layers = tuple(proposer.hidden_layers) if proposer is not None else ()
     greedy, device = (params.temperature == 0).tolist(), target.device
     start = time.perf_counter()

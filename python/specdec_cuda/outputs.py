@@ -65,6 +65,10 @@ class Metrics:
     accepted: list[int] = field(default_factory=list)
     target_seconds: float = 0.0  # in target forwards of decoding steps (wall time; see host_overhead)
     propose_seconds: float = 0.0  # in the proposer's propose() (drafter forwards included)
+    # Whether the target's forwards were batch invariant (models.protocol.batch_invariant): then
+    # greedy speculative output is the autoregressive output exactly; otherwise equal up to
+    # near-ties, where a wider forward's rounding can flip an argmax.
+    batch_invariant: bool = True
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,7 +100,7 @@ class Metrics:
                     tau=self.tau, target_forwards=self.target_forwards,
                     acceptance_rate=self.acceptance_rate, acceptance_per_position=self.acceptance,
                     target_seconds=self.target_seconds, propose_seconds=self.propose_seconds,
-                    host_overhead=self.host_overhead)
+                    host_overhead=self.host_overhead, batch_invariant=self.batch_invariant)
 
     def count_step(self, drafted: list[int], accepted: list[int], emitted: int, rows: int) -> None:
         """One decoding step: per row its drafted depth and accepted drafts (0 on rows that took

@@ -318,6 +318,10 @@ class HFCausalLM:
         cache.commit(torch.tensor([tokens.shape[1]]))
     """
 
+    # transformers' matmuls and attention block by shape: a row of a verification forward may round
+    # differently from the same token decoded alone (protocol.batch_invariant).
+    batch_invariant = False
+
     def __init__(self, model: nn.Module, attn_implementation: str | None = None) -> None:
         if attn_implementation is not None:
             if attn_implementation not in _MASKABLE:

@@ -160,6 +160,14 @@ class LlamaModel(nn.Module):
         """Whether the projections and the LM head live only in packed panels (see the class docs)."""
         return self._packed
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a forward gives each row the bits a one-row forward gives it (``protocol.
+        batch_invariant``): on the packed CPU path and for GGUF blocks, whose ops compute every
+        output in one fixed order of its own row (docs/cpu-path.md, "Exactness"); not on the
+        torch path (BLAS and SDPA block by shape)."""
+        return self._packed or self._packable()
+
     def _packable(self) -> bool:
         from .layers import packable
 

@@ -104,6 +104,16 @@ class CausalLM(Protocol):
         """
 
 
+def batch_invariant(model) -> bool:
+    """Whether ``model``'s forward gives every row the bits a one-row forward of the same tokens
+    would: then a verification forward scores each draft exactly as autoregressive decoding would,
+    and greedy speculative output equals greedy autoregressive output token for token, near-ties
+    included. A model says so with a ``batch_invariant`` attribute (the built-in model on its packed
+    CPU path or GGUF blocks); without one it is taken not to be (BLAS and attention kernels
+    choose their blocking by shape, so the same row rounds differently in a wider forward)."""
+    return bool(getattr(model, "batch_invariant", False))
+
+
 def check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, num_layers: int,
                        logits_at=None) -> tuple[int, int]:
     """The argument checks of ``CausalLM.forward`` that every model shares; returns (B, n).

@@ -38,6 +38,12 @@ class QuantKVModel:
         return self.model.device
 
     @property
+    def batch_invariant(self) -> bool:
+        """The wrapped model's projections decide it: the quantised attention scores each query over
+        the same tiles of cache slots, in the same order, whatever the other queries."""
+        return self.model.batch_invariant
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
