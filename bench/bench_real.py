@@ -19,7 +19,10 @@ benched, with the reason), at batch 1 and ``--batch``, greedy and T = 0.8, on tw
 HumanEval bench half (``humaneval.prompts(split="bench")``) and the held-out half, which only the
 headline figures use. Each row: tokens/s, tau (tokens per target forward), speedup over this
 engine's autoregressive decoding of the same setting, and, greedy, whether each row's tokens are
-those of autoregressive decoding. ``quantspec`` drafts with the target's own 4-bit weights and
+those of autoregressive decoding; and what drafting costs, in this engine's autoregressive steps of
+the same setting: ``step/AR``, the mean target forward of a step (a verification of the method's
+typical draft), and ``draft/AR``, propose time per drafted token (a draft model's catch-up on the
+prompt included). ``quantspec`` drafts with the target's own 4-bit weights and
 verifies on its hierarchical 4-bit KV cache, so its greedy output is compared with autoregressive
 decoding on that same cache (the row ``autoregressive, 4-bit KV cache``).
 
@@ -141,7 +144,11 @@ def bench(args) -> dict:
         for name, lossless, baseline, _ in rows_spec:
             r, base = results[w, b, t, name], results[w, b, t, baseline]
             per_row = [x == y for x, y in zip(r["outputs"], base["outputs"])] if t == 0.0 else None
-            rows.append(dict(workload=w, split=w, batch=b, temperature=t, method=name, system="engine",
+            ar_step = ar.get("step_seconds")
+            cost = dict(step_vs_ar=r["step_seconds"] / ar_step if ar_step and r.get("step_seconds") else None,
+                        draft_vs_ar_step=(r["draft_seconds_per_token"] / ar_step
+                                          if ar_step and r.get("draft_seconds_per_token") else None))
+            rows.append(dict(workload=w, split=w, batch=b, temperature=t, method=name, system="engine", **cost,
                              lossless=lossless, baseline=baseline, vs_engine_ar=r["tokens_per_s"] / ar["tokens_per_s"],
                              identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
                              **{k: v for k, v in r.items() if k != "outputs"}))

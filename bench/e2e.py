@@ -146,7 +146,8 @@ def engine_group(decoder: SpeculativeDecoder, group: list[list[int]], **kw) -> d
     m = out.metrics
     return dict(tokens=m.new_tokens, seconds=m.seconds, row_steps=m.row_steps,
                 after_prefill=m.new_tokens_after_prefill, drafted=sum(m.drafted), accepted=sum(m.accepted),
-                outputs=out.tokens)
+                target_forwards=m.target_forwards, target_seconds=m.target_seconds,
+                propose_seconds=m.propose_seconds, outputs=out.tokens)
 
 
 def hf_group(model, group: list[list[int]], max_new_tokens: int, eos: int | None, temperature: float = 0.0,
@@ -182,12 +183,18 @@ def hf_group(model, group: list[list[int]], max_new_tokens: int, eos: int | None
 
 def combine(parts: list[dict]) -> dict:
     """Totals over groups: tokens/s over all of them, τ (tokens per target forward after the first
-    token, per row), acceptance (accepted / drafted), outputs in prompt order."""
-    total = {key: sum(p[key] for p in parts) for key in ("tokens", "seconds", "row_steps", "after_prefill",
-                                                         "drafted", "accepted")}
+    token, per row), acceptance (accepted / drafted), outputs in prompt order; for this engine's
+    runs also ``step_seconds`` (the mean target forward of a decoding step: a verification, for a
+    speculative method) and ``draft_seconds_per_token`` (propose time per drafted token, a draft
+    model's catch-up on the prompt included)."""
+    keys = ("tokens", "seconds", "row_steps", "after_prefill", "drafted", "accepted", "target_forwards",
+            "target_seconds", "propose_seconds")
+    total = {key: sum(p.get(key, 0) for p in parts) for key in keys}
     return dict(tokens=total["tokens"], seconds=total["seconds"], tokens_per_s=total["tokens"] / total["seconds"],
                 tau=total["after_prefill"] / total["row_steps"] if total["row_steps"] else None,
                 acceptance=total["accepted"] / total["drafted"] if total["drafted"] else None,
+                step_seconds=total["target_seconds"] / total["target_forwards"] if total["target_forwards"] else None,
+                draft_seconds_per_token=total["propose_seconds"] / total["drafted"] if total["drafted"] else None,
                 outputs=[o for p in parts for o in p["outputs"]])
 
 
@@ -396,7 +403,7 @@ def best_ratios(rows: list[dict]) -> list[dict]:
 def print_bench_table(rows: list[dict]) -> None:
     width = max(len(r["method"]) for r in rows)
     head = (f"{'workload':14s} {'batch':>5s} {'T':>4s}  {'method':{width}s} {'tokens/s':>9s} {'tau':>6s} "
-            f"{'accept':>7s} {'vs AR':>6s} {'identical':>9s}")
+            f"{'accept':>7s} {'vs AR':>6s} {'identical':>9s} {'step/AR':>7s} {'draft/AR':>8s}")
     print("\n" + head + "\n" + "-" * len(head))
     last = None
     for r in rows:
@@ -409,8 +416,12 @@ def print_bench_table(rows: list[dict]) -> None:
         same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
         if not r["lossless"]:
             same = "lossy"
+        # a step's target forward and a drafted token's propose time, in autoregressive steps
+        step = f"{r['step_vs_ar']:.2f}" if r.get("step_vs_ar") is not None else "-"
+        draft = f"{r['draft_vs_ar_step']:.2f}" if r.get("draft_vs_ar_step") is not None else "-"
         print(f"{r['workload']:14s} {r['batch']:5d} {r['temperature']:4.1f}  {r['method']:{width}s} "
-              f"{r['tokens_per_s']:9.1f} {tau:>6s} {acc:>7s} {r['vs_engine_ar']:5.2f}x {same:>9s}")
+              f"{r['tokens_per_s']:9.1f} {tau:>6s} {acc:>7s} {r['vs_engine_ar']:5.2f}x {same:>9s} "
+              f"{step:>7s} {draft:>8s}")
 
 
 def bench(args) -> int:
