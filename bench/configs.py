@@ -162,7 +162,11 @@ def draft_real(pair):
         vocab = min(DRAFT_VOCAB, pair.draft.vocab_size)
         rows += [(f"k=4, draft vocab {vocab}", dict(draft=pair.draft, k=4, policy="fixed", draft_vocab=vocab)),
                  (f"cost policy, draft vocab {vocab}", dict(draft=pair.draft, k=4, adaptive_k=True,
-                                                            draft_vocab=vocab))]
+                                                            draft_vocab=vocab)),
+                 # where a verification row costs nearly a step (a CPU), drafts the drafter doubts
+                 # are not worth verifying: stop at the first below 0.6
+                 (f"k<=6, confidence 0.6, draft vocab {vocab}", dict(draft=pair.draft, k=6, policy="fixed",
+                                                                      confidence_threshold=0.6, draft_vocab=vocab))]
     return rows
 
 
