@@ -108,6 +108,10 @@ def test_bad_draft_vocabularies_are_refused(folders):
     tokens, positions = torch.tensor([[1]]), torch.tensor([[0]])
     with pytest.raises(ValueError, match="this model's vocab_subset"):
         model.forward(tokens, positions, model.new_cache(1, 4), vocab=other.vocab_subset(8))
+    stale = model.vocab_subset(8)
+    model.to(torch.float32)  # a packed model from here on where the CPU has the packed kernels, else float32 BLAS
+    with pytest.raises(ValueError, match="make it again"):
+        model.forward(tokens, positions, model.new_cache(1, 4), vocab=stale)
     hf_draft = load_backend(folders[1], "hf")
     with pytest.raises(TypeError, match="draft_vocab needs a built-in drafter"):
         specdec_cuda.generate(model, [[1, 2]], method="draft", draft=hf_draft, draft_vocab=8, max_new_tokens=2)

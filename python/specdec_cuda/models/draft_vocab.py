@@ -41,14 +41,16 @@ class VocabSubset:
     """The LM-head rows of ``ids`` (sorted, unique) of one model, in the form its forward multiplies.
 
     ``weight``: dense ``[N, H]`` rows (the torch path), or None; ``packed``: packed panels or GGUF
-    blocks of the same rows, or None; ``model_id``: ``id()`` of the model it was made from (its
-    forward refuses another model's subset). ``prefix``: ids are ``0 .. N - 1``."""
+    blocks of the same rows, or None; ``model_id``: ``id()`` of the model it was made from and
+    ``form``: how that model held its head then (its forward refuses another model's subset, or
+    one made before a ``.to()`` or a change of path). ``prefix``: ids are ``0 .. N - 1``."""
 
     ids: torch.Tensor  # [N] int64, sorted, unique
     vocab_size: int
     weight: torch.Tensor | None
     packed: PackedWeight | GgufLinear | None
     model_id: int
+    form: str
 
     @property
     def prefix(self) -> bool:

@@ -399,6 +399,10 @@ class LlamaModel(nn.Module):
         span = cache.begin_forward(n)
         device = self.device
         self._bind()
+        if vocab is not None and vocab.form != self._head_form():
+            raise ValueError("this VocabSubset holds the LM head's rows as the model was when it was made "
+                             f"({vocab.form}); the model has changed since (.to(), packed_linear: now "
+                             f"{self._head_form()}): make it again with vocab_subset()")
         if self._packed:
             return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan, vocab)
 
@@ -505,13 +509,20 @@ class LlamaModel(nn.Module):
         from .layers import dense_of
 
         ids = subset_ids(ids, self.vocab_size)
+        self._bind()  # the path the next forward takes (a model built by hand packs on its first)
+        form = self._head_form()
         if isinstance(self._head_packed, GgufLinear):
-            return VocabSubset(ids, self.vocab_size, None, gguf_rows_of(self._head_packed, ids), id(self))
+            return VocabSubset(ids, self.vocab_size, None, gguf_rows_of(self._head_packed, ids), id(self), form)
         if self._head_packed is not None:
             rows = dense_of(self._head_packed, self._head_packed.panels.dtype)[ids]
-            return VocabSubset(ids, self.vocab_size, None, pack_weight(rows), id(self))
+            return VocabSubset(ids, self.vocab_size, None, pack_weight(rows), id(self), form)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return VocabSubset(ids, self.vocab_size, weight[ids.to(weight.device)].contiguous(), None, id(self))
+        return VocabSubset(ids, self.vocab_size, weight[ids.to(weight.device)].contiguous(), None, id(self), form)
+
+    def _head_form(self) -> str:
+        """How the LM head is held now (a ``VocabSubset`` is valid while this stays the same)."""
+        kind = "gguf" if self.gguf else "packed" if self._packed else "dense"
+        return f"{kind} {self.dtype} on {self.device}"
 
     # -- weights ----------------------------------------------------------------------------------
 
