@@ -99,6 +99,9 @@ CASES = [
     Case("draft-vocab", True, method="draft",
          options=lambda env: dict(draft=_builtin_target(env.draft, "draft_vocab"), k=3, policy="fixed",
                                   draft_vocab=[i for i in range(env.target.vocab_size) if i % 4 != 1])),
+    # The drafter reads the last 3 prompt tokens only (the suite's prompts are 1 to 7 long).
+    Case("draft-context", True, method="draft",
+         options=lambda env: dict(draft=env.draft, k=3, policy="fixed", draft_context=3)),
     Case("draft-match", True, method="draft",
          options=lambda env: dict(draft=env.draft, k=3, verification="match", policy="fixed"), same_samples_as=AR),
     Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3), same_samples_as=AR),

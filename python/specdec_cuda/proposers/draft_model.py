@@ -22,6 +22,11 @@ it is never drafted but still emitted when the target chooses it: lossless in ev
 the distribution the drafts were drawn from, zeros included). Pays when the head is a large part
 of the drafter's step (small drafters of large-vocabulary targets). Built-in drafters only.
 
+Draft context (``draft_context=n``): the drafter reads only the last ``n`` tokens of each prompt
+(then everything generated), from position 0: its catch-up on a long prompt, a prefill of the
+whole prompt through the drafter, is bounded by ``n`` tokens. What it proposes is verified as
+always (lossless); it may propose worse for lack of the prompt's start.
+
 Adaptive k (``adaptive=True``): per row, k grows by 2 after a step whose drafts were all
 accepted and shrinks by 1 otherwise, within ``[k_min, k_max]``. ``confidence_threshold``: a row
 stops drafting at the first position (after the first) where the drafter's own max probability
@@ -47,7 +52,7 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, draft, k: int = 4, adaptive: bool = False, k_min: int = 1, k_max: int | None = None,
                  confidence_threshold: float | None = None, verification: str = "rejection",
-                 draft_vocab=None) -> None:
+                 draft_vocab=None, draft_context: int | None = None) -> None:
         if verification not in VERIFICATION_MODES:
             raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {verification!r}")
         k_max = k_max if k_max is not None else (2 * k if adaptive else k)
@@ -57,8 +62,12 @@ class DraftModelProposer(Proposer):
             raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
         self.draft, self.k, self.adaptive = draft, k, adaptive
         self.k_min, self.k_max, self.confidence_threshold = k_min, k_max, confidence_threshold
+        if draft_context is not None and (isinstance(draft_context, bool) or not isinstance(draft_context, int)
+                                          or draft_context < 1):
+            raise ValueError(f"draft_context must be an int >= 1 (prompt tokens the drafter reads), got {draft_context!r}")
         self.verification = verification
         self.max_draft = k_max
+        self.draft_context = draft_context
         self.vocab = None
         if draft_vocab is not None:
             if not hasattr(draft, "vocab_subset"):
@@ -91,6 +100,10 @@ class DraftModelProposer(Proposer):
         self.seq = torch.zeros(batch, max_length, dtype=torch.int64, device=device)
         self.seq[:, :width] = prompts
         self.seq[torch.arange(batch, device=device), prompt_lens] = first_tokens
+        # offset[b]: the index in seq of the drafter's cache slot 0 (its position 0); 0 unless the
+        # prompt is longer than draft_context.
+        self.offset = (torch.zeros(batch, dtype=torch.int64, device=device) if self.draft_context is None else
+                       (prompt_lens.to(device=device, dtype=torch.int64) - self.draft_context).clamp(min=0))
         self.k_row = torch.full((batch,), self.k, dtype=torch.int64, device=device)
         self.all_greedy = bool((params.temperature == 0).all())
         # q is only needed by rejection sampling: not in match mode, not when every row is greedy.
@@ -106,14 +119,15 @@ class DraftModelProposer(Proposer):
         if k_step == 0:
             return None
 
-        # Catch up: feed committed tokens the drafter has not seen, through `last` at lengths[b].
-        behind = torch.where(active, lengths + 1 - self.cache.lengths, 0)  # [B], >= 1 on active rows
+        # Catch up: feed committed tokens the drafter has not seen, through `last` at lengths[b]
+        # (seq index offset + slot; the drafter's positions are its slots).
+        behind = torch.where(active, lengths + 1 - self.offset - self.cache.lengths, 0)  # [B], >= 1 on active rows
         width = int(behind.max())
-        idx = self.cache.lengths[:, None] + torch.arange(width, device=device)
-        idx = idx.clamp(max=self.seq.shape[1] - 1)
+        slots = (self.cache.lengths[:, None] + torch.arange(width, device=device)).clamp(max=self.seq.shape[1] - 1)
+        idx = (self.offset[:, None] + slots).clamp(max=self.seq.shape[1] - 1)
         last = (behind - 1).clamp(min=0)
         started = time.perf_counter()
-        cur = self._forward(self.seq.gather(1, idx), idx, logits_at=last)
+        cur = self._forward(self.seq.gather(1, idx), slots, logits_at=last)
         self.cache.commit(behind)  # cur [B, V]: the drafter's view of position lengths + 1
         # A steady step feeds 1 or 2 tokens (the last draft, the bonus); more is a catch-up (the
         # prompt, or tokens decoded without drafting), a cost the policy should not expect again.
@@ -122,7 +136,8 @@ class DraftModelProposer(Proposer):
         tokens = torch.zeros(batch, k_step, dtype=torch.int64, device=device)
         keep_logits = self.keep_logits
         draft_logits = torch.empty(batch, k_step, cur.shape[-1], dtype=cur.dtype, device=device) if keep_logits else None
-        positions = lengths[:, None] + 1 + torch.arange(k_step, device=device)  # [B, k_step]
+        positions = lengths[:, None] + 1 + torch.arange(k_step, device=device)  # [B, k_step], absolute
+        slots = positions - self.offset[:, None]  # the drafter's own positions
         # Uniform steps (every row drafts k_step, no confidence stop) skip the per-row masks.
         uniform = self.confidence_threshold is None and bool((limit == k_step).all())
         drafting = limit > 0
@@ -144,7 +159,7 @@ class DraftModelProposer(Proposer):
             if not uniform:
                 num_draft += drafting.to(torch.int64)
             if j + 1 < k_step:
-                cur = self._forward(tokens[:, j : j + 1], positions[:, j : j + 1])
+                cur = self._forward(tokens[:, j : j + 1], slots[:, j : j + 1])
                 self.cache.commit(ones if uniform else drafting.to(torch.int64))
         return Draft(tokens, num_draft, self.kind, logits=draft_logits, context=num_draft, one_time_seconds=one_time)
 
@@ -165,7 +180,7 @@ class DraftModelProposer(Proposer):
         # The drafter's cache is valid through the last accepted draft (index lengths + num_accepted);
         # it never runs ahead of a finished row (num_accepted 0 there).
         if draft is not None:  # without a proposal the drafter's cache did not move past the text
-            self.cache.truncate(torch.minimum(self.cache.lengths, lengths + 1 + num_accepted))
+            self.cache.truncate(torch.minimum(self.cache.lengths, lengths + 1 + num_accepted - self.offset))
         if self.adaptive and draft is not None:
             num_draft = draft.context  # [B] drafts per row of this proposal
             full = (num_accepted == num_draft) & (num_draft > 0)
@@ -175,7 +190,8 @@ class DraftModelProposer(Proposer):
 
 def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool = False, k_min: int = 1,
                               k_max: int | None = None, confidence_threshold: float | None = None,
-                              verification: str = "rejection", draft_vocab=None) -> DraftModelProposer:
+                              verification: str = "rejection", draft_vocab=None,
+                              draft_context: int | None = None) -> DraftModelProposer:
     """The ``method="draft"`` proposer for ``target``; ``draft`` is a model, a transformers model or a
     checkpoint folder of the same tokenizer (loaded in the target's dtype, on its device)."""
     from ..api import as_causal_lm
@@ -186,7 +202,7 @@ def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool =
                          f"({target.vocab_size}); they must share a tokenizer")
     return DraftModelProposer(drafter, k=k, adaptive=adaptive_k, k_min=k_min, k_max=k_max,
                               confidence_threshold=confidence_threshold, verification=verification,
-                              draft_vocab=draft_vocab)
+                              draft_vocab=draft_vocab, draft_context=draft_context)
 
 
 register(MethodSpec(
@@ -207,5 +223,7 @@ register(MethodSpec(
                         'lossless) or "typical" (LOSSY typical acceptance)',
         "draft_vocab": "the drafter's LM head over part of the vocabulary (FR-Spec): an int n (ids 0 .. n-1) "
                        "or token ids; lossless, built-in drafters only (default: the whole vocabulary)",
+        "draft_context": "the drafter reads only the last n tokens of each prompt (bounds its catch-up on long "
+                         "prompts; default: all of it)",
     },
 ))

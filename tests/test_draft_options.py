@@ -1,5 +1,8 @@
-"""A drafter's LM head over part of the vocabulary (``draft_vocab=``, models/draft_vocab.py).
+"""Options of ``method="draft"`` that change what the drafter computes, not what is emitted:
+``draft_vocab=`` (its LM head over part of the vocabulary, models/draft_vocab.py) and
+``draft_context=`` (it reads only the end of each prompt).
 
+draft_vocab:
 Checked: the subset's logits are the full head's columns, for a prefix and a scattered id set: bit
 for bit on the packed CPU path (float32, tied and untied heads: each output row's sum is its own),
 to float64 rounding on the torch path (BLAS blocks a product by its shape);
@@ -8,6 +11,10 @@ autoregressive tokens, and a token outside it is still emitted (by the target); 
 without ``vocab_subset`` and another model's subset are refused by name; ``frequent_token_ids``
 ranks by count. Sampling with a draft vocabulary is the conformance suite's ``draft-vocab`` case
 (chi-square against the exact target distribution); GGUF heads: tests/test_gguf_model.py.
+
+draft_context: greedy output equal to autoregressive decoding on prompts longer and shorter than
+the context, ragged in one batch, with drafts accepted; the drafter's cache holds the context
+only; bad values refused. Sampling: the conformance suite's ``draft-context`` case.
 """
 
 from __future__ import annotations
@@ -125,3 +132,35 @@ def test_frequent_token_ids_rank_by_count():
     assert frequent_token_ids(Chars(), ["abcabc", "aab", "d"], 2) == [0, 1]
     assert frequent_token_ids(Chars(), ["cccbbd"], 1, always=[25]) == [2, 25]
     assert frequent_token_ids(Chars(), ["ab"], 10) == [0, 1]  # fewer distinct tokens than asked
+
+
+# ---- draft_context -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["torch-path", "packed-path"])
+def test_a_drafter_reading_the_end_of_the_prompt_keeps_greedy_output_exact(folders, dtype):
+    from specdec_cuda.proposers.draft_model import DraftModelProposer
+
+    target = models.load(folders[0], dtype=dtype)
+    draft = models.load(folders[1], dtype=dtype)
+    prompts = [list(range(1, 30)), [5, 6, 7], list(range(40, 52))]  # longer, shorter, longer than 8
+    expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=20).tokens
+    out = specdec_cuda.generate(target, prompts, method="draft", draft=draft, k=3, policy="fixed",
+                                draft_context=8, max_new_tokens=20)
+    assert out.tokens == expected and sum(out.metrics.accepted) > 0
+    proposer = DraftModelProposer(draft, k=3, draft_context=8)
+    decoded = specdec_cuda.decoding.decode(target, prompts, specdec_cuda.decoding.SamplingParams.make(3, 0.0, 0, 1.0, 0,
+                                           target.device), 20, proposer=proposer)
+    assert decoded.tokens == expected
+    assert proposer.offset.tolist() == [29 - 8, 0, 12 - 8]
+    # the drafter's cache never held more than the context plus what was generated
+    assert int(proposer.cache.lengths.max()) <= 8 + 20
+
+
+def test_bad_draft_contexts_are_refused(folders):
+    draft = load_backend(folders[1], "builtin")
+    from specdec_cuda.proposers.draft_model import DraftModelProposer
+
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="draft_context"):
+            DraftModelProposer(draft, draft_context=bad)
