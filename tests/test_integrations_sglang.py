@@ -66,11 +66,20 @@ def sgl_buffers(bs, n, seq_len, mode, device="cpu"):
     return [mask, torch.full((bs * n,), -5, dtype=torch.int64, device=device), *links]
 
 
-def build_both(parent_list, selected, seq_len, topk, steps, n, mode):
+def build_both(parent_list, selected, seq_len, topk, steps, n, mode, noise=None):
+    """Both builders on SGLang's buffers; with ``noise`` (a seed) the mask starts as random
+    bytes instead of SGLang's fill, so what each leaves alone (FULL_MASK's prefix columns) or
+    or-es into (the packed items' upper bytes) is compared too."""
     bs = parent_list.shape[0]
     outs = []
     for fn in (sglang.build_tree_kernel_efficient, ref.build_tree_kernel_efficient):
         bufs = sgl_buffers(bs, n, seq_len, mode)
+        if noise is not None:
+            raw = bufs[0].view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, generator=torch.Generator().manual_seed(noise),
+                                    dtype=torch.uint8))
+            if bufs[0].dtype == torch.bool:
+                raw &= 1
         fn(parent_list, selected, seq_len, *bufs, topk, steps, n, mode)
         outs.append(bufs)
     return outs
@@ -82,13 +91,13 @@ def test_build_tree_equals_sgl_kernel(bs, topk, steps, n):
     rng = random.Random(bs * 1000 + topk * 100 + n)
     parent_list, selected = eagle_draft(rng, bs, topk, steps, n)
     seq_len = torch.tensor([rng.randrange(0, 40) for _ in range(bs)], dtype=torch.int64)
-    for mode in MODES:
-        ours, want = build_both(parent_list, selected, seq_len, topk, steps, n, mode)
+    for mode, noise in [(m, None) for m in MODES] + [(m, 7) for m in MODES]:
+        ours, want = build_both(parent_list, selected, seq_len, topk, steps, n, mode, noise)
         for name, a, b in zip(("tree_mask", "positions", "retrive_index", "retrive_next_token",
                                "retrive_next_sibling"), ours, want):
             if a.dtype in (torch.uint16, torch.uint32):
                 a, b = a.view(torch.uint8), b.view(torch.uint8)
-            assert torch.equal(a, b), (mode, name)
+            assert torch.equal(a, b), (mode, noise, name)
 
 
 def test_build_tree_hand_case():
