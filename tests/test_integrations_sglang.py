@@ -440,3 +440,9 @@ def test_adapters_on_cuda_equal_cpu():
             position=3)
         outs.append([t.cpu() for t in (*out, draft_probs)])
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    assert doctest.testmod(sglang, raise_on_error=False).failed == 0
