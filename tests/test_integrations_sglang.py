@@ -76,8 +76,8 @@ def build_both(parent_list, selected, seq_len, topk, steps, n, mode, noise=None)
         bufs = sgl_buffers(bs, n, seq_len, mode)
         if noise is not None:
             raw = bufs[0].view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, generator=torch.Generator().manual_seed(noise),
-                                    dtype=torch.uint8))
+            gen = torch.Generator().manual_seed(noise)
+            raw.copy_(torch.randint(0, 256, raw.shape, generator=gen, dtype=torch.uint8))
             if bufs[0].dtype == torch.bool:
                 raw &= 1
         fn(parent_list, selected, seq_len, *bufs, topk, steps, n, mode)
@@ -111,7 +111,8 @@ def test_build_tree_hand_case():
     ours, want = build_both(parent_list, selected, seq_len, 2, 3, 6, sglang.QLEN_ONLY)
     mask, positions, ridx, first, sibling = ours
     assert positions.tolist() == [2, 3, 3, 4, 4, 5]
-    assert first.tolist() == [[1, 3, 4, -1, 5, -1]] and sibling.tolist() == [[-1, 2, -1, -1, -1, -1]]
+    assert first.tolist() == [[1, 3, 4, -1, 5, -1]]
+    assert sibling.tolist() == [[-1, 2, -1, -1, -1, -1]]
     assert mask.view(6, 6)[5].tolist() == [True, False, True, False, True, True]
     assert all(torch.equal(a, b) for a, b in zip(ours, want))
     packed, *_ = build_both(parent_list, selected, seq_len, 2, 3, 6, sglang.QLEN_ONLY_BITPACKING)[0]
@@ -416,7 +417,8 @@ def test_adapters_on_cuda_equal_cpu():
     seq_len = torch.tensor([3, 0, 7, 12])
     for mode in MODES:
         cpu = sgl_buffers(bs, n, seq_len, mode)
-        sglang.build_tree_kernel_efficient(parent_list, selected, seq_len, *cpu, topk, steps, n, mode)
+        sglang.build_tree_kernel_efficient(parent_list, selected, seq_len, *cpu, topk, steps, n,
+                                           mode)
         gpu = sgl_buffers(bs, n, seq_len, mode, "cuda")
         sglang.build_tree_kernel_efficient(parent_list.cuda(), selected.cuda(), seq_len.cuda(),
                                            *gpu, topk, steps, n, mode)
@@ -446,3 +448,38 @@ def test_docstring_examples_run():
     import doctest
 
     assert doctest.testmod(sglang, raise_on_error=False).failed == 0
+
+
+def test_eagle_parents_verify_without_the_links():
+    """The documented route: eagle_parents straight into ops.verify_tree gives what
+    build_tree_kernel_efficient + verify_tree_greedy give, with no link read back."""
+    from specdec_cuda import ops
+
+    rng = random.Random(21)
+    bs, topk, steps, n, vocab = 5, 3, 4, 14, 4
+    parent_list, selected = eagle_draft(rng, bs, topk, steps, n)
+    seq_len = torch.zeros(bs, dtype=torch.int64)
+    _, _, ridx, first, sibling = build_both(parent_list, selected, seq_len, topk, steps, n,
+                                            sglang.QLEN_ONLY)[0]
+    gen = torch.Generator().manual_seed(4)
+    candidates = torch.randint(0, vocab, (bs, n), generator=gen)
+    logits = torch.randn(bs, n, vocab, generator=gen)
+    out = walk_outputs(bs, steps + 1, bs * n + 1)
+    sglang.verify_tree_greedy(*out, candidates, ridx, first, sibling, logits.argmax(-1))
+    parents = sglang.eagle_parents(parent_list, selected, topk, check=False)
+    res = ops.verify_tree(candidates.reshape(-1), parents.reshape(-1),
+                          torch.arange(0, bs * n + 1, n), logits, max_nodes=n, check=False)
+    assert res.num_accepted.tolist() == out[2].tolist()
+    assert int(res.num_accepted.max()) >= 1
+    for b in range(bs):
+        k = int(res.num_accepted[b]) + 1
+        slots = (b * n + res.accepted_nodes[b, :k]).tolist()
+        assert out[1][b, :k].tolist() == slots
+        assert out[0][slots].tolist() == res.tokens[b, :k].tolist()
+    # unchecked, an orphan makes its row malformed instead of wrong: place 7's parent is place 4
+    orphaned = sglang.eagle_parents(torch.tensor([[-1, 0, 1, 4, 3]] * 2),
+                                    torch.tensor([[0, 1, 3, 4, 7], [0, 1, 3, 5, 7]]), 2,
+                                    check=False)
+    lay = ops.build_tree(orphaned.reshape(-1), torch.tensor([0, 6, 12]),
+                         torch.zeros(2, dtype=torch.int64), max_nodes=6, check=False)
+    assert lay.status.tolist() == [0, 4]

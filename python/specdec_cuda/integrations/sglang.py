@@ -52,6 +52,7 @@ from .. import ops
 from ..ops.status import describe, flagged_rows
 
 __all__ = ["FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING", "build_tree_kernel_efficient",
+           "eagle_parents",
            "verify_tree_greedy", "tree_speculative_sampling_target_only"]
 
 # SGLang's TreeMaskMode values (the ``tree_mask_mode`` argument).
@@ -218,8 +219,8 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
     their values (SGLang prefills accept_index with -1).
 
     The predictions are ids, not logits: each is made a one-hot row over the ids that occur in
-    the call (candidates and predictions, renumbered densely), whose argmax is that id, so
-    ``ops.verify_tree`` decides exactly the equalities sgl_kernel tests.
+    its row (candidates and predictions, renumbered densely per row), whose argmax is that id,
+    so ``ops.verify_tree`` decides exactly the equalities sgl_kernel tests.
 
     Shape:
         predicts: (T,) int32, indexed by retrive_index (SGLang: bs * n + 1).
@@ -249,15 +250,24 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
     slots = _slots(trees, retrive_index, predicts, target_predict.numel())
     drafted = candidates.reshape(-1)[trees.local]
     predicted = target_predict.reshape(-1)[slots]
-    ids, dense = torch.unique(torch.cat([drafted, predicted]), return_inverse=True)
+    # ids renumbered densely per row: a row's vocabulary is at most its 2 * n_b ids, so the
+    # one-hot rows stay (N, <= 2 * max_nodes) whatever the real vocabulary
+    device = candidates.device
+    counts = trees.cu_num_nodes[1:] - trees.cu_num_nodes[:-1]
+    row = torch.repeat_interleave(torch.arange(bs, device=device), counts)
+    pairs = torch.stack([torch.cat([row, row]), torch.cat([drafted, predicted])], dim=1)
+    ids, pair_index = torch.unique(pairs, dim=0, return_inverse=True)  # sorted by row, then id
+    row_start = torch.searchsorted(ids[:, 0].contiguous(), torch.arange(bs, device=device))
+    dense = pair_index - row_start[torch.cat([row, row])]
     num_nodes = drafted.numel()
-    one_hot = torch.zeros(num_nodes, ids.numel(), dtype=torch.float32, device=candidates.device)
-    one_hot[torch.arange(num_nodes, device=one_hot.device), dense[num_nodes:]] = 1.0
+    vocab = int(dense.max()) + 1 if num_nodes else 1
+    one_hot = torch.zeros(num_nodes, vocab, dtype=torch.float32, device=device)
+    one_hot[torch.arange(num_nodes, device=device), dense[num_nodes:]] = 1.0
     result = ops.verify_tree(dense[:num_nodes], trees.parents, trees.cu_num_nodes, one_hot,
                              temperature=0.0, max_nodes=trees.max_nodes)
     _raise_on_status(result.status, "verify_tree_greedy")
-    _write_walk(result, trees, slots, ids[result.tokens.clamp(min=0)], predicts, accept_index,
-                accept_token_num)
+    tokens = ids[row_start[:, None] + result.tokens.clamp(min=0), 1]
+    _write_walk(result, trees, slots, tokens, predicts, accept_index, accept_token_num)
 
 
 def _seed_from_uniforms(uniform_samples, uniform_final) -> torch.Tensor:
@@ -365,6 +375,71 @@ def _write_rejected(result, trees: _Trees, drafted, target_probs, draft_probs, b
         flat_draft[r, c] = flat_target[r, c].to(draft_probs.dtype)
 
 
+def eagle_parents(parent_list, selected_index, topk: int, *, check: bool = True) -> torch.Tensor:
+    """The parent array of EAGLE's draft trees, as ``build_tree_kernel_efficient`` reads them.
+
+    Node i > 0 of row b is the draft at place ``selected_index[b, i - 1]`` of the flattened score
+    list; its parent is the root (0) when ``g = selected_index[b, i - 1] // topk`` is 0, else
+    ``1 +`` the first ``p`` with ``selected_index[b, p] == parent_list[b, g]``. The rows are
+    ``ops.build_tree`` / ``ops.verify_tree`` parents as they are (flatten them, with
+    ``cu_num_nodes = [0, n, 2n, ...]``), children in index order being sgl_kernel's list order:
+    the route to verifying SGLang's trees with no host synchronisation.
+
+    With ``check`` (it reads the device), raises ``ValueError`` for a place outside parent_list,
+    a node whose parent was not selected and a parent numbered after its child
+    (``selected_index`` unsorted). With ``check=False`` nothing is read back: such a node gets
+    itself as parent, which the tree ops flag as a malformed row (status 4).
+
+    Shape:
+        parent_list: (bs, topk * (depth - 1) + 1) int64; selected_index: (bs, n - 1) int64.
+        returns: (bs, n) int64, -1 in column 0.
+
+    Example
+    -------
+    >>> import torch
+    >>> from specdec_cuda.integrations import sglang
+    >>> sglang.eagle_parents(torch.tensor([[-1, 0, 1, 4, 3]]), torch.tensor([[0, 1, 3, 4, 7]]),
+    ...                      topk=2).tolist()
+    [[-1, 0, 0, 1, 2, 4]]
+    """
+    topk = _int(topk, "topk")
+    _tensor(parent_list, "parent_list", _LONG, 2)
+    _tensor(selected_index, "selected_index", _LONG, 2)
+    bs, width = parent_list.shape
+    if selected_index.shape[0] != bs or topk < 1:
+        raise ValueError(f"selected_index {tuple(selected_index.shape)}, parent_list "
+                         f"{tuple(parent_list.shape)}, topk={topk}: expected the same rows and "
+                         "topk >= 1")
+    n = selected_index.shape[1] + 1
+    device = parent_list.device
+    # node i's parent: the first node whose place is parent_list[group]; group 0 is the root's
+    group = selected_index // topk
+    bad_place = (selected_index < 0) | (group >= width)
+    if check and bool(bad_place.any()):
+        b, i = (int(x) for x in torch.nonzero(bad_place)[0])
+        raise ValueError(f"selected_index: row {b}, node {i + 1}: place "
+                         f"{int(selected_index[b, i])} has group {int(group[b, i])}, outside "
+                         f"parent_list's [0, {width})")
+    wanted = parent_list.gather(1, group.clamp(0, width - 1))
+    match = selected_index[:, None, :] == wanted[:, :, None]  # [b, node - 1, candidate - 1]
+    found = match.any(-1)
+    first_match = (match.to(torch.int8).argmax(-1) if n > 1 else torch.zeros_like(group))
+    parent = torch.where(group == 0, torch.zeros_like(group), first_match + 1)
+    node = torch.arange(1, n, device=device)
+    orphan = ~bad_place & (group != 0) & ~found
+    late = ~bad_place & ~orphan & (parent >= node)
+    if check:
+        for bad, why in ((orphan, "its parent (place {p}) was not selected"),
+                         (late, "its parent comes after it (selected_index must be sorted, as "
+                                "SGLang sorts it)")):
+            if bool(bad.any()):
+                b, i = (int(x) for x in torch.nonzero(bad)[0])
+                raise ValueError(f"selected_index: row {b}, node {i + 1}: "
+                                 + why.format(p=int(wanted[b, i])))
+    parent = torch.where(bad_place | orphan, node.expand_as(parent), parent)
+    return torch.cat([torch.full((bs, 1), -1, dtype=torch.int64, device=device), parent], 1)
+
+
 def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask,
                                 positions, retrive_index, retrive_next_token, retrive_next_sibling,
                                 topk, depth, draft_token_num, tree_mask_mode) -> None:
@@ -443,29 +518,7 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
             raise ValueError(f"tree_mask: expected {what} = {expected} entries, got "
                              f"{tree_mask.numel()}")
 
-    # node i's parent: the first node whose place is parent_list[group]; group 0 is the root's
-    group = selected_index // topk
-    bad_place = (selected_index < 0) | (group >= width)
-    if bool(bad_place.any()):
-        b, i = (int(x) for x in torch.nonzero(bad_place)[0])
-        raise ValueError(f"selected_index: row {b}, node {i + 1}: place {int(selected_index[b, i])} "
-                         f"has group {int(group[b, i])}, outside parent_list's [0, {width})")
-    wanted = parent_list.gather(1, group)
-    match = selected_index[:, None, :] == wanted[:, :, None]  # [b, node - 1, candidate - 1]
-    found = match.any(-1)
-    first_match = (match.to(torch.int8).argmax(-1) if n > 1 else torch.zeros_like(group))
-    parent = torch.where(group == 0, torch.zeros_like(group), first_match + 1)
-    node = torch.arange(1, n, device=device)
-    orphan = (group != 0) & ~found
-    late = ~orphan & (parent >= node)
-    for bad, why in ((orphan, "its parent (place {p}) was not selected"),
-                     (late, "its parent comes after it (selected_index must be sorted, as "
-                            "SGLang sorts it)")):
-        if bool(bad.any()):
-            b, i = (int(x) for x in torch.nonzero(bad)[0])
-            raise ValueError(f"selected_index: row {b}, node {i + 1}: "
-                             + why.format(p=int(wanted[b, i])))
-    parents = torch.cat([torch.full((bs, 1), -1, dtype=torch.int64, device=device), parent], 1)
+    parents = eagle_parents(parent_list, selected_index, topk)
     cu = torch.arange(0, bs * n + 1, n, dtype=torch.int64, device=device)
     layout = ops.build_tree(parents.reshape(-1), cu, seq_len, max_nodes=n)
 
