@@ -257,6 +257,15 @@ def test_verify_tree_greedy_refuses_broken_links():
     far[1, 1] = 6
     with pytest.raises(ValueError, match="outside"):
         sglang.verify_tree_greedy(*walk_outputs(2, 4, 13), candidates, ridx, far, sibling, predict)
+    wild = ridx.clone()
+    wild[1, 4] = 13  # past predicts (13 slots)
+    with pytest.raises(ValueError, match="retrive_index: row 1"):
+        sglang.verify_tree_greedy(*walk_outputs(2, 4, 13), candidates, wild, first, sibling,
+                                  predict)
+    with pytest.raises(ValueError, match="candidates: row 1, node 5: token 25"):
+        sampling_call(sglang.tree_speculative_sampling_target_only, 2, 4,
+                      (candidates, ridx, first, sibling), torch.rand(2, 6), torch.rand(2),
+                      torch.full((2, 6, 24), 1 / 24))  # the roots (50, 60) are not read
     with pytest.raises(TypeError, match="int32"):
         out = list(walk_outputs(2, 4, 13))
         out[0] = out[0].long()

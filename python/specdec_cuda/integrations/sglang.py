@@ -13,6 +13,8 @@ has the same name, argument order, dtypes and in-place outputs, and runs whereve
 * :func:`tree_speculative_sampling_target_only`: the sampled walk, through ``ops.verify_tree``'s
   sample-and-match (``draft_logits=None``). Lossless, and equal to sgl_kernel's in distribution,
   not draw for draw: the project draws from Philox streams, not from the caller's uniforms.
+* :func:`eagle_parents` (not an sgl_kernel call): EAGLE's drafts as the project's parent arrays,
+  for an engine that calls ``ops.verify_tree`` itself, with no host synchronisation.
 
 Trees. SGLang links nodes as lists (node 0 = the verified token); the project takes parent arrays
 in which siblings are tried in index order. The verify adapters renumber each row's reachable
@@ -32,9 +34,9 @@ distinct; they are different couplings of the same law. The Philox key is, per r
 root's token), else a 62-bit hash of the row's uniforms (all ``n + 1`` of them) and position 0:
 fresh uniforms give a fresh stream, equal uniforms equal tokens.
 
-What is refused. ``threshold_acc != 1`` or ``threshold_single < 1`` (SGLang's
-``speculative_accept_threshold_*`` below 1 accept more than the target's probability: lossy) and
-tree-mask modes other than the three SGLang defines; bit-packed masks for more than 32 nodes
+What is refused. ``threshold_acc != 1`` or ``threshold_single < 1`` (with such
+``speculative_accept_threshold_*`` sgl_kernel accepts a draft with a probability other than the
+target's: lossy) and tree-mask modes other than the three SGLang defines; bit-packed masks for more than 32 nodes
 (sgl_kernel's items are at most 4 bytes). One behaviour differs on purpose: duplicate sibling
 tokens. sgl_kernel adds a duplicate's probability to the running sum again, so a token drafted
 twice is accepted with up to twice its probability; here the first copy wins, as it must for the
@@ -52,8 +54,7 @@ from .. import ops
 from ..ops.status import describe, flagged_rows
 
 __all__ = ["FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING", "build_tree_kernel_efficient",
-           "eagle_parents",
-           "verify_tree_greedy", "tree_speculative_sampling_target_only"]
+           "eagle_parents", "verify_tree_greedy", "tree_speculative_sampling_target_only"]
 
 # SGLang's TreeMaskMode values (the ``tree_mask_mode`` argument).
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
