@@ -299,7 +299,8 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
     sgl_kernel writes them: ``accept_index``, ``accept_token_num``, ``predicts`` (the accepted
     tokens, then the final token), and ``draft_probs[b, node, token] = target_probs[b, node,
     token]`` for every child counted as tried and rejected (those before the accepted one, all of
-    them at the last node): sgl_kernel's scratch, where it subtracts rejected mass.
+    them at the last node): sgl_kernel's scratch, where it subtracts rejected mass. Its input is
+    not read (sgl_kernel subtracts it in the final draw; SGLang passes zeros).
 
     Distributionally equal to sgl_kernel with thresholds 1, not draw for draw (module docstring):
     the uniforms only seed Philox unless ``seed`` / ``position`` are given. ``deterministic`` is
