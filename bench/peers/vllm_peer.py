@@ -25,7 +25,8 @@ The engine is set up as a user runs vLLM on one CPU machine: ``VLLM_ENABLE_V1_MU
 ``VLLM_CPU_OMP_THREADS_BIND=0-(threads-1)`` pins the OpenMP threads of its kernels to those cores,
 and ``OMP_NUM_THREADS=threads`` keeps torch's own ops at that count (without it vLLM drops torch to
 one thread "for serving"). These environment variables must be set before ``vllm`` is imported,
-which is why this runner sets them itself (the caller's values win when set).
+which is why this runner sets them itself (the caller's values win for the first two, never for
+the thread count, which is the job's).
 
 The result (JSON): ``peer``, ``vllm`` (its version), the settings, ``startup_seconds`` (building
 the ``LLM``: weights, KV cache, vLLM's own warm-up; not part of any tokens/s), and per prompt
@@ -72,13 +73,16 @@ def speculative_config(job: dict) -> dict | None:
 
 
 def set_environment(job: dict) -> dict:
-    """The environment variables of the module docstring, set unless the caller set them; returned."""
+    """The environment variables of the module docstring (see there who wins); returned."""
     threads = int(job.get("threads", 2))
     wanted = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE=str(int(job.get("kv_cache_gib", 2))),
                   VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                   OMP_NUM_THREADS=str(threads))
     for key, value in wanted.items():
-        os.environ.setdefault(key, value)
+        if key in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"):
+            os.environ[key] = value  # the job's thread count, whatever the caller's environment says
+        else:
+            os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in wanted}
 
 
