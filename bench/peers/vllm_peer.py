@@ -10,7 +10,7 @@ The job (JSON)::
     {"model": "HF folder", "draft_model": "HF folder" or null, "mode": "plain" | "ngram:K" | "draft:K",
      "prompts": [[token ids], ...], "max_new_tokens": 64, "threads": 2, "dtype": "bfloat16",
      "kv_cache_gib": 2, "max_model_len": null (the longest prompt + new tokens + room), "warmup_tokens": 8,
-     "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+     "prompt_lookup_max": 4, "prompt_lookup_min": 1, "prefix_caching": false}
 
 Modes (``speculative_config`` of ``vllm.LLM``):
 
@@ -21,7 +21,10 @@ Modes (``speculative_config`` of ``vllm.LLM``):
 
 The engine is set up as a user runs vLLM on one CPU machine: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 (engine core in this process), ``distributed_executor_backend="uni"``, ``enforce_eager=True``
-(no ``torch.compile``), ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, and ``threads`` worker threads:
+(no ``torch.compile``), ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, prefix caching off unless
+``"prefix_caching": true`` (vLLM's default is on: the warm-up call and earlier prompts would leave the
+chat template's shared opening cached, a prefill this engine and llama.cpp's rows pay on every
+prompt), and ``threads`` worker threads:
 ``VLLM_CPU_OMP_THREADS_BIND=0-(threads-1)`` pins the OpenMP threads of its kernels to those cores,
 and ``OMP_NUM_THREADS=threads`` keeps torch's own ops at that count (without it vLLM drops torch to
 one thread "for serving"). These environment variables must be set before ``vllm`` is imported,
@@ -109,7 +112,8 @@ def run(job: dict) -> dict:
     max_len = int(job.get("max_model_len") or max(map(len, prompts)) + max_new + (k or 0) + 64)
     out = dict(peer="vllm", mode=job["mode"], model=job["model"], draft_model=job.get("draft_model"),
                threads=int(job.get("threads", 2)), dtype=job.get("dtype", "bfloat16"), max_new_tokens=max_new,
-               eos_token_ids=eos, max_model_len=max_len, speculative_config=spec, environment=env)
+               eos_token_ids=eos, max_model_len=max_len, speculative_config=spec, environment=env,
+               prefix_caching=bool(job.get("prefix_caching", False)))
     try:
         import importlib.metadata as metadata
 
@@ -121,7 +125,8 @@ def run(job: dict) -> dict:
         from vllm import LLM, SamplingParams
 
         llm = LLM(model=job["model"], dtype=out["dtype"], enforce_eager=True, distributed_executor_backend="uni",
-                  max_model_len=max_len, speculative_config=spec, disable_log_stats=False, seed=0)
+                  max_model_len=max_len, speculative_config=spec, disable_log_stats=False, seed=0,
+                  enable_prefix_caching=out["prefix_caching"])
         out["startup_seconds"] = time.perf_counter() - started
         out["vllm"] = out["vllm"] or __import__("vllm").__version__
 
