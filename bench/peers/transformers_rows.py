@@ -1,0 +1,88 @@
+"""transformers ``generate`` as a peer of the real bench, in the bench's own process.
+
+On the same HF folders (``dtype=`` the bench's ``--dtype``: the bf16 checkpoints as stored, or
+float32), the same prompt token ids, ``max_new_tokens``, EOS and torch thread count, batch 1 and
+greedy (``do_sample=False``), three configurations (``CONFIGS``): plain ``generate``,
+``assistant_model=`` the draft (transformers' assisted generation) and
+``prompt_lookup_num_tokens=`` (its prompt lookup). Prompts are interleaved: every configuration
+decodes prompt i before any decodes prompt i + 1, after one untimed warm-up call each. Each
+becomes a bench row: tokens/s (``generate``'s wall time, prefill included, as this engine's rows),
+its ratio to this engine's autoregressive row, and the share of positions where its tokens equal
+that row's (``llama_cpp_rows.agreement``; different numerics: a figure to read, not a check).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from bench.e2e import hf_group
+from bench.peers.llama_cpp_rows import agreement, size_label
+
+PROMPT_LOOKUP = 10
+BASELINE = "transformers plain"
+
+
+def configs(draft, prompt_lookup: int = PROMPT_LOOKUP, draft_label: str = "") -> list[tuple[str, dict]]:
+    """[(row name, ``generate`` options)]: plain, assisted by ``draft`` (when given), prompt lookup."""
+    out = [(BASELINE, {})]
+    if draft is not None:
+        out.append((" ".join(["transformers assistant_model", *([draft_label] if draft_label else [])]),
+                    dict(assistant_model=draft)))
+    out.append((f"transformers prompt_lookup n={prompt_lookup}", dict(prompt_lookup_num_tokens=prompt_lookup)))
+    return out
+
+
+def bench_rows(per_config: dict[str, list[dict]], workloads: dict[str, list[list[int]]],
+               engine_ar: dict[str, dict], dtype: str) -> list[dict]:
+    """Rows in bench/bench_real.py's shape from ``{row name: [hf_group result per prompt, in the
+    concatenated workloads' order]}``; ``identical``: the row's tokens are transformers plain's."""
+    rows, start = [], 0
+    for w, prompts in workloads.items():
+        stop = start + len(prompts)
+        plain = [p["outputs"][0] for p in per_config[BASELINE][start:stop]] if BASELINE in per_config else None
+        for name, parts in per_config.items():
+            part = parts[start:stop]
+            outputs = [p["outputs"][0] for p in part]
+            tokens, seconds = sum(map(len, outputs)), sum(p["seconds"] for p in part)
+            per_row = [a == b for a, b in zip(outputs, plain)] if plain is not None else None
+            tps = tokens / seconds if seconds > 0 else 0.0
+            rows.append(dict(workload=w, split=w, batch=1, temperature=0.0, system="transformers", method=name,
+                             dtype=dtype, lossless=True, baseline=BASELINE, tokens=tokens, seconds=seconds,
+                             tokens_per_s=tps, tau=None, acceptance=None,
+                             vs_engine_ar=tps / engine_ar[w]["tokens_per_s"] if w in engine_ar else None,
+                             identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
+                             agreement=agreement(outputs, engine_ar[w]["outputs"]) if w in engine_ar else None))
+        start = stop
+    return rows
+
+
+def measure(target_dir: Path, draft_dir: Path | None, workloads: dict[str, list[list[int]]], max_new_tokens: int,
+            eos: int | None, engine_ar: dict[str, dict], dtype: str = "bfloat16", threads: int | None = None,
+            prompt_lookup: int = PROMPT_LOOKUP) -> list[dict]:
+    """Load the folders with ``AutoModelForCausalLM`` in ``dtype``, run every configuration on every
+    prompt (interleaved, batch 1, greedy), free the models; the rows."""
+    from transformers import AutoModelForCausalLM
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch_dtype = getattr(torch, dtype)
+
+    def load(folder):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).eval()
+
+    target = load(target_dir)
+    draft = load(draft_dir) if draft_dir is not None else None
+    chosen = configs(draft, prompt_lookup, size_label(draft_dir) if draft_dir is not None else "")
+    prompts = [ids for w in workloads for ids in workloads[w]]
+    for name, options in chosen:  # first calls allocate, pick kernels; untimed
+        hf_group(target, prompts[:1], 8, eos, **options)
+    per_config = {name: [] for name, _ in chosen}
+    for i, prompt in enumerate(prompts):
+        for name, options in chosen:
+            per_config[name].append(hf_group(target, [prompt], max_new_tokens, eos, **options))
+        print(f"[transformers peer] prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    del target, draft
+    return bench_rows(per_config, workloads, engine_ar, dtype)
