@@ -43,8 +43,6 @@ The speculative modes swap that object's ``draft_model``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -53,6 +51,8 @@ import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+import peer_job  # beside this script
+from peer_job import job_main
 
 # Greedy: temperature 0 makes llama-cpp-python's sampler chain (neutral penalties) + greedy argmax.
 GREEDY = dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
@@ -115,12 +115,7 @@ class Counting(LlamaDraftModel):
 
 def parse_mode(mode: str) -> tuple[str, int | None]:
     """``"plain"`` -> ("plain", None); ``"prompt_lookup:10"`` -> ("prompt_lookup", 10); ``"draft:4"``."""
-    kind, _, arg = mode.partition(":")
-    if kind == "plain" and not arg:
-        return kind, None
-    if kind in ("prompt_lookup", "draft") and arg.isdigit() and int(arg) >= 1:
-        return kind, int(arg)
-    raise ValueError(f"unknown mode {mode!r}: expected plain, prompt_lookup:N or draft:K (N, K >= 1)")
+    return peer_job.parse_mode(mode, ("prompt_lookup", "draft"))
 
 
 def decode(llm: Llama, prompt: list[int], max_new_tokens: int, eos: set[int]) -> dict:
@@ -206,18 +201,7 @@ def run(job: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("job", help="the job JSON file, or - for standard input")
-    p.add_argument("--out", help="write the result JSON here (default: standard output)")
-    args = p.parse_args(argv)
-    job = json.load(sys.stdin if args.job == "-" else open(args.job))
-    text = json.dumps(run(job))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
-    return 0
+    return job_main(run, __doc__.split("\n")[0], argv)
 
 
 if __name__ == "__main__":

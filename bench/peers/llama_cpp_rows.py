@@ -148,31 +148,47 @@ def print_rows(rows: list[dict], header: str = "") -> None:
               f"{'yes' if r['identical'] else 'NO':>7s} {agree:>33s}")
 
 
-def main(argv=None) -> int:
-    """Measure llama.cpp alone on HumanEval prompts of the real pair (no engine rows: no vs AR)."""
+def standalone_parser(description: str, target_help: str) -> argparse.ArgumentParser:
+    """The options of a peer measured alone (``main`` here and in vllm_rows.py): the pair from the
+    model cache, HumanEval prompts of one half, tokens and threads."""
     sys.path.insert(0, str(ROOT / "python"))
     sys.path.insert(0, str(ROOT))
-    from transformers import AutoTokenizer
-
     from bench import humaneval
-    from specdec_cuda import models
 
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--target", default="qwen2.5-coder-1.5b", help="a model cache name (its model.gguf)")
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b", help=target_help)
     p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the draft's model cache name ('' for none)")
     p.add_argument("--kind", choices=humaneval.KINDS, default="chat")
     p.add_argument("--split", choices=humaneval.SPLITS, default="heldout")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", help="also write the runner's result JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+def standalone_prompts(args) -> tuple[Path, Path | None, list[int], list[list[int]]]:
+    """(target folder, draft folder or None, EOS ids, prompt token ids) for ``standalone_parser``'s
+    options."""
+    from transformers import AutoTokenizer
+
+    from bench import humaneval
+    from specdec_cuda import models
+
     target_dir = models.model_path(args.target, fetch_if_missing=False)
     draft_dir = models.model_path(args.draft, fetch_if_missing=False) if args.draft else None
     tok = AutoTokenizer.from_pretrained(target_dir)
     eos = json.loads((target_dir / "generation_config.json").read_text())["eos_token_id"]
     eos = eos if isinstance(eos, list) else [eos]
     prompts = [q.token_ids for q in humaneval.prompts(args.kind, args.split, tokenizer=tok)[: args.prompts]]
+    return target_dir, draft_dir, eos, prompts
+
+
+def main(argv=None) -> int:
+    """Measure llama.cpp alone on HumanEval prompts of the real pair (no engine rows: no vs AR)."""
+    p = standalone_parser(main.__doc__, "a model cache name (its model.gguf)")
+    p.add_argument("--out", help="also write the runner's result JSON here")
+    args = p.parse_args(argv)
+    target_dir, draft_dir, eos, prompts = standalone_prompts(args)
     result = run_peer(job(gguf_of(target_dir), gguf_of(draft_dir), prompts, args.max_new_tokens, eos, args.threads))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -44,22 +44,18 @@ and the exit status is still 0: the caller reports it beside the other peers' ro
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 import traceback
 
+import peer_job  # beside this script
+from peer_job import job_main
+
 
 def parse_mode(mode: str) -> tuple[str, int | None]:
     """``"plain"`` -> ("plain", None); ``"ngram:4"`` -> ("ngram", 4); ``"draft:4"`` -> ("draft", 4)."""
-    kind, _, arg = mode.partition(":")
-    if kind == "plain" and not arg:
-        return kind, None
-    if kind in ("ngram", "draft") and arg.isdigit() and int(arg) >= 1:
-        return kind, int(arg)
-    raise ValueError(f"unknown mode {mode!r}: expected plain, ngram:K or draft:K (K >= 1)")
+    return peer_job.parse_mode(mode, ("ngram", "draft"))
 
 
 def speculative_config(job: dict) -> dict | None:
@@ -164,18 +160,7 @@ def run(job: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("job", help="the job JSON file, or - for standard input")
-    p.add_argument("--out", help="write the result JSON here (default: standard output)")
-    args = p.parse_args(argv)
-    job = json.load(sys.stdin if args.job == "-" else open(args.job))
-    text = json.dumps(run(job))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
-    return 0
+    return job_main(run, __doc__.split("\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,13 @@ Standalone, for a quick measurement without the project's methods::
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.peers.llama_cpp_rows import agreement, size_label
+from bench.peers.llama_cpp_rows import agreement, size_label, standalone_parser, standalone_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
@@ -177,30 +176,11 @@ def print_rows(rows: list[dict], failed: dict[str, str], header: str = "") -> No
 
 def main(argv=None) -> int:
     """Measure vLLM alone on HumanEval prompts of the real pair (no engine rows: no vs AR)."""
-    sys.path.insert(0, str(ROOT / "python"))
-    sys.path.insert(0, str(ROOT))
-    from transformers import AutoTokenizer
-
-    from bench import humaneval
-    from specdec_cuda import models
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--target", default="qwen2.5-coder-1.5b", help="a model cache name (its HF folder)")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the draft's model cache name ('' for none)")
-    p.add_argument("--kind", choices=humaneval.KINDS, default="chat")
-    p.add_argument("--split", choices=humaneval.SPLITS, default="heldout")
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
+    p = standalone_parser(main.__doc__, "a model cache name (its HF folder)")
     p.add_argument("--modes", nargs="+", default=list(MODES))
     p.add_argument("--out", help="also write the runner results (JSON list) here")
     args = p.parse_args(argv)
-    target_dir = models.model_path(args.target, fetch_if_missing=False)
-    draft_dir = models.model_path(args.draft, fetch_if_missing=False) if args.draft else None
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    eos = json.loads((target_dir / "generation_config.json").read_text())["eos_token_id"]
-    eos = eos if isinstance(eos, list) else [eos]
-    prompts = [q.token_ids for q in humaneval.prompts(args.kind, args.split, tokenizer=tok)[: args.prompts]]
+    target_dir, draft_dir, eos, prompts = standalone_prompts(args)
     rows, failed, results = measure(target_dir, draft_dir, {args.split: prompts}, args.max_new_tokens, eos,
                                     args.threads, {}, modes=args.modes)
     if args.out:
