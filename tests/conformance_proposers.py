@@ -9,6 +9,13 @@
   a q that the proposer states (a fixed distribution per depth): lossless whatever q is; cut to
   the depth a row is granted.
 
+A speculation policy that exists for the same suite:
+
+* ``VaryingPolicy``: grants the adaptable rows (``plan``'s ``adaptable``) a plain step, lengths
+  drawn at random in 0 .. their limits, or their limits, at random per step, and the others their
+  limit: a method whose sampled rows are adaptable must emit the same samples under it as
+  autoregressive decoding.
+
 And one deliberately broken proposer, the mutant the deep chi-square must catch:
 
 * ``DeepOffByOne``: a SAMPLED chain proposer whose draft logits are shifted by one position from
@@ -194,6 +201,30 @@ class DeepOffByOne(Wrapped):
         logits = draft.logits.clone()
         logits[:, 1:] = draft.logits[:, :-1]
         return Draft(draft.tokens, draft.num_nodes, draft.kind, logits=logits, context=draft)
+
+
+class VaryingPolicy:
+    """Random draft lengths for adaptable rows, full limits for the others (module docstring)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def start(self, batch: int) -> None:
+        pass
+
+    def plan(self, active, limits, adaptable, remaining=None):
+        # 1 step in 8 plain, 3 in 8 random lengths, half full length (the suite's deep checks need
+        # runs of accepted drafts).
+        roll = int(torch.randint(0, 8, (1,), generator=self.rng))
+        if roll == 0:
+            return [0 if ad else lim for ad, lim in zip(adaptable, limits)]
+        if roll >= 4:
+            return list(limits)
+        return [int(torch.randint(0, lim + 1, (1,), generator=self.rng)) if ad else lim
+                for ad, lim in zip(adaptable, limits)]
+
+    def observe(self, active, drafted, accepted, fed_width, seconds) -> None:
+        pass
 
 
 # -- method="cross_tokenizer": tokenizers and a drafter of another vocabulary for any small target ------

@@ -1,4 +1,4 @@
-"""Shared pytest setup: the one ``cuda`` marker.
+"""Shared pytest setup: the one ``cuda`` marker, and no policy memory.
 
 A test marked ``@pytest.mark.cuda`` (or a module with ``pytestmark = pytest.mark.cuda``) runs only
 where there is a CUDA device *and* specdec_cuda was built with its CUDA kernels; elsewhere it is
@@ -9,9 +9,14 @@ your own. The marker is registered in pyproject.toml; ``-m cuda`` / ``-m "not cu
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
+
+# The cost policy's memory (specdec_cuda.policy_memory) would carry step costs from one test to the
+# next and from earlier runs of the suite: tests start from none (test_policy_memory sets its own).
+os.environ["SPECDEC_POLICY_CACHE"] = "off"
 
 
 @functools.cache

@@ -30,7 +30,8 @@ import pytest
 import torch
 
 import specdec_cuda
-from conformance_proposers import ChainAsTree, DeepOffByOne, GuessTree, SampledTree, cross_tokenizer_options
+from conformance_proposers import (ChainAsTree, DeepOffByOne, GuessTree, SampledTree, VaryingPolicy,
+                                   cross_tokenizer_options)
 from decoding_models import load_backend, make_checkpoint
 from lossless_stats import chi2_pvalue, exact_joint, exact_sequences, project
 from specdec_cuda import methods
@@ -68,8 +69,10 @@ class Case:
     # The case whose samples this one reproduces exactly, seed for seed, at temperature > 0 (None:
     # its own). Sample-and-match verification emits the autoregressive samples of the same seed
     # (decoding.py, "Randomness"); a chain sent as a tree gives the chain's tokens; the cost policy
-    # grants sampled rows their full limit (policy.py), so it drafts as the fixed one does. The deep
-    # test checks that equality and leaves the chi-square to the case named here.
+    # grants rows sampled by rejection their full limit (policy.py), so it drafts as the fixed one
+    # does. The deep test checks that equality and leaves the chi-square to the case named here.
+    # Cases that shorten drafts at random (VaryingPolicy) show that matching rows do not depend on
+    # their draft lengths.
     same_samples_as: str | None = None
 
     def env(self, env: Env) -> Env:
@@ -104,16 +107,24 @@ CASES = [
          options=lambda env: dict(draft=env.draft, k=3, policy="fixed", draft_context=3)),
     Case("draft-match", True, method="draft",
          options=lambda env: dict(draft=env.draft, k=3, verification="match", policy="fixed"), same_samples_as=AR),
-    Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3), same_samples_as=AR),
-    Case("prompt-lookup-tree", True, method="prompt_lookup",
-         options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3), same_samples_as=AR),
-    Case("ngram", True, method="ngram", options=lambda env: dict(k=3, num_candidates=2), same_samples_as=AR),
-    Case("lookahead", True, method="lookahead", options=lambda env: dict(window=3, ngram=3, num_guesses=3),
+    # Drafts drawn with the target's own sampling noise: the autoregressive samples, whatever the lengths.
+    Case("draft-coupled", True, method="draft",
+         options=lambda env: dict(draft=env.draft, k=3, verification="coupled", policy=VaryingPolicy()),
          same_samples_as=AR),
+    Case("prompt-lookup", True, method="prompt_lookup", options=lambda env: dict(k=3, policy="fixed"), same_samples_as=AR),
+    Case("prompt-lookup-tree", True, method="prompt_lookup",
+         options=lambda env: dict(k=3, num_candidates=3, n_min=1, n_max=3, policy="fixed"), same_samples_as=AR),
+    Case("ngram", True, method="ngram", options=lambda env: dict(k=3, num_candidates=2, policy="fixed"), same_samples_as=AR),
+    Case("lookahead", True, method="lookahead", options=lambda env: dict(window=3, ngram=3, num_guesses=3, policy="fixed"),
+         same_samples_as=AR),
+    Case("lookahead-varying-k", True, method="lookahead",
+         options=lambda env: dict(window=3, ngram=3, num_guesses=3, policy=VaryingPolicy()), same_samples_as=AR),
     Case("lookahead-no-window", True, method="lookahead",
-         options=lambda env: dict(window=0, ngram=4, num_guesses=2, own_candidates=2), same_samples_as=AR),
+         options=lambda env: dict(window=0, ngram=4, num_guesses=2, own_candidates=2, policy="fixed"),
+         same_samples_as=AR),
     Case("lookahead+draft", True, method="lookahead+draft",
-         options=lambda env: dict(draft=env.draft, k=3, window=3, ngram=3, num_guesses=2), same_samples_as=AR),
+         options=lambda env: dict(draft=env.draft, k=3, window=3, ngram=3, num_guesses=2, policy="fixed"),
+         same_samples_as=AR),
     Case("medusa-chain", True, method="medusa",
          options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), policy="fixed"),
          same_samples_as=AR),
@@ -131,6 +142,9 @@ CASES = [
     Case("dflash-greedy-draft", True, method="dflash",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4,
                                   draft_sampling="greedy", policy="fixed"), same_samples_as=AR),
+    Case("dflash-coupled", True, method="dflash",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4,
+                                  draft_sampling="coupled", policy=VaryingPolicy()), same_samples_as=AR),
     Case("ddtree", True, method="ddtree",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
                                   policy="fixed"), same_samples_as=AR),

@@ -38,7 +38,7 @@ def test_first_three_tokens_have_the_target_distribution(tiny, verification, k, 
     counts: dict = {}
     batch = 500
     for start in range(0, SAMPLES, batch):
-        out = specdec_cuda.generate(target, [PROMPT] * batch, method="draft", draft=draft, k=k,
+        out = specdec_cuda.generate(target, [PROMPT] * batch, method="draft", draft=draft, k=k, policy="fixed",
                                     verification=verification, max_new_tokens=3, temperature=temperature,
                                     top_k=top_k, seed=list(range(start, start + batch)))
         for row in out.tokens:

@@ -30,10 +30,11 @@ PROMPTS = [
     [5, 17, 33, 8, 61, 5, 17, 33, 8, 61, 40, 2, 71],
     [9, 44, 23, 9, 44, 23, 88, 12],
 ]
+# Always drafting (policy="fixed"): the cost policy may rightly decode these tiny models plainly.
 METHODS = {
     "draft": dict(k=4, policy="fixed"),
-    "prompt_lookup": dict(k=4, num_candidates=2),
-    "lookahead": dict(window=3, ngram=3, num_guesses=3),
+    "prompt_lookup": dict(k=4, num_candidates=2, policy="fixed"),
+    "lookahead": dict(window=3, ngram=3, num_guesses=3, policy="fixed"),
 }
 # A large init keeps attention patterns and logits far from uniform, so that a wrong mask shows; a
 # few families override it where greedy output would otherwise collapse onto one token.
@@ -94,7 +95,7 @@ TOLERANCE = {"gemma2": 1e-5}
 DRAFT_LAYERS = {"qwen3_next": 2}
 # Recurrent layers follow one sequence: chains only (prompt lookup with one candidate, the draft
 # model); tree methods are refused.
-CHAIN_ONLY = {"qwen3_next": {"prompt_lookup": dict(k=4, num_candidates=1)}}
+CHAIN_ONLY = {"qwen3_next": {"prompt_lookup": dict(k=4, num_candidates=1, policy="fixed")}}
 
 
 def make(name: str, layers: int, seed: int, **overrides):

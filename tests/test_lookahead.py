@@ -172,7 +172,8 @@ def test_same_tokens_as_autoregressive_with_the_same_seed(pair, method, options,
     if method == "lookahead+draft":
         options = dict(options, draft=draft)
     kw = dict(max_new_tokens=40, temperature=temperature, seed=[3, 4, 5])
-    out = specdec_cuda.generate(target, PROMPTS, method=method, **options, **kw)
+    # Always drafting: on this tiny model the cost policy (the default) may rightly decode plainly.
+    out = specdec_cuda.generate(target, PROMPTS, method=method, policy="fixed", **options, **kw)
     assert out.tokens == specdec_cuda.generate(target, PROMPTS, **kw).tokens
     assert out.metrics.tau > 1.0  # guesses were accepted
 

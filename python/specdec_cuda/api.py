@@ -14,6 +14,7 @@ from .decoding import decode
 from .models.protocol import batch_invariant
 from .outputs import GenerationResult, StreamCallback
 from .policy import make_policy
+from .policy_memory import PolicyMemory
 
 
 class InexactVerificationWarning(UserWarning):
@@ -114,8 +115,11 @@ class SpeculativeDecoder:
         built = self.spec.make(self.target, **options)
         self.proposer = built if self.spec.kind == "speculative" else None  # None: autoregressive
         self.generator = built if self.spec.kind == "generation" else None
-        # One policy for the decoder's life: the step costs it measures carry over between calls.
-        self.policy = make_policy(policy if policy is not None else self.spec.default_policy) if self.proposer else None
+        # One policy for the decoder's life: the step costs it measures carry over between calls,
+        # and (the cost policy) to the next process through its memory file.
+        policy = policy if policy is not None else self.spec.default_policy
+        memory = PolicyMemory.for_decoder(self.target, method, options) if policy == "cost" and self.proposer else None
+        self.policy = make_policy(policy, memory=memory) if self.proposer else None
         if self.proposer is not None:
             _warn_if_inexact(self.target, method)
 

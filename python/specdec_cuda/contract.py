@@ -225,5 +225,13 @@ class Proposer:
         """Rows to append to this step's verification forward (default: none)."""
         return None
 
+    def matches_samples(self) -> bool:
+        """Whether (after ``prefill``) a sampled row's drafts are all verified by sample-and-match:
+        deterministic guesses, or drafts drawn with the target's own sampling noise. Such a row
+        emits exactly the autoregressive samples of its seed whatever its draft length, so a
+        speculation policy may shorten its drafts as freely as a greedy row's. Default False:
+        rejection sampling against q, whose sample depends on which positions were drafted."""
+        return False
+
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Learn the step's outcome (``draft`` is what ``propose`` returned)."""

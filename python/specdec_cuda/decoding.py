@@ -59,6 +59,7 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
     metrics = Metrics(drafted=[0] * max_draft, accepted=[0] * max_draft, batch_invariant=batch_invariant(target))
     hidden_layers = tuple(proposer.hidden_layers) if proposer is not None else ()
     greedy, device = (params.temperature == 0).tolist(), target.device
+    adaptable = greedy
     start = time.perf_counter()
     if policy is not None:
         policy.start(len(prompts))
@@ -67,11 +68,14 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         rows.emit(b, [t])
     if proposer is not None:
         proposer.prefill(ctx)
+        # Rows whose output does not depend on their draft length: greedy ones, and sampled ones
+        # whose drafts are verified by sample-and-match. A policy may shorten only their drafts.
+        adaptable = [g or proposer.matches_samples() for g in greedy]
     cache, last, lengths = ctx.cache, ctx.first_tokens, ctx.prompt_lens.clone()
     step_start = time.perf_counter()
     metrics.prefill_seconds = step_start - start
     while not all(rows.done):
-        active, limits = plan(rows, proposer, policy, greedy)       # who runs, drafts granted per row
+        active, limits = plan(rows, proposer, policy, adaptable)   # who runs, drafts granted per row
         state = StepState(last, lengths, torch.tensor(active, device=device),
                           torch.tensor(limits, dtype=torch.int64, device=device), params)
         t = time.perf_counter()
@@ -104,6 +108,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
             step_start = now
     metrics.seconds = time.perf_counter() - start
     metrics.new_tokens = sum(len(o) for o in rows.out)
+    if policy is not None and hasattr(policy, "finish"):
+        policy.finish()  # e.g. the cost policy's memory of this (model, machine) is saved
     return GenerationResult(rows.out, metrics)
 
 
@@ -141,9 +147,10 @@ def prefill(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Sampli
 # -- propose ----------------------------------------------------------------------------------------
 
 def plan(rows: RowOutputs, proposer: Proposer | None, policy: "SpeculationPolicy | None",
-         greedy: list[bool]) -> tuple[list[bool], list[int]]:
+         adaptable: list[bool]) -> tuple[list[bool], list[int]]:
     """Who runs this step, and how many draft tokens each row may use (the policy's choice, capped
-    by the proposer's ``max_draft`` and the row's budget)."""
+    by the proposer's ``max_draft`` and the row's budget; ``adaptable[b]``: row b emits the same
+    tokens whatever it drafts)."""
     active = [not d for d in rows.done]
     remaining = rows.budget()
     if proposer is None:
@@ -151,7 +158,7 @@ def plan(rows: RowOutputs, proposer: Proposer | None, policy: "SpeculationPolicy
     # The bonus token is always emitted: a row may draft one token fewer than it has left.
     limits = [min(max(0, r - 1), proposer.max_draft) for r in remaining]
     if policy is not None:
-        limits = policy.plan(active, limits, greedy, remaining)
+        limits = policy.plan(active, limits, adaptable, remaining)
     return active, limits
 
 

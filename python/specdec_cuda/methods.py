@@ -22,8 +22,9 @@ from typing import Any, Callable, Mapping
 
 # Options of the loop itself, accepted by every speculative method.
 LOOP_OPTIONS = {
-    "policy": 'speculation policy: "cost" (measured costs and acceptance choose each row\'s draft '
-              'length, 0 included), "fixed" (always the most the method drafts), or a SpeculationPolicy',
+    "policy": 'speculation policy: "cost" (default: measured costs and acceptance choose each row\'s draft '
+              'length, 0 included, remembered per model and machine), "fixed" (always the most the method '
+              'drafts), or a SpeculationPolicy',
 }
 
 
@@ -44,7 +45,7 @@ class MethodSpec:
     options: Mapping[str, str] = field(default_factory=dict)
     required: tuple[str, ...] = ()
     kind: str = "speculative"
-    default_policy: str = "fixed"
+    default_policy: str = "cost"
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         allowed = dict(self.options)

@@ -37,13 +37,23 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
 Nothing here is lossy: a policy only decides how many tokens are drafted, and every draft is
 verified losslessly.
 
-Reproducibility: a greedy row's output does not depend on how many tokens it drafted, but a row
-verified by rejection sampling draws its token at position t from the draft stream when t was
-drafted and from the sampling stream when it was not: the same distribution, a different sample.
-A policy that reads timings and the batch would make such a row's sample depend on its
-neighbours and on the machine's load. So ``CostAwarePolicy`` adapts greedy rows only, and grants
-sampled rows their full limit (their step structure then depends on their own history alone, as
-with adaptive k); ``adapt_sampled=True`` adapts them too, trading that reproducibility for speed.
+Reproducibility: a greedy row's output does not depend on how many tokens it drafted, nor does a
+sampled row's whose drafts are verified by sample-and-match (guesses, or drafts coupled to the
+target's own sampling noise: ``Proposer.matches_samples``): it emits the autoregressive samples
+of its seed. A row verified by rejection sampling draws its token at position t from the draft
+stream when t was drafted and from the sampling stream when it was not: the same distribution, a
+different sample. A policy that reads timings and the batch would make such a row's sample depend
+on its neighbours and on the machine's load. So the loop marks the rows the policy may adapt
+(``adaptable``: greedy or matching), and ``CostAwarePolicy`` grants the others their full limit
+(their step structure then depends on their own history alone, as with adaptive k);
+``adapt_sampled=True`` adapts them too, trading that reproducibility for speed. The methods that
+sample drafts from q offer a coupled mode (``verification="coupled"``, ``draft_sampling="coupled"``)
+whose sampled rows are adaptable: the fastest rule we found that keeps a seeded row's output
+independent of its batch and of the machine (docs/speculation-policy.md).
+
+Memory: the measured costs and pooled acceptance outlive the decoder when it is given a
+``PolicyMemory`` (``SpeculativeDecoder`` gives one per target, method, options and machine,
+``policy_memory``): a new process starts where the last one stopped instead of exploring again.
 """
 
 from __future__ import annotations
@@ -57,11 +67,11 @@ class SpeculationPolicy(Protocol):
         """A new ``decode`` call over ``batch`` rows begins (what was learned per row is dropped;
         what was learned about costs may be kept)."""
 
-    def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
+    def plan(self, active: list[bool], limits: list[int], adaptable: list[bool],
              remaining: list[int] | None = None) -> list[int]:
         """Per row, the draft tokens granted this step (0 .. ``limits[b]``; 0 for finished rows);
-        ``greedy[b]``: row ``b`` decodes at temperature 0; ``remaining[b]``: tokens it may still
-        emit (None: unknown)."""
+        ``adaptable[b]``: row ``b`` emits the same tokens whatever it drafts (greedy, or verified by
+        sample-and-match); ``remaining[b]``: tokens it may still emit (None: unknown)."""
 
     def observe(self, active: list[bool], drafted: list[int], accepted: list[int], fed_width: int,
                 seconds: float) -> None:
@@ -75,7 +85,7 @@ class FixedPolicy:
     def start(self, batch: int) -> None:
         pass
 
-    def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
+    def plan(self, active: list[bool], limits: list[int], adaptable: list[bool],
              remaining: list[int] | None = None) -> list[int]:
         return [lim if a else 0 for a, lim in zip(active, limits)]
 
@@ -97,7 +107,10 @@ class CostAwarePolicy:
     min_gain : speculate only when the best length is predicted to finish the batch at least this
         share sooner than plain decoding (the estimates are noisy; plain decoding is the safe side).
     prior : acceptance assumed before a row or the batch has shown any (pooled with weight 2).
-    adapt_sampled : also adapt rows that sample (see the module docstring on reproducibility).
+    adapt_sampled : also adapt rows that are not ``adaptable`` (rows sampled by rejection; see the
+        module docstring on reproducibility).
+    memory : a ``policy_memory.PolicyMemory``: costs and acceptance loaded from it now and saved to
+        it after every run (``finish``).
     """
 
     WARM_SAMPLES = 2  # measurements of a (rows, K) combined by their minimum
@@ -106,7 +119,7 @@ class CostAwarePolicy:
 
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
                  prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3,
-                 min_gain: float = 0.1) -> None:
+                 min_gain: float = 0.1, memory=None) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must lie in (0, 1], got {decay}")
         if probe_every < 1 or not 0.0 <= probe_margin < 1.0:
@@ -124,7 +137,37 @@ class CostAwarePolicy:
         self.samples: dict[tuple[int, int], int] = {}  # (active rows, K) -> measurements taken
         self.seen_success = self.seen_failure = 0.0  # acceptance counts over earlier runs (decayed)
         self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
+        self.memory = memory
+        if memory is not None:
+            self.load_state(memory.load() or {})
         self.start(0)
+
+    # -- memory -------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """What outlives a run and a process: step costs per (rows, K), how many measurements each
+        holds, the pooled acceptance counts. JSON-able."""
+        return {"cost": [[b, k, t, self.samples.get((b, k), 0)] for (b, k), t in sorted(self.cost.items())],
+                "seen_success": self.seen_success, "seen_failure": self.seen_failure}
+
+    def load_state(self, state: dict) -> None:
+        """Take up a ``state()`` saved earlier; malformed entries are skipped."""
+        for entry in state.get("cost", []):
+            try:
+                b, k, t, n = (int(entry[0]), int(entry[1]), float(entry[2]), int(entry[3]))
+            except (TypeError, ValueError, IndexError):
+                continue
+            if b > 0 and k >= 0 and t > 0 and math.isfinite(t):
+                self.cost[(b, k)], self.samples[(b, k)] = t, max(0, n)
+        for name in ("seen_success", "seen_failure"):
+            value = state.get(name)
+            if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+                setattr(self, name, float(value))
+
+    def finish(self) -> None:
+        """A run ended: save what was learned (when given a memory)."""
+        if self.memory is not None:
+            self.memory.save(self.state())
 
     def start(self, batch: int) -> None:
         """A new run: per-row acceptance and the step schedule start afresh; the measured step
@@ -179,11 +222,11 @@ class CostAwarePolicy:
 
     # -- the policy ---------------------------------------------------------------------------
 
-    def plan(self, active: list[bool], limits: list[int], greedy: list[bool],
+    def plan(self, active: list[bool], limits: list[int], adaptable: list[bool],
              remaining: list[int] | None = None) -> list[int]:
         if len(self.success) != len(active):
             self.success, self.failure = [0.0] * len(active), [0.0] * len(active)
-        adapt = [a and (g or self.adapt_sampled) for a, g in zip(active, greedy)]
+        adapt = [a and (g or self.adapt_sampled) for a, g in zip(active, adaptable)]
         rows = [b for b, a in enumerate(active) if a]
         k_max = max((limits[b] for b in rows), default=0)
         if k_max == 0 or not any(adapt):
@@ -306,12 +349,13 @@ class CostAwarePolicy:
                 self.seen_failure = 0.99 * self.seen_failure + (1.0 if n < d else 0.0)
 
 
-def make_policy(policy) -> SpeculationPolicy | None:
-    """``"cost"`` / ``"fixed"`` / a policy object / None (None: the loop's fixed behaviour)."""
+def make_policy(policy, memory=None) -> SpeculationPolicy | None:
+    """``"cost"`` / ``"fixed"`` / a policy object / None (None: the loop's fixed behaviour);
+    ``memory``: the ``PolicyMemory`` a new cost policy starts from and saves to."""
     if policy is None or not isinstance(policy, str):
         return policy
     if policy == "cost":
-        return CostAwarePolicy()
+        return CostAwarePolicy(memory=memory)
     if policy == "fixed":
         return FixedPolicy()
     raise ValueError(f'policy must be "cost", "fixed" or a SpeculationPolicy, got {policy!r}')

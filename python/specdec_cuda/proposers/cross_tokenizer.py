@@ -258,6 +258,9 @@ class CrossTokenizerProposer(Proposer):
             r.cached = []
         return True
 
+    def matches_samples(self) -> bool:
+        return True  # the re-tokenized text is a guess, sample-and-match at T > 0
+
     def propose(self, state: StepState) -> Draft | None:
         limits = torch.where(state.active, state.max_draft, 0).tolist()  # [B] target tokens granted
         started = time.perf_counter()
@@ -385,7 +388,6 @@ register(MethodSpec(
     lossless=True,
     make=make_cross_tokenizer_proposer,
     required=("draft",),
-    default_policy="cost",
     options={
         "draft": "the drafter: a model, transformers model or checkpoint folder (its own tokenizer)",
         "draft_tokenizer": "the drafter's tokenizer: tokenizers / transformers tokenizer or tokenizer.json path "

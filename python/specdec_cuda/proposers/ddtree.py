@@ -34,18 +34,22 @@ class DDTreeProposer(DFlashBase):
     def max_pending_tokens(self) -> int:
         return self.budget
 
+    def matches_samples(self) -> bool:
+        return True  # a tree of guesses, sample-and-match at T > 0
+
     def propose(self, state: StepState) -> Draft | None:
         limit = torch.where(state.active, state.max_draft.clamp(max=self.max_draft), 0)  # [B] tree depth
         depth = int(limit.max())
         if depth == 0:
             return None
+        one_time = self.catch_up()
         logits = self.block_logits(state, depth).float()  # [B, D, V]
         temperature = state.params.temperature.to(logits.device)
         scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
         logprobs = torch.log_softmax(logits / scale[:, None, None], dim=-1)
         values, tokens = logprobs.topk(min(self.budget, logprobs.shape[-1]), dim=-1)  # [B, D, K]
         tree = ops.ddtree_build(values, tokens, limit, self.budget)
-        return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents)
+        return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
 
 
 def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None) -> DDTreeProposer:

@@ -6,7 +6,9 @@ and with every step's outcome (the accepted path, root first). Its cache of cont
 always covers exactly the committed tokens before the root: after a step, row ``b`` gains the
 ``num_accepted + 1`` tokens at positions ``lengths .. lengths + num_accepted``; the new root's
 own features arrive one step later, when the target has run it. Block entries never enter the
-cache, so a rejected draft needs no rollback.
+cache, so a rejected draft needs no rollback. Steps the speculation policy decodes plainly only
+keep their features; the next proposal extends the cache with all of them in one call (a run that
+never drafts never runs the drafter, and a catch-up of n tokens is one batched forward, not n).
 
 A step: one drafter forward of ``[root, MASK x (blk - 1)]`` at positions ``lengths + i`` gives
 ``q_1 .. q_{blk-1}``, the drafter's distributions of the next ``blk - 1`` tokens.
@@ -18,10 +20,15 @@ A step: one drafter forward of ``[root, MASK x (blk - 1)]`` at positions ``lengt
 * ``draft_sampling="greedy"``: every row drafts the argmaxes, a ``GUESS`` chain: greedy
   verification at T = 0, sample-and-match at T > 0 (lossless too; the reference implementation's
   choice), for comparing the two at T > 0.
+* ``draft_sampling="coupled"``: each position's token is drawn from q_i with the very noise the
+  target's sample at that position uses (the Gumbel race on the ``SAMPLE`` stream), a ``GUESS``
+  chain verified by sample-and-match: the emitted tokens are exactly the autoregressive samples of
+  the seed, whatever the draft length or the speculation policy's choices.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -31,7 +38,7 @@ from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, Step
 from ..methods import MethodSpec, register
 from ..reference.philox import Purpose
 
-DRAFT_SAMPLING = ("sampled", "greedy")
+DRAFT_SAMPLING = ("sampled", "greedy", "coupled")
 
 
 class DFlashBase(Proposer):
@@ -45,21 +52,51 @@ class DFlashBase(Proposer):
         self.hidden_layers = tuple(drafter.config.target_layers)
         self.max_draft = block_size - 1
 
+    # Plain steps whose features wait for the next proposal, at most: past it they are fed anyway,
+    # so that the waiting features stay small ([B, n, H] per target layer read).
+    MAX_PENDING = 128
+
     def prefill(self, ctx: PrefillContext) -> None:
         batch = ctx.prompts.shape[0]
-        # A block of slack: extend writes a whole accepted path (<= block_size tokens) at once.
-        self.cache = self.drafter.new_cache(batch, ctx.max_length + self.block_size)
+        # Slack: extend writes a whole accepted path (<= block_size tokens) or a catch-up of up to
+        # MAX_PENDING plain steps at once, scratch entries included.
+        self.cache = self.drafter.new_cache(batch, ctx.max_length + max(self.block_size, self.MAX_PENDING))
         # The prompt's features: positions 0 .. prompt_len - 1 (the first root comes next).
         self.drafter.extend(self.cache, ctx.hidden_states, ctx.prompt_lens)
         self.all_greedy = bool((ctx.params.temperature == 0).all())
+        # Features of plain steps not yet in the cache: per step, layer -> [B, 1, H], and its
+        # per-row counts [B] (1 on rows that ran, 0 on finished ones).
+        self.pending: list[tuple[dict[int, torch.Tensor], torch.Tensor]] = []
+
+    def catch_up(self) -> float:
+        """Extend the cache with the waiting plain steps' features, in one call; returns the seconds
+        it took (a cost of the policy's idle steps, not of this step's draft length).
+
+        A row runs every step until it finishes and never again, so its waiting tokens are a prefix
+        of the concatenated steps: ``extend`` writes the first ``count[b]`` of them."""
+        if not self.pending:
+            return 0.0
+        started = time.perf_counter()
+        layers = self.pending[0][0].keys()
+        hidden = {i: torch.cat([h[i] for h, _ in self.pending], dim=1) for i in layers}  # [B, n, H]
+        counts = torch.stack([c for _, c in self.pending]).sum(0)  # [B]
+        self.pending.clear()
+        self.drafter.extend(self.cache, hidden, counts)
+        return time.perf_counter() - started
 
     def block_logits(self, state: StepState, depth: int) -> torch.Tensor:
         """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V]."""
         return self.drafter.draft(self.cache, state.last_tokens, self.block_size)[:, :depth]
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
-        """Add the committed path's context features: the root and the accepted drafts."""
+        """Add the committed path's context features: the root and the accepted drafts; after a
+        plain step (no draft: one token per row), keep them for the next proposal's catch-up."""
         num_new = torch.where(outcome.active, outcome.num_accepted + 1, 0)  # [B]
+        if draft is None:
+            self.pending.append((dict(outcome.hidden_states), num_new))
+            if len(self.pending) >= self.MAX_PENDING:
+                self.catch_up()
+            return
         self.drafter.extend(self.cache, outcome.hidden_states, num_new)
 
 
@@ -77,20 +114,28 @@ class DFlashProposer(DFlashBase):
         k = int(limit.max())
         if k == 0:
             return None
+        one_time = self.catch_up()
         logits = self.block_logits(state, k)  # [B, k, V]
         B, V = logits.shape[0], logits.shape[-1]
         if self.draft_sampling == "greedy" or self.all_greedy:
-            return Draft(logits.argmax(-1), limit, DraftKind.GUESS)
-        # Every position drawn from its own q_i in one call: keyed by its absolute position.
+            return Draft(logits.argmax(-1), limit, DraftKind.GUESS, one_time_seconds=one_time)
+        # Every position drawn from its own q_i in one call: keyed by its absolute position (on the
+        # target's own stream when coupled).
+        coupled = self.draft_sampling == "coupled"
         p = state.params
         positions = state.lengths[:, None] + 1 + torch.arange(k, device=logits.device)  # [B, k]
         drawn = ops.sample(logits.reshape(B * k, V), temperature=p.temperature.repeat_interleave(k),
                            top_k=p.top_k.repeat_interleave(k), top_p=p.top_p.repeat_interleave(k),
                            seed=p.seed.repeat_interleave(k), position=positions.reshape(-1),
-                           purpose=Purpose.DRAFT)
+                           purpose=Purpose.SAMPLE if coupled else Purpose.DRAFT)
         # A flagged row (-1: bad drafter logits) proposes token 0, judged like any draft.
         tokens = drawn.tokens.clamp(min=0).view(B, k)
-        return Draft(tokens, limit, DraftKind.SAMPLED, logits=logits)
+        if coupled:
+            return Draft(tokens, limit, DraftKind.GUESS, one_time_seconds=one_time)
+        return Draft(tokens, limit, DraftKind.SAMPLED, logits=logits, one_time_seconds=one_time)
+
+    def matches_samples(self) -> bool:
+        return self.draft_sampling in ("greedy", "coupled")
 
 
 def load_drafter(target, drafter=None):
@@ -124,7 +169,8 @@ register(MethodSpec(
     options={
         "drafter": "a DFlashDrafter or its checkpoint folder, trained for this target",
         "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",
-        "draft_sampling": '"sampled" (default: T > 0 drafts drawn from q_i, rejection sampling) or '
-                          '"greedy" (argmax drafts, sample-and-match)',
+        "draft_sampling": '"sampled" (default: T > 0 drafts drawn from q_i, rejection sampling), '
+                          '"greedy" (argmax drafts, sample-and-match) or "coupled" (drafts drawn with the '
+                          'target\'s own sampling noise, sample-and-match: the autoregressive samples exactly)',
     },
 ))

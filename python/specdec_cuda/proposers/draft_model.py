@@ -13,6 +13,12 @@ Verification modes (``verification=``):
   Rows at temperature 0 are verified greedily whatever the mode.
 * ``"match"``: the drafter proposes its argmax and no draft logits are passed: sample-and-match,
   lossless, and the emitted tokens are exactly the autoregressive samples of the same seed.
+* ``"coupled"``: each draft token is drawn from q with the very noise the target's sample at that
+  position uses (the Gumbel race on the ``SAMPLE`` stream of the token's position), and verified by
+  sample-and-match: where q is close to p the two races pick the same token, so most drafts match,
+  and the emitted tokens are exactly the autoregressive samples of the same seed, whatever the draft
+  length, the batch or the speculation policy's choices (``"rejection"`` gives a sample of the
+  same distribution that depends on them). Lossless.
 * ``"typical"``: rejection-free typical acceptance (Medusa), lossy, opt-in.
 
 Draft vocabulary (``draft_vocab=``, FR-Spec): the drafter's LM head runs over a subset of the
@@ -44,7 +50,7 @@ from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, Samp
 from ..methods import MethodSpec, register
 from ..reference.philox import Purpose
 
-VERIFICATION_MODES = ("rejection", "match", "typical")
+VERIFICATION_MODES = ("rejection", "match", "coupled", "typical")
 
 
 class DraftModelProposer(Proposer):
@@ -91,6 +97,8 @@ class DraftModelProposer(Proposer):
         # Sample-and-match drafts the drafter's argmax: one-hot proposals match most often.
         self.draft_params = SamplingParams(torch.zeros_like(params.temperature), params.top_k, params.top_p,
                                            params.seed) if self.verification == "match" else params
+        # Coupled drafts race on the target's own sampling stream (see the module docstring).
+        self.draft_purpose = Purpose.SAMPLE if self.verification == "coupled" else Purpose.DRAFT
         # The drafter's cache starts empty: the first proposal's catch-up feeds the prompt too. A
         # run whose policy never drafts (large batches, where a drafted step costs more than it
         # gains) then never pays for the drafter at all.
@@ -107,9 +115,12 @@ class DraftModelProposer(Proposer):
         self.k_row = torch.full((batch,), self.k, dtype=torch.int64, device=device)
         self.all_greedy = bool((params.temperature == 0).all())
         # q is only needed by rejection sampling: not in match mode, not when every row is greedy.
-        self.keep_logits = verification_needs_q = self.verification != "match" and not self.all_greedy
+        self.keep_logits = verification_needs_q = self.verification not in ("match", "coupled") and not self.all_greedy
         self.kind = (DraftKind.TYPICAL if self.verification == "typical" else
                      DraftKind.SAMPLED if verification_needs_q else DraftKind.GUESS)
+
+    def matches_samples(self) -> bool:
+        return self.verification in ("match", "coupled")
 
     def propose(self, state: StepState) -> Draft | None:
         lengths, active = state.lengths, state.active
@@ -151,7 +162,7 @@ class DraftModelProposer(Proposer):
                 drafting = drafting & confident
                 if not bool(drafting.any()):
                     break
-            sampled = ops.sample(cur, **self.draft_params.kwargs(), position=positions[:, j], purpose=Purpose.DRAFT)
+            sampled = ops.sample(cur, **self.draft_params.kwargs(), position=positions[:, j], purpose=self.draft_purpose)
             # A row the sampler flagged (-1: bad drafter logits) proposes token 0, judged like any draft.
             torch.clamp(sampled.tokens, min=0, out=tokens[:, j])
             if keep_logits:
@@ -211,7 +222,6 @@ register(MethodSpec(
     lossless=True,
     make=make_draft_model_proposer,
     required=("draft",),
-    default_policy="cost",
     options={
         "draft": "the drafter: a model, transformers model or checkpoint folder (same tokenizer)",
         "k": "draft tokens per step (the starting k with adaptive_k; default 4)",
@@ -220,7 +230,9 @@ register(MethodSpec(
         "k_max": "adaptive k's upper end (default 2k with adaptive_k, else k)",
         "confidence_threshold": "stop a row's draft where the drafter's max probability drops below it",
         "verification": '"rejection" (default, lossless), "match" (greedy drafts, sample-and-match, '
-                        'lossless) or "typical" (LOSSY typical acceptance)',
+                        'lossless), "coupled" (drafts drawn with the target\'s own sampling noise, '
+                        'sample-and-match: the autoregressive samples exactly; lossless) or "typical" '
+                        '(LOSSY typical acceptance)',
         "draft_vocab": "the drafter's LM head over part of the vocabulary (FR-Spec): an int n (ids 0 .. n-1) "
                        "or token ids; lossless, built-in drafters only (default: the whole vocabulary)",
         "draft_context": "the drafter reads only the last n tokens of each prompt (bounds its catch-up on long "

@@ -195,7 +195,6 @@ register(MethodSpec(
     make=make_layer_skip_proposer,
     # A subset forward costs most of a full one on a memory-bound machine, so drafting pays only where
     # verification is cheap and agreement high: the measured costs decide, plain decoding included.
-    default_policy="cost",
     options={
         "k": "draft tokens per step (default 4)",
         "skip": "decoder layers the draft leaves out (default: chosen at the first prompt by block influence "

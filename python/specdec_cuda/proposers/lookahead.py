@@ -235,8 +235,13 @@ class LookaheadProposer(Proposer):
         no_guesses = torch.zeros(lengths.shape[0], 0, dtype=torch.int64, device=lengths.device)
         return ops.lookahead_mask(lengths, no_guesses, 0, self.window, self.filled, check=False)
 
+    def matches_samples(self) -> bool:
+        return True  # guesses (the drafter's chain in "match" mode), sample-and-match at T > 0
+
     def extra_rows(self, state: StepState, draft: Draft | None) -> ExtraRows | None:
-        if not self._window_on:
+        # No row may draft: the speculation policy decodes this step plainly, and the window waits
+        # with it (its rows would cost the step what the policy saved; it resumes where it stood).
+        if not self._window_on or (draft is None and not bool(state.max_draft.any())):
             return None
         layout = self._window_layout(state.lengths)  # slot 0 is the root, fed by the loop itself
         tokens = self.window_tokens[:, : self.filled].reshape(state.lengths.shape[0], -1)
@@ -252,7 +257,9 @@ class LookaheadProposer(Proposer):
             self._drafter_accept(draft, outcome)
         if self.window and outcome.extra_logits is not None:
             self._advance_window(outcome)
-        if self.adaptive:
+        if self.adaptive and draft is None:
+            self._step_start = None  # a plain step (the policy's): no arm ran, none is measured
+        elif self.adaptive:
             self._choose_arm(int(committed_host.sum()))
 
     def _choose_arm(self, committed: int) -> None:

@@ -144,6 +144,9 @@ class MedusaProposer(Proposer):
         B = tokens.shape[0]
         return Draft(tokens, num_nodes, self.kind, parents=parents.expand(B, -1).contiguous())
 
+    def matches_samples(self) -> bool:
+        return self.kind is DraftKind.GUESS  # "match": sample-and-match; "typical" accepts by a threshold
+
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         hidden = outcome.hidden_states[-1]  # [B, m, H] along the accepted path, root first
         rows = torch.arange(hidden.shape[0], device=hidden.device)

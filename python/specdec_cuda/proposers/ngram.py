@@ -78,6 +78,9 @@ class PromptLookupProposer(Proposer):
             return Draft(found.tokens.to(device), num_nodes, DraftKind.GUESS)
         return Draft(found.tokens.to(device), num_nodes, DraftKind.GUESS, parents=found.parents.to(device))
 
+    def matches_samples(self) -> bool:
+        return True  # guesses, sample-and-match at T > 0
+
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Commit each row's accepted drafts and correction / bonus token to its index."""
         committed = torch.where(outcome.active, outcome.num_accepted + 1, 0)  # [B]
