@@ -1,22 +1,38 @@
-"""Speculation against batch size: fixed draft lengths, adaptive k and the cost-aware policy, each as
-a ratio to this engine's autoregressive decoding at the same batch size, on the zoo pair (greedy).
+"""Speculation against batch size: every registered method with its defaults (the cost policy) as a
+ratio to this engine's autoregressive decoding at the same batch size and temperature, on the zoo
+pair and the real pair; and (``--sweep``) fixed draft lengths, adaptive k and the cost policy of the
+draft model on the zoo pair.
 
-    python bench/bench_policy.py [--quick] [--out PATH] [--batches 1 4 8 16] [--repeats N]
+    python bench/bench_policy.py [--pairs zoo real] [--methods M ...] [--batches 1 4 8 16]
+                                 [--real-batches 1 4] [--temperatures 0 0.8] [--repeats N] [--quick]
+    python bench/bench_policy.py --sweep [--batches 1 4 8 16] [--ks 1 2 4 8]
 
-Every configuration runs on the same prompts (the bench's own, then held-out openings from the
-corpus when the batch needs more), interleaved per repeat so that drift on the shared machine
-hits all of them alike; each configuration's time is the median of its repeats. Writes JSON, a
-table, and a PNG plot (speedup and tau against draft length, one line per batch size, with the
-policy's point) next to the JSON. The issue's targets: the cost-aware policy at batch 1 at least
-the gain of adaptive k; at batch 4, 8 and 16 never below 0.95x of plain decoding.
+The grid: per pair, one ``SpeculativeDecoder`` per method, built once with the method's defaults and
+the trained parts the pair has for it (a method needing parts the pair lacks is reported as not
+benched); each first decodes the bench's own prompts (as a server's earlier requests would: the
+policy learns this model's and machine's costs there, in a fresh memory folder) and is then timed
+on held-out prompts the bench never tunes on (zoo: the corpus's held-out openings; real: the
+HumanEval held-out half). Batch 1 decodes four prompts one at a time; batch b decodes b prompts as
+one batch. Configurations run interleaved per repeat, each cell's time the median of its repeats.
+Each cell: method time / autoregressive time at the same batch and temperature, and whether the
+output is the autoregressive output (greedy) or the same samples of the same seeds (T > 0: so for
+methods verified by sample-and-match; rejection sampling gives other samples of the same
+distribution). At batch 1, greedy, each method also runs with ``policy="fixed"`` (its default
+draft length, always drafted): how much of always drafting's gain the policy keeps. Writes JSON, a
+table, and a PNG heat map per pair next to the JSON.
+
+The sweep (the earlier bench): fixed k, adaptive k and the cost policy at each batch size, greedy,
+zoo pair, with a plot of speedup and tau against k.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
@@ -24,11 +40,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zo
 
 import torch  # noqa: E402
 
-from specdec_cuda import SpeculativeDecoder  # noqa: E402
+from specdec_cuda import SpeculativeDecoder, methods  # noqa: E402
 from bench import e2e  # noqa: E402
+from bench.configs import CONFIGS, REAL_CONFIGS, configurations  # noqa: E402
+
+# Options that name a method's trained parts (what the pair brings); every other option keeps the
+# method's default.
+PART_OPTIONS = ("draft", "heads", "drafter")
+# Not in the grid: quantspec's baseline is decoding on its own 4-bit KV cache (bench_quantspec.py),
+# cross_tokenizer needs a drafter of another tokenizer (bench_real.py --cross-draft), ngram is
+# prompt_lookup under another name.
+SKIPPED = {"quantspec": "its baseline is autoregressive decoding on its 4-bit KV cache (bench_quantspec.py)",
+           "cross_tokenizer": "needs a drafter of another tokenizer (bench_real.py --cross-draft)",
+           "ngram": "prompt_lookup under another name"}
 
 
-def _configs(pair, ks: list[int], k_policy: int) -> dict[str, SpeculativeDecoder]:
+def _sweep_configs(pair, ks: list[int], k_policy: int) -> dict[str, SpeculativeDecoder]:
     configs = {"autoregressive": SpeculativeDecoder(pair.target)}
     for k in ks:
         configs[f"fixed k={k}"] = SpeculativeDecoder(pair.target, "draft", draft=pair.draft, k=k, policy="fixed")
@@ -46,23 +73,13 @@ def _prompts(pair, count: int) -> list[list[int]]:
     return e2e.encode(pair.tokenizer, texts[:count])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="24 new tokens, 2 repeats")
-    parser.add_argument("--out", default="bench/results/policy.json")
-    parser.add_argument("--batches", type=int, nargs="*", default=[1, 4, 8, 16])
-    parser.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8])
-    parser.add_argument("--k", type=int, default=4, help="policy / adaptive k start (up to 2k)")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+def sweep(args) -> int:
     repeats = args.repeats or (2 if args.quick else 3)
     max_new = args.max_new_tokens or (24 if args.quick else 48)
 
     pair = e2e.load_pair(threads=args.threads)
     eos = pair.tokenizer.eos_token_id
-    configs = _configs(pair, args.ks, args.k)
+    configs = _sweep_configs(pair, args.ks, args.k)
     prompts = _prompts(pair, max(args.batches))
     common = dict(max_new_tokens=max_new, eos_token_id=eos, temperature=0.0)
     for decoder in configs.values():  # warm-up: allocator, first-call overheads
@@ -154,6 +171,192 @@ def _plot(rows: list[dict], ks: list[int], policy: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ the grid
+
+def grid_decoders(pair, real: bool) -> tuple[dict[str, tuple[SpeculativeDecoder, SpeculativeDecoder]], dict[str, str]]:
+    """{method: (decoder with its defaults, the same with policy="fixed")} for every registered
+    lossless speculative method the pair has the parts for, and {method: why not benched}."""
+    tables = (REAL_CONFIGS, CONFIGS) if real else (CONFIGS,)
+    out, not_benched = {}, {}
+    for spec in methods.available():
+        if spec.kind != "speculative" or not spec.lossless:
+            continue
+        if spec.name in SKIPPED:
+            not_benched[spec.name] = SKIPPED[spec.name]
+            continue
+        listed, reason = configurations(spec.name, pair, tables)
+        if reason is not None or not listed:
+            not_benched[spec.name] = reason or "no configuration for this pair"
+            continue
+        parts = {k: v for k, v in listed[0][1].items() if k in PART_OPTIONS}
+        out[spec.name] = (SpeculativeDecoder(pair.target, spec.name, **parts),
+                          SpeculativeDecoder(pair.target, spec.name, policy="fixed", **parts))
+    return out, not_benched
+
+
+def _groups(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
+    return [[p] for p in prompts[:4]] if batch == 1 else [prompts[:batch]]
+
+
+def _timed(decoder, groups, **kw) -> tuple[float, dict]:
+    parts = [e2e.engine_group(decoder, g, seed=list(range(len(g))), **kw) for g in groups]
+    return sum(p["seconds"] for p in parts), e2e.combine(parts)
+
+
+def grid_pair(label: str, pair, warm: list[list[int]], held_out: list[list[int]], batches: list[int],
+              temperatures: list[float], max_new: int, repeats: int, only: list[str] | None) -> tuple[list, dict]:
+    decoders, not_benched = grid_decoders(pair, real=label != "zoo")
+    if only:
+        decoders = {m: d for m, d in decoders.items() if m in only}
+    eos = pair.tokenizer.eos_token_id
+    ar = SpeculativeDecoder(pair.target)
+    common = dict(max_new_tokens=max_new, eos_token_id=eos)
+    # Earlier requests: the bench's own prompts, once greedy and once sampled, through every decoder.
+    for decoder in [ar] + [d for pairs in decoders.values() for d in pairs]:
+        for t in temperatures:
+            decoder.generate(warm[:2], temperature=t, **common)
+    rows = []
+    for t in temperatures:
+        for batch in batches:
+            groups = _groups(held_out, batch)
+            fixed_too = batch == 1 and t == 0
+            runs = {"autoregressive": ar, **{m: d for m, (d, _) in decoders.items()}}
+            if fixed_too:
+                runs.update({f"{m} (fixed)": f for m, (_, f) in decoders.items()})
+            times = {name: [] for name in runs}
+            results = {}
+            for _ in range(repeats):
+                for name, decoder in runs.items():
+                    seconds, results[name] = _timed(decoder, groups, temperature=t, **common)
+                    times[name].append(seconds)
+            base = statistics.median(times["autoregressive"])
+            reference = results["autoregressive"]["outputs"]
+            for name in runs:
+                if name == "autoregressive":
+                    continue
+                r, seconds = results[name], statistics.median(times[name])
+                method = name.split(" (")[0]
+                rows.append(dict(pair=label, method=method, policy="fixed" if name.endswith("(fixed)") else "default",
+                                 batch=batch, temperature=t, ratio=base / seconds, tau=r["tau"],
+                                 ar_tokens_per_s=results["autoregressive"]["tokens"] / base,
+                                 same_as_autoregressive=r["outputs"] == reference))
+            print(f"[policy grid] {label}: T={t} batch {batch} done", flush=True)
+    return rows, not_benched
+
+
+def _print_grid(rows: list[dict], not_benched: dict) -> None:
+    for label in sorted({r["pair"] for r in rows}):
+        cells = [r for r in rows if r["pair"] == label and r["policy"] == "default"]
+        cols = sorted({(r["temperature"], r["batch"]) for r in cells})
+        print(f"\n{label} pair: ratio to autoregressive decoding (held-out prompts); * = not the autoregressive "
+              f"output / samples")
+        print(f"{'method':16s} " + " ".join(f"{f'T={t:g} b={b}':>11s}" for t, b in cols) + "   fixed b=1")
+        by = {(r["method"], r["temperature"], r["batch"], r["policy"]): r for r in rows if r["pair"] == label}
+        for m in sorted({r["method"] for r in cells}):
+            line = []
+            for t, b in cols:
+                r = by.get((m, t, b, "default"))
+                line.append(f"{r['ratio']:10.2f}{'' if r['same_as_autoregressive'] else '*'}" if r else f"{'-':>11s}")
+            fixed = by.get((m, 0.0, 1, "fixed"))
+            print(f"{m:16s} " + " ".join(f"{c:>11s}" for c in line) + (f"   {fixed['ratio']:.2f}" if fixed else ""))
+    for m, why in sorted(not_benched.items()):
+        print(f"  not benched: {m}: {why}")
+
+
+def _plot_grid(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = sorted({r["pair"] for r in rows})
+    fig, axes = plt.subplots(1, len(labels), figsize=(6.5 * len(labels), 4.6), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        cells = [r for r in rows if r["pair"] == label and r["policy"] == "default"]
+        cols = sorted({(r["temperature"], r["batch"]) for r in cells})
+        names = sorted({r["method"] for r in cells})
+        by = {(r["method"], r["temperature"], r["batch"]): r["ratio"] for r in cells}
+        values = [[by.get((m, t, b), float("nan")) for t, b in cols] for m in names]
+        image = ax.imshow(values, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
+        for i, row in enumerate(values):
+            for j, v in enumerate(row):
+                if v == v:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(cols)), [f"T={t:g}\nb={b}" for t, b in cols], fontsize=8)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_title(f"{label} pair: ratio to autoregressive (defaults, held-out prompts)", fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def grid(args) -> int:
+    # A fresh memory: what the policy knows comes from this run's warm-up requests, not earlier runs.
+    os.environ["SPECDEC_POLICY_CACHE"] = tempfile.mkdtemp(prefix="specdec-policy-bench-")
+    repeats = args.repeats or (1 if args.quick else 3)
+    max_new = args.max_new_tokens or (24 if args.quick else 48)
+    rows, not_benched = [], {}
+    if "zoo" in args.pairs:
+        pair = e2e.load_pair(threads=args.threads)
+        warm = e2e.encode(pair.tokenizer, list(e2e.PROMPTS))
+        held = e2e.encode(pair.tokenizer, e2e.held_out_prompts(max(args.batches)))
+        got, skipped = grid_pair("zoo", pair, warm, held, args.batches, args.temperatures, max_new, repeats,
+                                 args.methods)
+        rows += got
+        not_benched.update({f"zoo {m}": why for m, why in skipped.items()})
+    if "real" in args.pairs:
+        from bench import bench_real, humaneval
+
+        torch.set_num_threads(args.real_threads)
+        real = bench_real.load_real_pair(argparse.Namespace(target=None, draft=None, pair="qwen2.5-coder",
+                                                            weights="gguf", dtype="bfloat16"))
+        tok = real.tokenizer
+        warm = [p.token_ids for p in humaneval.prompts("chat", "bench", tok)[:2]]
+        held = [p.token_ids for p in humaneval.prompts("chat", "heldout", tok)[:max(max(args.real_batches), 4)]]
+        got, skipped = grid_pair("real", real, warm, held, args.real_batches, args.temperatures,
+                                 args.real_max_new_tokens, args.real_repeats, args.methods)
+        rows += got
+        not_benched.update({f"real {m}": why for m, why in skipped.items()})
+    _print_grid(rows, not_benched)
+    below = [r for r in rows if r["policy"] == "default" and r["ratio"] < 0.95]
+    print(f"\ncells below 0.95x: {len(below)} of {sum(r['policy'] == 'default' for r in rows)}"
+          + "".join(f"\n  {r['pair']} {r['method']} T={r['temperature']:g} b={r['batch']}: {r['ratio']:.2f}x"
+                    for r in below))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(rows=rows, not_benched=not_benched, max_new_tokens=max_new, repeats=repeats,
+                                   threads=args.threads, real_threads=args.real_threads), indent=2))
+    png = out.with_suffix(".png")
+    _plot_grid(rows, png)
+    print(f"\nwrote {out} and {png}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="the draft model's fixed k / adaptive k / policy sweep")
+    parser.add_argument("--quick", action="store_true", help="24 new tokens, fewer repeats")
+    parser.add_argument("--out", default=None, help="JSON path (default bench/results/policy_grid.json, "
+                                                    "or policy.json with --sweep)")
+    parser.add_argument("--pairs", nargs="*", choices=("zoo", "real"), default=["zoo"])
+    parser.add_argument("--methods", nargs="*", default=None, help="registered methods to bench (default: all)")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 4, 8, 16])
+    parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 0.8])
+    parser.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8])
+    parser.add_argument("--k", type=int, default=4, help="--sweep: policy / adaptive k start (up to 2k)")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on the zoo pair")
+    parser.add_argument("--real-batches", type=int, nargs="*", default=[1, 4])
+    parser.add_argument("--real-max-new-tokens", type=int, default=32)
+    parser.add_argument("--real-repeats", type=int, default=1)
+    parser.add_argument("--real-threads", type=int, default=2)
+    args = parser.parse_args()
+    args.out = args.out or ("bench/results/policy.json" if args.sweep else "bench/results/policy_grid.json")
+    return sweep(args) if args.sweep else grid(args)
 
 
 if __name__ == "__main__":

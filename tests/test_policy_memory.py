@@ -120,7 +120,8 @@ class Recording:
 
 @pytest.mark.parametrize("method, options, matching", [
     ("prompt_lookup", dict(k=3), True),
-    ("draft", dict(k=3), False),  # rejection sampling: the sample depends on the draft lengths
+    ("draft", dict(k=3), True),  # coupled drafts, the default
+    ("draft", dict(k=3, verification="rejection"), False),  # the sample depends on the draft lengths
     ("draft", dict(k=3, verification="match"), True),
     ("draft", dict(k=3, verification="coupled"), True),
 ])

@@ -196,6 +196,21 @@ class PrefillContext:
     hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+# How a method that samples its drafts from its own q verifies rows at T > 0 (option
+# ``verification`` of draft, mtp, layer_skip, quantspec): "coupled" draws each draft token with the
+# target's own sampling noise at its position and verifies by sample-and-match, so the row emits the
+# autoregressive samples of its seed whatever its draft lengths (the speculation policy may then
+# adapt it); "rejection" draws from q on the draft stream and accepts with probability min(1, p/q)
+# (SpecInfer), the most accepted tokens per draft, but a sample that depends on the draft lengths.
+SAMPLED_VERIFICATION = ("coupled", "rejection")
+
+
+def check_sampled_verification(verification: str) -> str:
+    if verification not in SAMPLED_VERIFICATION:
+        raise ValueError(f"verification must be one of {SAMPLED_VERIFICATION}, got {verification!r}")
+    return verification
+
+
 class Proposer:
     """Base class of the methods' proposers; subclasses override what they use.
 

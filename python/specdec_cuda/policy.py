@@ -116,6 +116,8 @@ class CostAwarePolicy:
     WARM_SAMPLES = 2  # measurements of a (rows, K) combined by their minimum
     EXPLORE_MARGIN = 0.25  # the longest draft is measured when predicted within this share of plain decoding
     EXPLORE_ALPHA = 0.9  # ... at this acceptance (or the one seen, if higher)
+    HOLD, HOLD_MARGIN = 7, 0.8  # plain decoding kept without deciding again for HOLD steps when every
+    # drafting length was predicted below HOLD_MARGIN of its rate
 
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
                  prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3,
@@ -178,6 +180,7 @@ class CostAwarePolicy:
         self.steps = 0
         self.probe_interval, self.next_probe, self.probed = self.probe_every, self.probe_every, None
         self.last_k = 0
+        self.hold, self.hold_rows = 0, None  # steps plain decoding is kept without a decision, for these rows
         self.history: list[int] = []  # K chosen per step of this run (for reports)
 
     # -- acceptance ---------------------------------------------------------------------------
@@ -208,8 +211,11 @@ class CostAwarePolicy:
         """Predicted step time for ``rows`` active rows drafting ``k``: the measured average, else
         the least-squares line in K through this batch size's measured lengths (None with fewer
         than two)."""
-        if (rows, k) in self.cost:
-            return self.cost[(rows, k)]
+        return self._step_seconds(rows, k, self._line(rows))
+
+    def _line(self, rows: int) -> tuple[float, float, float] | None:
+        """(mean K, mean seconds, slope) of the least-squares line through the measured lengths of
+        ``rows`` active rows; None with fewer than two."""
         known = [(kk, t) for (b, kk), t in self.cost.items() if b == rows]
         if len(known) < 2:
             return None
@@ -217,7 +223,15 @@ class CostAwarePolicy:
         mean_k = sum(kk for kk, _ in known) / n
         mean_t = sum(t for _, t in known) / n
         var = sum((kk - mean_k) ** 2 for kk, _ in known)
-        slope = max(0.0, sum((kk - mean_k) * (t - mean_t) for kk, t in known) / var)
+        return mean_k, mean_t, max(0.0, sum((kk - mean_k) * (t - mean_t) for kk, t in known) / var)
+
+    def _step_seconds(self, rows: int, k: int, line) -> float | None:
+        measured = self.cost.get((rows, k))
+        if measured is not None:
+            return measured
+        if line is None:
+            return None
+        mean_k, mean_t, slope = line
         return max(1e-9, mean_t + slope * (k - mean_k))
 
     # -- the policy ---------------------------------------------------------------------------
@@ -232,6 +246,15 @@ class CostAwarePolicy:
         if k_max == 0 or not any(adapt):
             return [lim if a else 0 for a, lim in zip(active, limits)]
         fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
+        if self.hold and self.hold_rows == rows:
+            # Plain decoding was clearly best a step ago and nothing it depends on moved since but
+            # one more plain step's cost: decided again only every HOLD steps (a decision costs
+            # ~40 us, 3% of a small target's step).
+            self.hold -= 1
+            self.last_k = 0
+            self.explored[(len(rows), fixed)] = self.explored.get((len(rows), fixed), 0) + 1
+            return [(0 if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
+        self.hold = 0
         # The cheap lengths not yet measured for this batch size.
         untried = [k for k in (0, 1) if self._unmeasured(len(rows), max(k, fixed))]
         if not untried and k_max > 1 and self._worth_measuring(rows, limits, adapt, k_max, fixed, remaining):
@@ -246,6 +269,8 @@ class CostAwarePolicy:
             k = max(rates, key=rates.get)
             if k and rates[k] < (1.0 + self.min_gain) * rates.get(0, 0.0):
                 k = 0  # a predicted gain within the estimates' noise does not pay for the risk
+            if k == 0 and max((r for kk, r in rates.items() if kk), default=0.0) < self.HOLD_MARGIN * rates.get(0, 0.0):
+                self.hold, self.hold_rows = max(0, min(self.HOLD, self.next_probe - self.steps - 1)), rows
             if self.probed is not None:
                 # The last probe: adopted if its length is now the best, else probe half as often.
                 won = k == self.probed
@@ -305,15 +330,19 @@ class CostAwarePolicy:
         row's estimate)."""
         if alphas is None:
             alphas = [self.alpha(b, len(rows)) for b in rows]
+        line = self._line(len(rows))
+        # Rows with the same acceptance, budget and limit need the same number of steps: distinct
+        # ones only (a batch of fresh rows is one).
+        kinds = {(a, remaining[b], limits[b], adapt[b]) for a, b in zip(alphas, rows)}
         rates = {}
         for k in range(k_max + 1):
-            seconds = self.step_seconds(len(rows), max(k, fixed))
+            seconds = self._step_seconds(len(rows), max(k, fixed), line)
             if seconds is None:
                 continue
-            grant = [min(k, limits[b]) if adapt[b] else limits[b] for b in rows]
             # A batch is done when its last row is: the steps it still needs are those of the row
-            # with the most tokens left per expected token per step.
-            steps = max(remaining[b] * (1 - a) / (1 - a ** (g + 1)) for a, g, b in zip(alphas, grant, rows))
+            # with the most tokens left per expected token per step (expected tokens of a row
+            # granted g drafts: (1 - a^(g + 1)) / (1 - a)).
+            steps = max(left * (1 - a) / (1 - a ** ((min(k, lim) if ad else lim) + 1)) for a, left, lim, ad in kinds)
             rates[k] = 1.0 / (steps * seconds)
         return rates
 

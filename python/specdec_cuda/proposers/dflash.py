@@ -13,14 +13,14 @@ never drafts never runs the drafter, and a catch-up of n tokens is one batched f
 A step: one drafter forward of ``[root, MASK x (blk - 1)]`` at positions ``lengths + i`` gives
 ``q_1 .. q_{blk-1}``, the drafter's distributions of the next ``blk - 1`` tokens.
 
-* ``draft_sampling="sampled"`` (default): at T > 0 each position's token is drawn from its own
+* ``draft_sampling="sampled"``: at T > 0 each position's token is drawn from its own
   q_i (the target's temperature / top-k / top-p applied) and sent as a ``SAMPLED`` chain with the
   q_i logits: rejection sampling against those q_i is lossless because each draft is drawn from
   the q that appears in the ratio. Greedy rows draft the argmax and verify greedily.
 * ``draft_sampling="greedy"``: every row drafts the argmaxes, a ``GUESS`` chain: greedy
   verification at T = 0, sample-and-match at T > 0 (lossless too; the reference implementation's
   choice), for comparing the two at T > 0.
-* ``draft_sampling="coupled"``: each position's token is drawn from q_i with the very noise the
+* ``draft_sampling="coupled"`` (default): each position's token is drawn from q_i with the very noise the
   target's sample at that position uses (the Gumbel race on the ``SAMPLE`` stream), a ``GUESS``
   chain verified by sample-and-match: the emitted tokens are exactly the autoregressive samples of
   the seed, whatever the draft length or the speculation policy's choices.
@@ -103,7 +103,7 @@ class DFlashBase(Proposer):
 class DFlashProposer(DFlashBase):
     """Chains of up to ``block_size - 1`` tokens from one drafter forward (module docstring)."""
 
-    def __init__(self, drafter, block_size: int | None = None, draft_sampling: str = "sampled") -> None:
+    def __init__(self, drafter, block_size: int | None = None, draft_sampling: str = "coupled") -> None:
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
         super().__init__(drafter, block_size)
@@ -156,7 +156,7 @@ def load_drafter(target, drafter=None):
 
 
 def make_dflash_proposer(target, drafter=None, block_size: int | None = None,
-                         draft_sampling: str = "sampled") -> DFlashProposer:
+                         draft_sampling: str = "coupled") -> DFlashProposer:
     """The ``method="dflash"`` proposer for ``target``."""
     return DFlashProposer(load_drafter(target, drafter), block_size=block_size, draft_sampling=draft_sampling)
 
@@ -169,8 +169,8 @@ register(MethodSpec(
     options={
         "drafter": "a DFlashDrafter or its checkpoint folder, trained for this target",
         "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",
-        "draft_sampling": '"sampled" (default: T > 0 drafts drawn from q_i, rejection sampling), '
-                          '"greedy" (argmax drafts, sample-and-match) or "coupled" (drafts drawn with the '
-                          'target\'s own sampling noise, sample-and-match: the autoregressive samples exactly)',
+        "draft_sampling": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
+                          'sample-and-match: the autoregressive samples exactly), "sampled" (drafts drawn from '
+                          'q_i, rejection sampling) or "greedy" (argmax drafts, sample-and-match)',
     },
 ))

@@ -8,12 +8,12 @@ proposal, ragged per row.
 
 Verification modes (``verification=``):
 
-* ``"rejection"`` (default): drafts are sampled from q with the target's temperature / top-k /
-  top-p and q's logits go to ``verify_chain``, which accepts with probability min(1, p/q).
-  Rows at temperature 0 are verified greedily whatever the mode.
+* ``"rejection"``: drafts are sampled from q with the target's temperature / top-k / top-p and
+  q's logits go to ``verify_chain``, which accepts with probability min(1, p/q). Rows at
+  temperature 0 are verified greedily whatever the mode.
 * ``"match"``: the drafter proposes its argmax and no draft logits are passed: sample-and-match,
   lossless, and the emitted tokens are exactly the autoregressive samples of the same seed.
-* ``"coupled"``: each draft token is drawn from q with the very noise the target's sample at that
+* ``"coupled"`` (default): each draft token is drawn from q with the very noise the target's sample at that
   position uses (the Gumbel race on the ``SAMPLE`` stream of the token's position), and verified by
   sample-and-match: where q is close to p the two races pick the same token, so most drafts match,
   and the emitted tokens are exactly the autoregressive samples of the same seed, whatever the draft
@@ -57,7 +57,7 @@ class DraftModelProposer(Proposer):
     """Chains of up to ``k_max`` tokens from a drafter LM (see the module docstring)."""
 
     def __init__(self, draft, k: int = 4, adaptive: bool = False, k_min: int = 1, k_max: int | None = None,
-                 confidence_threshold: float | None = None, verification: str = "rejection",
+                 confidence_threshold: float | None = None, verification: str = "coupled",
                  draft_vocab=None, draft_context: int | None = None) -> None:
         if verification not in VERIFICATION_MODES:
             raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {verification!r}")
@@ -201,7 +201,7 @@ class DraftModelProposer(Proposer):
 
 def make_draft_model_proposer(target, draft=None, k: int = 4, adaptive_k: bool = False, k_min: int = 1,
                               k_max: int | None = None, confidence_threshold: float | None = None,
-                              verification: str = "rejection", draft_vocab=None,
+                              verification: str = "coupled", draft_vocab=None,
                               draft_context: int | None = None) -> DraftModelProposer:
     """The ``method="draft"`` proposer for ``target``; ``draft`` is a model, a transformers model or a
     checkpoint folder of the same tokenizer (loaded in the target's dtype, on its device)."""
@@ -229,10 +229,10 @@ register(MethodSpec(
         "k_min": "adaptive k's lower end (default 1)",
         "k_max": "adaptive k's upper end (default 2k with adaptive_k, else k)",
         "confidence_threshold": "stop a row's draft where the drafter's max probability drops below it",
-        "verification": '"rejection" (default, lossless), "match" (greedy drafts, sample-and-match, '
-                        'lossless), "coupled" (drafts drawn with the target\'s own sampling noise, '
-                        'sample-and-match: the autoregressive samples exactly; lossless) or "typical" '
-                        '(LOSSY typical acceptance)',
+        "verification": '"coupled" (default: drafts drawn with the target\'s own sampling noise, '
+                        'sample-and-match: the autoregressive samples exactly; lossless), "rejection" (drafts '
+                        'from q, rejection sampling; lossless, samples depend on the draft lengths), "match" '
+                        '(greedy drafts, sample-and-match, lossless) or "typical" (LOSSY typical acceptance)',
         "draft_vocab": "the drafter's LM head over part of the vocabulary (FR-Spec): an int n (ids 0 .. n-1) "
                        "or token ids; lossless, built-in drafters only (default: the whole vocabulary)",
         "draft_context": "the drafter reads only the last n tokens of each prompt (bounds its catch-up on long "

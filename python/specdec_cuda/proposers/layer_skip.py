@@ -8,8 +8,10 @@ token, written by full verification forwards) and write their own K/V for the dr
 pending slots. Those slots are rolled back after the chain (``truncate``: lengths only) and
 verification, the target's full forward, overwrites them, so the output is the target's.
 
-The draft is sampled from the subset's own distribution q (``DraftKind.SAMPLED``, with q's logits)
-and verified by rejection sampling; at temperature 0 it is the subset's argmax, verified greedily.
+The draft is sampled from the subset's own distribution q: with the target's own sampling noise and
+matched (``verification="coupled"``, the default: the autoregressive samples exactly), or on the
+draft stream and verified by rejection sampling (``"rejection"``, ``DraftKind.SAMPLED`` with q's
+logits); at temperature 0 it is the subset's argmax, verified greedily.
 
 Which layers run: ``exit_layer=L`` runs layers 0 .. L-1 (an early exit), ``skip=[...]`` runs all
 but those; with neither, the choice is measured on the model at hand the first time the proposer
@@ -34,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
+from ..contract import (Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState,
+                        check_sampled_verification)
 from ..methods import MethodSpec, register
 from ..models.llama import LlamaModel
 from .self_chain import self_draft_chain
@@ -138,7 +141,8 @@ class LayerSkipProposer(Proposer):
     """Chains of ``k`` tokens from the target's own forward over a subset of its layers (see the
     module docstring); ``layers`` is the subset, set from the options or at the first prefill."""
 
-    def __init__(self, target: LlamaModel, k: int = 4, skip=None, exit_layer: int | None = None) -> None:
+    def __init__(self, target: LlamaModel, k: int = 4, skip=None, exit_layer: int | None = None,
+                 verification: str = "coupled") -> None:
         if not isinstance(target, LlamaModel):
             raise TypeError("method 'layer_skip' drafts through a subset of the target's decoder layers, which the "
                             "built-in model runs (models.load / models.load_gguf: LlamaModel.forward(layers=...)); "
@@ -149,6 +153,7 @@ class LayerSkipProposer(Proposer):
         if skip is not None and exit_layer is not None:
             raise ValueError("give skip (layers to leave out) or exit_layer (run the first L layers), not both")
         self.target, self.k, self.max_draft = target, k, k
+        self.verification = check_sampled_verification(verification)
         self.layers: tuple[int, ...] | None = None
         self.choice: LayerChoice | None = None  # what the calibration chose, when it did
         self.candidates: list[LayerChoice] = []
@@ -170,21 +175,26 @@ class LayerSkipProposer(Proposer):
             row = torch.cat([ctx.prompts[0, :p], ctx.first_tokens[:1]])[-CALIBRATION_TOKENS:]
             self.choice, self.candidates = choose_layers(self.target, row[None], self.k)
             self.layers = self.choice.layers
-        # Rejection sampling needs q; all-greedy batches verify greedily and need none.
-        self.kind = DraftKind.GUESS if bool((ctx.params.temperature == 0).all()) else DraftKind.SAMPLED
+        # Rejection sampling needs q; coupled drafts and all-greedy batches are matched and need none.
+        self.kind = (DraftKind.GUESS if self.verification == "coupled" or bool((ctx.params.temperature == 0).all())
+                     else DraftKind.SAMPLED)
 
     def propose(self, state: StepState) -> Draft | None:
         return self_draft_chain(
             lambda tokens, positions: self.target.forward(tokens, positions, self.cache, layers=self.layers).logits[:, 0],
-            self.cache, state, self.params, self.k, self.kind)
+            self.cache, state, self.params, self.k, self.kind, coupled=self.verification == "coupled")
+
+    def matches_samples(self) -> bool:
+        return self.verification == "coupled"
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Nothing to learn: the shared cache was committed by the loop."""
 
 
-def make_layer_skip_proposer(target, k: int = 4, skip=None, exit_layer: int | None = None) -> LayerSkipProposer:
+def make_layer_skip_proposer(target, k: int = 4, skip=None, exit_layer: int | None = None,
+                             verification: str = "coupled") -> LayerSkipProposer:
     """The ``method="layer_skip"`` proposer; ``target`` is a built-in ``models.LlamaModel``."""
-    return LayerSkipProposer(target, k=k, skip=skip, exit_layer=exit_layer)
+    return LayerSkipProposer(target, k=k, skip=skip, exit_layer=exit_layer, verification=verification)
 
 
 register(MethodSpec(
@@ -200,5 +210,8 @@ register(MethodSpec(
         "skip": "decoder layers the draft leaves out (default: chosen at the first prompt by block influence "
                 "and measured agreement against cost)",
         "exit_layer": "draft with the first L layers only (an early exit), instead of skip",
+        "verification": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
+                        'sample-and-match: the autoregressive samples exactly) or "rejection" (drafts from q, '
+                        'rejection sampling: more accepted at some temperatures, samples depend on draft lengths)',
     },
 ))

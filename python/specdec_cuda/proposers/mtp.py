@@ -8,9 +8,12 @@ Drafting, per row, with the root (newest committed token) at position L: draft j
 L + j) comes from module j at position L - 1, whose token input is draft j - 1 (the root for
 j = 1), so the chain is D tokens deep; with ``k > D`` the last module runs on at positions L,
 L + 1, ... feeding its own previous output as the hidden state (as vLLM does). Each draft token is
-sampled from the module's own distribution q with the request's temperature / top-k / top-p and
-q's logits travel with the draft (``DraftKind.SAMPLED``: rejection sampling, lossless); when
-every row is greedy the argmax is drafted and verified greedily (``DraftKind.GUESS``).
+sampled from the module's own distribution q with the request's temperature / top-k / top-p: by
+default (``verification="coupled"``) with the target's own sampling noise at its position and
+matched against the target's sample (``DraftKind.GUESS``: the autoregressive samples exactly);
+with ``verification="rejection"`` on the draft stream, q's logits travelling with the draft
+(``DraftKind.SAMPLED``: rejection sampling). Both lossless; when every row is greedy the argmax is
+drafted and verified greedily.
 
 State per request, kept consistent with commits and rollbacks:
 
@@ -29,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
+from ..contract import (Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState,
+                        check_sampled_verification)
 from ..methods import MethodSpec, register
 from ..models.heads import MTPModules, TargetHead, target_head
 from ..reference.philox import Purpose
@@ -41,7 +45,8 @@ class MTPProposer(Proposer):
 
     hidden_layers = (-1,)
 
-    def __init__(self, head: TargetHead, modules: MTPModules, k: int | None = None) -> None:
+    def __init__(self, head: TargetHead, modules: MTPModules, k: int | None = None,
+                 verification: str = "coupled") -> None:
         if modules.config.hidden_size != head.norm_weight.shape[0]:
             raise ValueError(f"the MTP modules' hidden size ({modules.config.hidden_size}) differs from the "
                              f"target's ({head.norm_weight.shape[0]})")
@@ -49,6 +54,7 @@ class MTPProposer(Proposer):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.head, self.modules, self.k = head, modules, k
+        self.verification = check_sampled_verification(verification)
         self.heads = [modules.head_for(d, head) for d in range(modules.num_modules)]  # the head of each depth
         self.max_draft = k
 
@@ -69,7 +75,9 @@ class MTPProposer(Proposer):
         self.caches = self.modules.new_cache(B, capacity)
         self.params = ctx.params
         self.all_greedy = bool((ctx.params.temperature == 0).all())
-        self.kind = DraftKind.GUESS if self.all_greedy else DraftKind.SAMPLED
+        # Rejection sampling needs q; coupled drafts and all-greedy batches are matched and need none.
+        self.kind = DraftKind.GUESS if self.all_greedy or self.verification == "coupled" else DraftKind.SAMPLED
+        self.purpose = Purpose.SAMPLE if self.verification == "coupled" else Purpose.DRAFT
 
     def _gather_hidden(self, depth: int, positions: torch.Tensor) -> torch.Tensor:
         h = self.hidden[depth]
@@ -83,7 +91,7 @@ class MTPProposer(Proposer):
         if self.all_greedy:
             return head.topk(h, 1).indices[:, 0], None
         logits = head.topk(h, 1, return_logits=True).logits
-        sampled = ops.sample(logits, **self.params.kwargs(), position=position, purpose=Purpose.DRAFT)
+        sampled = ops.sample(logits, **self.params.kwargs(), position=position, purpose=self.purpose)
         # A row the sampler flagged (-1) proposes token 0, judged like any draft.
         return sampled.tokens.clamp(min=0), logits
 
@@ -128,7 +136,12 @@ class MTPProposer(Proposer):
             draft_logits = self._keep(draft_logits, logits, j - 1, k_step)
             tokens[:, j - 1] = token
             self.seq[rows, (L + j).clamp(max=last)] = token
-        return Draft(tokens, limit.clamp(max=k_step), self.kind, logits=draft_logits)
+        # Coupled drafts are matched: their q is not needed.
+        return Draft(tokens, limit.clamp(max=k_step), self.kind,
+                     logits=draft_logits if self.kind is DraftKind.SAMPLED else None)
+
+    def matches_samples(self) -> bool:
+        return self.verification == "coupled"
 
     @staticmethod
     def _keep(buffer, logits, j: int, k_step: int):
@@ -159,7 +172,8 @@ class MTPProposer(Proposer):
             cache.truncate(keep)
 
 
-def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool = False) -> MTPProposer:
+def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool = False,
+                      verification: str = "coupled") -> MTPProposer:
     """The ``method="mtp"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
     head = target_head(target)
     if w4_lm_head:
@@ -169,7 +183,7 @@ def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool
 
         heads = native_modules(target)
     modules = resolve_heads(target, heads, "mtp")
-    return MTPProposer(head, modules, k=k)
+    return MTPProposer(head, modules, k=k, verification=verification)
 
 
 register(MethodSpec(
@@ -182,5 +196,8 @@ register(MethodSpec(
                  "checkpoint carries, MiMo layout; models/native_mtp.py)",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
+        "verification": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
+                        'sample-and-match: the autoregressive samples exactly) or "rejection" (drafts from q, '
+                        'rejection sampling: more accepted at some temperatures, samples depend on draft lengths)',
     },
 ))

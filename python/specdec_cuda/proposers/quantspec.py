@@ -14,15 +14,18 @@ upper + lower bits. Both passes share the one cache: a draft pass writes its K/V
 the pending slots and is rolled back (``truncate``: lengths only; the codes are never touched), and
 verification overwrites those slots with the full-precision K/V.
 
-Drafts are sampled from the draft pass's own distribution q (``DraftKind.SAMPLED``, q's logits
-come with the draft) and verified by rejection sampling, or greedily at temperature 0: the output
+Drafts are sampled from the draft pass's own distribution q, with the target's own sampling noise
+and matched (``verification="coupled"``, the default), or on the draft stream and verified by
+rejection sampling (``"rejection"``, ``DraftKind.SAMPLED``, q's logits come with the draft), or
+greedily at temperature 0: the output
 has exactly the distribution of the target's autoregressive decoding on the same cache
 (``QuantKVModel``), which is the baseline it is tested against.
 """
 
 from __future__ import annotations
 
-from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
+from ..contract import (Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState,
+                        check_sampled_verification)
 from ..methods import MethodSpec, register
 from ..models.quant_cache import DraftLinears, QuantKVCache, quantized_forward
 from ..models.quant_model import QuantKVModel
@@ -33,7 +36,7 @@ class QuantSpecProposer(Proposer):
     """Chains of ``k`` tokens from the target's own 4-bit draft pass (see the module docstring)."""
 
     def __init__(self, target: QuantKVModel, k: int = 4, draft_attention: bool = False, group_size: int = 128,
-                 draft_lm_head: bool = False) -> None:
+                 draft_lm_head: bool = False, verification: str = "coupled") -> None:
         if not isinstance(target, QuantKVModel):
             raise TypeError("method 'quantspec' verifies on the hierarchical 4-bit KV cache: pass "
                             "specdec_cuda.models.QuantKVModel(model) as the target (its autoregressive decoding "
@@ -44,6 +47,7 @@ class QuantSpecProposer(Proposer):
             raise ValueError(f"k ({k}) must be at most the cache's residual ({target.residual}): a draft is rolled "
                              f"back, and rollbacks may not reach tokens read from the codes")
         self.target, self.k, self.max_draft = target, k, k
+        self.verification = check_sampled_verification(verification)
         self.linears = DraftLinears.quantize(target.model, mlp=True, attention=draft_attention, group_size=group_size,
                                              lm_head=draft_lm_head)
 
@@ -51,25 +55,30 @@ class QuantSpecProposer(Proposer):
         if not isinstance(ctx.cache, QuantKVCache):
             raise TypeError(f"quantspec drafts on the target's QuantKVCache, got {type(ctx.cache).__name__}")
         self.cache, self.params = ctx.cache, ctx.params
-        # Rejection sampling needs q; all-greedy batches verify greedily and need none.
-        self.kind = DraftKind.GUESS if bool((ctx.params.temperature == 0).all()) else DraftKind.SAMPLED
+        # Rejection sampling needs q; coupled drafts and all-greedy batches are matched and need none.
+        self.kind = (DraftKind.GUESS if self.verification == "coupled" or bool((ctx.params.temperature == 0).all())
+                     else DraftKind.SAMPLED)
 
     def propose(self, state: StepState) -> Draft | None:
         def draft_pass(tokens, positions):  # full-precision buffer, upper 4 bits of the codes, 4-bit linears
             return quantized_forward(self.target.model, tokens, positions, self.cache, use_lower=False,
                                      linears=self.linears).logits[:, 0]
 
-        return self_draft_chain(draft_pass, self.cache, state, self.params, self.k, self.kind)
+        return self_draft_chain(draft_pass, self.cache, state, self.params, self.k, self.kind,
+                                coupled=self.verification == "coupled")
+
+    def matches_samples(self) -> bool:
+        return self.verification == "coupled"
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Nothing to learn: the shared cache was committed by the loop."""
 
 
 def make_quantspec_proposer(target, k: int = 4, draft_attention: bool = False, group_size: int = 128,
-                            draft_lm_head: bool = False) -> QuantSpecProposer:
+                            draft_lm_head: bool = False, verification: str = "coupled") -> QuantSpecProposer:
     """The ``method="quantspec"`` proposer; ``target`` is a ``models.QuantKVModel``."""
     return QuantSpecProposer(target, k=k, draft_attention=draft_attention, group_size=group_size,
-                             draft_lm_head=draft_lm_head)
+                             draft_lm_head=draft_lm_head, verification=verification)
 
 
 register(MethodSpec(
@@ -84,5 +93,8 @@ register(MethodSpec(
         "group_size": "input features per 4-bit weight scale (default 128; smaller where a layer needs it)",
         "draft_lm_head": "also draft with a 4-bit LM head (default False: it costs acceptance where the "
                          "head's logits are peaked)",
+        "verification": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
+                        'sample-and-match: the autoregressive samples exactly) or "rejection" (drafts from q, '
+                        'rejection sampling: more accepted at some temperatures, samples depend on draft lengths)',
     },
 ))

@@ -18,11 +18,11 @@ from ..reference.philox import Purpose
 
 
 def self_draft_chain(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], cache, state: StepState,
-                     params: SamplingParams, k: int, kind: DraftKind) -> Draft | None:
+                     params: SamplingParams, k: int, kind: DraftKind, coupled: bool = False) -> Draft | None:
     """Up to ``k`` tokens per row from ``forward(tokens [B, 1], positions [B, 1]) -> logits [B, V]``
-    (a draft pass on ``cache``), each sampled from those logits with the request's parameters;
-    ``kind`` SAMPLED keeps the logits (q) for rejection sampling, GUESS drafts without them.
-    None where no row may draft."""
+    (a draft pass on ``cache``), each sampled from those logits with the request's parameters (on
+    the target's own sampling stream when ``coupled``); ``kind`` SAMPLED keeps the logits (q) for
+    rejection sampling, GUESS drafts without them. None where no row may draft."""
     lengths, active = state.lengths, state.active
     limit = torch.where(active, torch.clamp(state.max_draft, max=k), 0)  # [B]
     k_step = int(limit.max())
@@ -40,7 +40,8 @@ def self_draft_chain(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
         cache.commit(ones)
         if draft_logits is None and keep_logits:
             draft_logits = torch.empty(batch, k_step, logits.shape[-1], dtype=logits.dtype, device=logits.device)
-        sampled = ops.sample(logits, **params.kwargs(), position=lengths + 1 + j, purpose=Purpose.DRAFT)
+        sampled = ops.sample(logits, **params.kwargs(), position=lengths + 1 + j,
+                             purpose=Purpose.SAMPLE if coupled else Purpose.DRAFT)
         # A row the sampler flagged (-1: bad draft logits) proposes token 0, judged like any draft.
         torch.clamp(sampled.tokens, min=0, out=tokens[:, j])
         if keep_logits:
