@@ -9,10 +9,11 @@ draft model on the zoo pair.
 
 The grid: per pair, one ``SpeculativeDecoder`` per method, built once with the method's defaults and
 the trained parts the pair has for it (a method needing parts the pair lacks is reported as not
-benched); each first decodes the bench's own prompts (as a server's earlier requests would: the
-policy learns this model's and machine's costs there, in a fresh memory folder) and is then timed
-on held-out prompts the bench never tunes on (zoo: the corpus's held-out openings; real: the
-HumanEval held-out half). Batch 1 decodes four prompts one at a time; batch b decodes b prompts as
+benched). Each cell (pair, batch, temperature) first runs every configuration once on other
+prompts of the same shape, as a server's earlier requests would (the policy learns this model's
+and machine's costs at this batch size there, starting from a fresh memory folder), then times
+them on held-out prompts the bench never tunes on (zoo: held-out openings of the corpus, the
+warm-up on the next ones; real: the HumanEval held-out half, the warm-up on the bench half). Batch 1 decodes four prompts one at a time; batch b decodes b prompts as
 one batch. Configurations run interleaved per repeat, each cell's time the median of its repeats.
 Each cell: method time / autoregressive time at the same batch and temperature, and whether the
 output is the autoregressive output (greedy) or the same samples of the same seeds (T > 0: so for
@@ -213,10 +214,6 @@ def grid_pair(label: str, pair, warm: list[list[int]], held_out: list[list[int]]
     eos = pair.tokenizer.eos_token_id
     ar = SpeculativeDecoder(pair.target)
     common = dict(max_new_tokens=max_new, eos_token_id=eos)
-    # Earlier requests: the bench's own prompts, once greedy and once sampled, through every decoder.
-    for decoder in [ar] + [d for pairs in decoders.values() for d in pairs]:
-        for t in temperatures:
-            decoder.generate(warm[:2], temperature=t, **common)
     rows = []
     for t in temperatures:
         for batch in batches:
@@ -227,6 +224,10 @@ def grid_pair(label: str, pair, warm: list[list[int]], held_out: list[list[int]]
                 runs.update({f"{m} (fixed)": f for m, (_, f) in decoders.items()})
             times = {name: [] for name in runs}
             results = {}
+            # An earlier request of this shape on other prompts: what a server's decoder has seen
+            # before (the policy's costs at this batch size; first-call allocations).
+            for decoder in runs.values():
+                _timed(decoder, _groups(warm, batch), temperature=t, **common)
             for _ in range(repeats):
                 for name, decoder in runs.items():
                     seconds, results[name] = _timed(decoder, groups, temperature=t, **common)
@@ -301,8 +302,9 @@ def grid(args) -> int:
     rows, not_benched = [], {}
     if "zoo" in args.pairs:
         pair = e2e.load_pair(threads=args.threads)
-        warm = e2e.encode(pair.tokenizer, list(e2e.PROMPTS))
-        held = e2e.encode(pair.tokenizer, e2e.held_out_prompts(max(args.batches)))
+        # Measured on the first held-out openings; the warm-up requests on the next ones.
+        both = e2e.encode(pair.tokenizer, e2e.held_out_prompts(2 * max(args.batches + [4])))
+        held, warm = both[: len(both) // 2], both[len(both) // 2:]
         got, skipped = grid_pair("zoo", pair, warm, held, args.batches, args.temperatures, max_new, repeats,
                                  args.methods)
         rows += got
@@ -314,7 +316,7 @@ def grid(args) -> int:
         real = bench_real.load_real_pair(argparse.Namespace(target=None, draft=None, pair="qwen2.5-coder",
                                                             weights="gguf", dtype="bfloat16"))
         tok = real.tokenizer
-        warm = [p.token_ids for p in humaneval.prompts("chat", "bench", tok)[:2]]
+        warm = [p.token_ids for p in humaneval.prompts("chat", "bench", tok)[:max(max(args.real_batches), 4)]]
         held = [p.token_ids for p in humaneval.prompts("chat", "heldout", tok)[:max(max(args.real_batches), 4)]]
         got, skipped = grid_pair("real", real, warm, held, args.real_batches, args.temperatures,
                                  args.real_max_new_tokens, args.real_repeats, args.methods)

@@ -104,6 +104,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         if policy is not None:  # last: the step's time includes the proposer's accept()
             now = time.perf_counter()
             one_time = draft.one_time_seconds if draft is not None else 0.0
+            if one_time and hasattr(policy, "one_time"):
+                policy.one_time(one_time)  # before observe: it marks the run as having drafted
             policy.observe(active, drafted, num_accepted, fed.tokens.shape[1], now - step_start - one_time)
             step_start = now
     metrics.seconds = time.perf_counter() - start
@@ -367,7 +369,9 @@ def outcome(fed: StepInput, out: "ModelOutput", verdict: Verdict, next_tokens: t
     if out.hidden_states:
         path = verdict.accepted_nodes.clamp(min=0)
         for layer, h in out.hidden_states.items():
-            hidden[layer] = h.gather(1, path[:, :, None].expand(-1, -1, h.shape[-1]))
+            # A plain step (the root alone, no extra rows) accepted its one node: nothing to gather.
+            plain = h.shape[1] == 1 and path.shape[1] == 1
+            hidden[layer] = h if plain else h.gather(1, path[:, :, None].expand(-1, -1, h.shape[-1]))
             if fed.num_extra:
                 extra_hidden[layer] = h[:, fed.width:]
     extra_logits = out.logits[:, fed.width:] if fed.num_extra else None

@@ -116,8 +116,7 @@ class CostAwarePolicy:
     WARM_SAMPLES = 2  # measurements of a (rows, K) combined by their minimum
     EXPLORE_MARGIN = 0.25  # the longest draft is measured when predicted within this share of plain decoding
     EXPLORE_ALPHA = 0.9  # ... at this acceptance (or the one seen, if higher)
-    HOLD, HOLD_MARGIN = 7, 0.8  # plain decoding kept without deciding again for HOLD steps when every
-    # drafting length was predicted below HOLD_MARGIN of its rate
+    HOLD = 7  # plain decoding, once chosen, is kept this many steps without deciding again (until a probe)
 
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
                  prior: float = 0.5, adapt_sampled: bool = False, smoothing: float = 0.3,
@@ -139,6 +138,10 @@ class CostAwarePolicy:
         self.samples: dict[tuple[int, int], int] = {}  # (active rows, K) -> measurements taken
         self.seen_success = self.seen_failure = 0.0  # acceptance counts over earlier runs (decayed)
         self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
+        # Seconds of a run's first proposal spent catching the drafter up with the prompt (a draft
+        # model's prefill, DFlash's prompt features): paid once per run that drafts at all, so a
+        # short run may not be worth drafting in. Moving average of what was observed; 0: unknown.
+        self.catch_up_seconds = 0.0
         self.memory = memory
         if memory is not None:
             self.load_state(memory.load() or {})
@@ -150,7 +153,8 @@ class CostAwarePolicy:
         """What outlives a run and a process: step costs per (rows, K), how many measurements each
         holds, the pooled acceptance counts. JSON-able."""
         return {"cost": [[b, k, t, self.samples.get((b, k), 0)] for (b, k), t in sorted(self.cost.items())],
-                "seen_success": self.seen_success, "seen_failure": self.seen_failure}
+                "seen_success": self.seen_success, "seen_failure": self.seen_failure,
+                "catch_up_seconds": self.catch_up_seconds}
 
     def load_state(self, state: dict) -> None:
         """Take up a ``state()`` saved earlier; malformed entries are skipped."""
@@ -161,10 +165,17 @@ class CostAwarePolicy:
                 continue
             if b > 0 and k >= 0 and t > 0 and math.isfinite(t):
                 self.cost[(b, k)], self.samples[(b, k)] = t, max(0, n)
-        for name in ("seen_success", "seen_failure"):
+        for name in ("seen_success", "seen_failure", "catch_up_seconds"):
             value = state.get(name)
             if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
                 setattr(self, name, float(value))
+
+    def one_time(self, seconds: float) -> None:
+        """The last proposal spent ``seconds`` on one-time work (a catch-up); the first of a run
+        is remembered as the price of drafting in a run at all."""
+        if seconds > 0 and not self.caught_up:
+            old = self.catch_up_seconds
+            self.catch_up_seconds = seconds if old == 0 else old + self.smoothing * (seconds - old)
 
     def finish(self) -> None:
         """A run ended: save what was learned (when given a memory)."""
@@ -181,6 +192,7 @@ class CostAwarePolicy:
         self.probe_interval, self.next_probe, self.probed = self.probe_every, self.probe_every, None
         self.last_k = 0
         self.hold, self.hold_rows = 0, None  # steps plain decoding is kept without a decision, for these rows
+        self.caught_up = False  # whether this run has drafted (its drafter has seen the prompt)
         self.history: list[int] = []  # K chosen per step of this run (for reports)
 
     # -- acceptance ---------------------------------------------------------------------------
@@ -247,9 +259,9 @@ class CostAwarePolicy:
             return [lim if a else 0 for a, lim in zip(active, limits)]
         fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
         if self.hold and self.hold_rows == rows:
-            # Plain decoding was clearly best a step ago and nothing it depends on moved since but
-            # one more plain step's cost: decided again only every HOLD steps (a decision costs
-            # ~40 us, 3% of a small target's step).
+            # Plain decoding was best a step ago and nothing it depends on moved since but one more
+            # plain step's cost and the rows' budgets: decided again only every HOLD steps (a
+            # decision costs ~40 us, 3% of a small target's step).
             self.hold -= 1
             self.last_k = 0
             self.explored[(len(rows), fixed)] = self.explored.get((len(rows), fixed), 0) + 1
@@ -269,7 +281,7 @@ class CostAwarePolicy:
             k = max(rates, key=rates.get)
             if k and rates[k] < (1.0 + self.min_gain) * rates.get(0, 0.0):
                 k = 0  # a predicted gain within the estimates' noise does not pay for the risk
-            if k == 0 and max((r for kk, r in rates.items() if kk), default=0.0) < self.HOLD_MARGIN * rates.get(0, 0.0):
+            if k == 0 and self.steps >= 1:  # (not over the run's early draft at step 1)
                 self.hold, self.hold_rows = max(0, min(self.HOLD, self.next_probe - self.steps - 1)), rows
             if self.probed is not None:
                 # The last probe: adopted if its length is now the best, else probe half as often.
@@ -343,7 +355,8 @@ class CostAwarePolicy:
             # with the most tokens left per expected token per step (expected tokens of a row
             # granted g drafts: (1 - a^(g + 1)) / (1 - a)).
             steps = max(left * (1 - a) / (1 - a ** ((min(k, lim) if ad else lim) + 1)) for a, left, lim, ad in kinds)
-            rates[k] = 1.0 / (steps * seconds)
+            # A run that has not drafted yet pays its drafter's catch-up with the prompt first.
+            rates[k] = 1.0 / (steps * seconds + (self.catch_up_seconds if k and not self.caught_up else 0.0))
         return rates
 
     def observe(self, active: list[bool], drafted: list[int], accepted: list[int], fed_width: int,
@@ -351,6 +364,8 @@ class CostAwarePolicy:
         self.steps += 1
         rows = sum(active)
         self.history.append(self.last_k)
+        if any(d > 0 for d in drafted):
+            self.caught_up = True
         # The first step of a run pays one-time costs (first forwards at this batch shape): it
         # would make plain decoding look dearer than it is, so it is not measured.
         if rows and self.steps > 1:

@@ -6,9 +6,10 @@ and with every step's outcome (the accepted path, root first). Its cache of cont
 always covers exactly the committed tokens before the root: after a step, row ``b`` gains the
 ``num_accepted + 1`` tokens at positions ``lengths .. lengths + num_accepted``; the new root's
 own features arrive one step later, when the target has run it. Block entries never enter the
-cache, so a rejected draft needs no rollback. Steps the speculation policy decodes plainly only
-keep their features; the next proposal extends the cache with all of them in one call (a run that
-never drafts never runs the drafter, and a catch-up of n tokens is one batched forward, not n).
+cache, so a rejected draft needs no rollback. The prompt's features, and those of steps the
+speculation policy decodes plainly, are only kept; the next proposal extends the cache with them
+(the steps' in one call): a run that never drafts never runs the drafter, and a catch-up of n
+tokens is one batched forward, not n.
 
 A step: one drafter forward of ``[root, MASK x (blk - 1)]`` at positions ``lengths + i`` gives
 ``q_1 .. q_{blk-1}``, the drafter's distributions of the next ``blk - 1`` tokens.
@@ -61,27 +62,34 @@ class DFlashBase(Proposer):
         # Slack: extend writes a whole accepted path (<= block_size tokens) or a catch-up of up to
         # MAX_PENDING plain steps at once, scratch entries included.
         self.cache = self.drafter.new_cache(batch, ctx.max_length + max(self.block_size, self.MAX_PENDING))
-        # The prompt's features: positions 0 .. prompt_len - 1 (the first root comes next).
-        self.drafter.extend(self.cache, ctx.hidden_states, ctx.prompt_lens)
         self.all_greedy = bool((ctx.params.temperature == 0).all())
-        # Features of plain steps not yet in the cache: per step, layer -> [B, 1, H], and its
-        # per-row counts [B] (1 on rows that ran, 0 on finished ones).
+        # Features not yet in the cache, fed at the next proposal: the prompt's (positions 0 ..
+        # prompt_len - 1, the first root comes next; layer -> [B, P, H] and the prompt lengths [B]),
+        # then each plain step's (layer -> [B, 1, H] and per-row counts [B]: 1 on rows that ran, 0
+        # on finished ones).
+        self.pending_prompt = (dict(ctx.hidden_states), ctx.prompt_lens)
         self.pending: list[tuple[dict[int, torch.Tensor], torch.Tensor]] = []
 
     def catch_up(self) -> float:
-        """Extend the cache with the waiting plain steps' features, in one call; returns the seconds
-        it took (a cost of the policy's idle steps, not of this step's draft length).
+        """Extend the cache with the waiting features (the prompt's, then the plain steps' in one
+        call); returns the seconds it took (a cost of the run and of the policy's idle steps, not of
+        this step's draft length).
 
-        A row runs every step until it finishes and never again, so its waiting tokens are a prefix
-        of the concatenated steps: ``extend`` writes the first ``count[b]`` of them."""
-        if not self.pending:
+        A row runs every step until it finishes and never again, so its waiting tokens after the
+        prompt are a prefix of the concatenated steps; the prompt (padded to the longest) goes first
+        in its own call, then the steps in one: ``extend`` writes the first ``count[b]`` of each."""
+        if self.pending_prompt is None and not self.pending:
             return 0.0
         started = time.perf_counter()
-        layers = self.pending[0][0].keys()
-        hidden = {i: torch.cat([h[i] for h, _ in self.pending], dim=1) for i in layers}  # [B, n, H]
-        counts = torch.stack([c for _, c in self.pending]).sum(0)  # [B]
-        self.pending.clear()
-        self.drafter.extend(self.cache, hidden, counts)
+        if self.pending_prompt is not None:  # ragged: its own call
+            self.drafter.extend(self.cache, *self.pending_prompt)
+            self.pending_prompt = None
+        if self.pending:
+            layers = self.pending[0][0].keys()
+            hidden = {i: torch.cat([h[i] for h, _ in self.pending], dim=1) for i in layers}  # [B, n, H]
+            counts = torch.stack([c for _, c in self.pending]).sum(0)  # [B]
+            self.pending.clear()
+            self.drafter.extend(self.cache, hidden, counts)
         return time.perf_counter() - started
 
     def block_logits(self, state: StepState, depth: int) -> torch.Tensor:
