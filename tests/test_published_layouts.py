@@ -105,7 +105,7 @@ def test_medusa_heads_match_the_layout_math(target, tmp_path, num_heads, num_lay
     assert torch.equal(load_medusa_fasterdecoding(file, dtype=torch.float64).candidates(h, num_heads, 4, head), got)
 
 
-@pytest.mark.parametrize("num_heads,num_layers,own_lm,dtype,fmt", MEDUSA_CASES[:2] + MEDUSA_CASES[2:])
+@pytest.mark.parametrize("num_heads,num_layers,own_lm,dtype,fmt", MEDUSA_CASES)
 @pytest.mark.parametrize("budget", [None, 8])
 def test_medusa_with_published_heads_decodes_like_the_target(target, tmp_path, num_heads, num_layers, own_lm,
                                                             dtype, fmt, budget):
@@ -280,3 +280,30 @@ def test_zlab_layouts_it_cannot_reproduce_are_refused_naming_the_field(tmp_path,
     folder, _ = _write_zlab(tmp_path / "d", **overrides)
     with pytest.raises(ValueError, match=field):
         DFlashDrafter.load(folder)
+
+
+def test_medusa_full_model_folder_and_save_round_trip(target, tmp_path):
+    """A full Medusa model folder (heads under ``medusa_head.`` among the base weights) loads; the
+    loaded heads save and load back as the library's own folder, with the same candidates."""
+    from safetensors.torch import save_file
+
+    from specdec_cuda.models.heads import save_heads
+
+    state = _medusa_state(target, 2, 1, True, torch.bfloat16)
+    folder = tmp_path / "full"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["MedusaModelLlama"], "hidden_size": HIDDEN,
+                                                    "medusa_num_heads": 2, "medusa_num_layers": 1}))
+    save_file(dict({f"medusa_head.{k}": v for k, v in state.items()},
+                   **{"model.embed_tokens.weight": torch.zeros(VOCAB, HIDDEN, dtype=torch.bfloat16)}),
+              str(folder / "model.safetensors"))
+    heads = load_heads(folder, dtype=torch.float64)
+    head = target_head(target)
+    h = torch.randn(3, HIDDEN, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    want = _medusa_reference_logits(state, h, 2, 1, head.lm_head).topk(3, dim=-1).indices
+    assert torch.equal(heads.candidates(h, 2, 3, head), want)
+    again = load_heads(save_heads(tmp_path / "ours", heads), dtype=torch.float64)
+    assert (again.num_layers, again.renorm, again.lm_heads.shape) == (1, False, (2, VOCAB, HIDDEN))
+    assert torch.equal(again.candidates(h, 2, 3, head), want)
+    with pytest.raises(ValueError, match="w4_lm_head"):
+        generate(target, PROMPTS, method="medusa", max_new_tokens=4, heads=heads, w4_lm_head=True)

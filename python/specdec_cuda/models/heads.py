@@ -169,6 +169,9 @@ class MedusaHeads(nn.Module):
         out = self(h)[:, :depth]  # [B, depth, H]
         if self.renorm and self.lm_heads is None:
             return head.topk(out.reshape(B * depth, H), k).indices.view(B, depth, k)
+        if head.lm_head_w4 is not None:
+            raise ValueError("the 4-bit LM head (w4_lm_head=True) drafts through the fused op of the library's own "
+                             "heads; these heads (published layout) read the LM head in plain torch")
         if self.renorm:
             out = rms_norm(out, head.norm_weight, head.eps)
         if self.lm_heads is None:
