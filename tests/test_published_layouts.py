@@ -307,3 +307,21 @@ def test_medusa_full_model_folder_and_save_round_trip(target, tmp_path):
     assert torch.equal(again.candidates(h, 2, 3, head), want)
     with pytest.raises(ValueError, match="w4_lm_head"):
         generate(target, PROMPTS, method="medusa", max_new_tokens=4, heads=heads, w4_lm_head=True)
+
+
+def test_published_drafters_on_a_transformers_target(target, tmp_path_factory, tmp_path):
+    """The same loaders serve a ``transformers`` model behind ``HFCausalLM``."""
+    from decoding_models import load_backend
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("published_hf") / "target", vocab=VOCAB, hidden=HIDDEN,
+                             layers=4, seed=0)
+    hf = load_backend(folder, "hf")
+    want = _autoregressive(hf)
+    assert want == _autoregressive(target)
+    heads = _write_medusa(tmp_path / "medusa", _medusa_state(target, 3, 1, True, torch.float16), 3, 1,
+                          "safetensors")
+    assert generate(hf, PROMPTS, method="medusa", max_new_tokens=12, heads=str(heads), budget=8,
+                    policy="fixed").tokens == want
+    drafter, _ = _write_zlab(tmp_path / "dflash")
+    assert generate(hf, PROMPTS, method="dflash", max_new_tokens=12, drafter=str(drafter),
+                    policy="fixed").tokens == want
