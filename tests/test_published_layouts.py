@@ -306,7 +306,7 @@ def test_medusa_full_model_folder_and_save_round_trip(target, tmp_path):
     assert (again.num_layers, again.renorm, again.lm_heads.shape) == (1, False, (2, VOCAB, HIDDEN))
     assert torch.equal(again.candidates(h, 2, 3, head), want)
     with pytest.raises(ValueError, match="w4_lm_head"):
-        generate(target, PROMPTS, method="medusa", max_new_tokens=4, heads=heads, w4_lm_head=True)
+        generate(target, PROMPTS, method="medusa", max_new_tokens=4, heads=heads, w4_lm_head=True, policy="fixed")
 
 
 def test_published_drafters_on_a_transformers_target(target, tmp_path_factory, tmp_path):
