@@ -7,7 +7,9 @@ Both read the target's hidden states and share its frozen output side (final RMS
   at position t; head i (1..K) predicts the token at t + 1 + i (the LM head itself predicts
   t + 1):  ``logits_i = lm_head(final_norm(h + silu(W_i h + b_i)))``. Re-applying the final norm
   keeps every head's input at the scale the LM head was trained on, and makes the output side of
-  every head (Medusa's and MTP's) the one fused op ``ops.mtp_head_topk``.
+  every head (Medusa's and MTP's) the one fused op ``ops.mtp_head_topk``. Published
+  FasterDecoding heads (``models.published``) switch the norm off, may repeat the block and may
+  carry their own LM heads: ``logits_i = lm_head_i(block_i^L(h))``.
 * ``MTPModules``: D sequential modules. Module d at position t reads the previous depth's hidden
   state at t (the target's final normed one for d = 1) and the embedding of token t + d:
   ``x = eh_proj([enorm(emb(t_{t+d})); hnorm(h^{d-1}_t)])`` (the 2H -> H projection applied as
