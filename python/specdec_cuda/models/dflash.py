@@ -14,7 +14,8 @@ KV injection, in every drafter layer::
 The block sees every context feature of its row (the committed tokens strictly before the block's
 anchor) and itself bidirectionally; RoPE at true absolute positions. The block input is
 ``[last committed token, MASK x (blk - 1)]``, where MASK is the drafter's own learned embedding
-(``mask_embedding``; the target's vocabulary is not extended). One forward gives the
+(``mask_embedding``; the target's vocabulary is not extended), or, for z-lab's published drafters,
+the target's embedding of ``mask_token_id``. One forward gives the
 distributions of positions ``1 .. blk - 1``: position ``i`` predicts the token at ``anchor + i``
 (no label shift).
 
@@ -69,6 +70,10 @@ class DFlashConfig:
     block_size: int = 8
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    # z-lab's published drafters: MASK is a token of the target's vocabulary (its embedding, not a
+    # learned vector), and q/k/v/o may carry biases (Qwen3's attention_bias).
+    mask_token_id: int | None = None
+    attention_bias: bool = False
     extra: dict = field(default_factory=dict)  # free-form notes (training report), saved as is
 
     def __post_init__(self) -> None:
@@ -112,10 +117,10 @@ class DFlashLayer(nn.Module):
         self.c = c
         H, D = c.hidden_size, c.head_dim
         self.input_norm = nn.Parameter(torch.ones(H))
-        self.q_proj = nn.Linear(H, c.num_heads * D, bias=False)
-        self.k_proj = nn.Linear(H, c.num_kv_heads * D, bias=False)
-        self.v_proj = nn.Linear(H, c.num_kv_heads * D, bias=False)
-        self.o_proj = nn.Linear(c.num_heads * D, H, bias=False)
+        self.q_proj = nn.Linear(H, c.num_heads * D, bias=c.attention_bias)
+        self.k_proj = nn.Linear(H, c.num_kv_heads * D, bias=c.attention_bias)
+        self.v_proj = nn.Linear(H, c.num_kv_heads * D, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * D, H, bias=c.attention_bias)
         self.q_norm = nn.Parameter(torch.ones(D))  # Qwen3-style per-head norms before RoPE
         self.k_norm = nn.Parameter(torch.ones(D))
         self.post_norm = nn.Parameter(torch.ones(H))
@@ -214,6 +219,8 @@ class DFlashDrafter(nn.Module):
         if embed.shape != (c.vocab_size, c.hidden_size) or head.shape != (c.vocab_size, c.hidden_size):
             raise ValueError(f"the target's embedding {tuple(embed.shape)} / LM head {tuple(head.shape)} do "
                              f"not fit a drafter for vocab {c.vocab_size}, hidden {c.hidden_size}")
+        if c.mask_token_id is not None and not 0 <= c.mask_token_id < c.vocab_size:
+            raise ValueError(f"the drafter's mask_token_id {c.mask_token_id} is outside the vocabulary ({c.vocab_size})")
         bad = [i for i in c.target_layers if not 0 <= i < int(target.num_layers)]
         if bad:
             raise ValueError(f"the drafter reads target layers {bad} but the target has {target.num_layers}")
@@ -245,14 +252,19 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def load(cls, folder) -> "DFlashDrafter":
-        """A drafter saved by ``save`` (fp32 on the CPU until ``attach``)."""
+        """A drafter saved by ``save``, or a published z-lab DFlash folder (``models.published``);
+        fp32 on the CPU until ``attach``."""
         from safetensors.torch import load_file
+
+        from .published import is_dflash_zlab, load_dflash_zlab
 
         folder = Path(folder)
         path = folder / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{folder}: no config.json (not a DFlash drafter folder)")
         raw = json.loads(path.read_text())
+        if is_dflash_zlab(raw):
+            return load_dflash_zlab(folder)
         if not isinstance(raw, dict) or raw.pop("model_type", None) != MODEL_TYPE:
             raise ValueError(f"{path}: not a DFlash drafter config (model_type must be {MODEL_TYPE!r})")
         model = cls(DFlashConfig(**raw))
@@ -290,7 +302,9 @@ class DFlashDrafter(nn.Module):
             raise RuntimeError("the drafter has no target embedding: call attach(target) first")
         blk = block_size or self.config.block_size
         first = F.embedding(anchor_tokens, self._embed)[..., None, :]
-        mask = self.mask_embedding.expand(*anchor_tokens.shape, blk - 1, self.config.hidden_size)
+        token = self.config.mask_token_id
+        mask = self.mask_embedding if token is None else self._embed[token]
+        mask = mask.expand(*anchor_tokens.shape, blk - 1, self.config.hidden_size)
         return torch.cat([first, mask], dim=-2)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

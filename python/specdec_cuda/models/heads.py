@@ -7,7 +7,9 @@ Both read the target's hidden states and share its frozen output side (final RMS
   at position t; head i (1..K) predicts the token at t + 1 + i (the LM head itself predicts
   t + 1):  ``logits_i = lm_head(final_norm(h + silu(W_i h + b_i)))``. Re-applying the final norm
   keeps every head's input at the scale the LM head was trained on, and makes the output side of
-  every head (Medusa's and MTP's) the one fused op ``ops.mtp_head_topk``.
+  every head (Medusa's and MTP's) the one fused op ``ops.mtp_head_topk``. Published
+  FasterDecoding heads (``models.published``) switch the norm off, may repeat the block and may
+  carry their own LM heads: ``logits_i = lm_head_i(block_i^L(h))``.
 * ``MTPModules``: D sequential modules. Module d at position t reads the previous depth's hidden
   state at t (the target's final normed one for d = 1) and the embedding of token t + d:
   ``x = eh_proj([enorm(emb(t_{t+d})); hnorm(h^{d-1}_t)])`` (the 2H -> H projection applied as
@@ -127,28 +129,69 @@ class MedusaHeads(nn.Module):
     """K residual SiLU heads (see the module docstring).
 
     Shape: weight [K, H, H] (``W_i``, applied as ``h @ W_i.T``); bias [K, H].
+
+    Published Medusa checkpoints (``models.published``) need three switches, all off by default:
+    ``num_layers`` applies each head's block that many times (FasterDecoding's heads repeat one
+    shared ResBlock); ``renorm=False`` feeds the block's output to the LM head as is (no final
+    norm again); ``own_lm_heads`` gives every head its own LM head, ``lm_heads`` [K, V, H]
+    (Medusa-1), instead of the target's.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", num_layers: int = 1, renorm: bool = True,
+                 own_lm_heads: int | None = None) -> None:
         super().__init__()
-        if num_heads < 1 or hidden_size < 1:
-            raise ValueError(f"need num_heads >= 1 and hidden_size >= 1, got {num_heads}, {hidden_size}")
+        if num_heads < 1 or hidden_size < 1 or num_layers < 1:
+            raise ValueError(f"need num_heads, hidden_size, num_layers >= 1, got {num_heads}, {hidden_size}, "
+                             f"{num_layers}")
         # Zero init: every head starts as the identity, i.e. as the LM head's own next-token guess.
         self.weight = nn.Parameter(torch.zeros(num_heads, hidden_size, hidden_size, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(num_heads, hidden_size, dtype=dtype, device=device))
         self.num_heads, self.hidden_size = num_heads, hidden_size
+        self.num_layers, self.renorm = num_layers, renorm
+        # own_lm_heads: the vocabulary size of the heads' own LM heads (None: the target's LM head).
+        self.lm_heads = None if own_lm_heads is None else nn.Parameter(
+            torch.zeros(num_heads, own_lm_heads, hidden_size, dtype=dtype, device=device))
         # Measured top-k agreement per head (filled by the trainer; picks the static tree).
         self.topk_accuracy: list[list[float]] | None = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Every head's output hidden state. Shape: h [..., H] -> [..., K, H]."""
         z = torch.einsum("...h,kgh->...kg", h, self.weight) + self.bias
-        return h.unsqueeze(-2) + F.silu(z)
+        x = h.unsqueeze(-2) + F.silu(z)
+        for _ in range(self.num_layers - 1):  # the same block again, now on each head's own state
+            x = x + F.silu(torch.einsum("...kh,kgh->...kg", x, self.weight) + self.bias)
+        return x
+
+    def candidates(self, h: torch.Tensor, depth: int, k: int, head: TargetHead) -> torch.Tensor:
+        """Top-``k`` tokens of heads 1..``depth`` at hidden states ``h``. Shape: h [B, H] ->
+        [B, depth, k] int64. The library's heads go through the fused norm + LM head + top-k op;
+        the published variants (no renorm, or their own LM heads) through plain torch."""
+        B, H = h.shape
+        out = self(h)[:, :depth]  # [B, depth, H]
+        if self.renorm and self.lm_heads is None:
+            return head.topk(out.reshape(B * depth, H), k).indices.view(B, depth, k)
+        if head.lm_head_w4 is not None:
+            raise ValueError("the 4-bit LM head (w4_lm_head=True) drafts through the fused op of the library's own "
+                             "heads; these heads (published layout) read the LM head in plain torch")
+        if self.renorm:
+            out = rms_norm(out, head.norm_weight, head.eps)
+        if self.lm_heads is None:
+            logits = F.linear(out, head.lm_head)
+        else:
+            if self.lm_heads.shape[1] != head.lm_head.shape[0]:
+                raise ValueError(f"the Medusa heads' own LM heads have vocab {self.lm_heads.shape[1]}, the "
+                                 f"target's {head.lm_head.shape[0]}")
+            logits = torch.einsum("bdh,dvh->bdv", out, self.lm_heads[:depth])
+        return logits.topk(k, dim=-1).indices
 
     def config_dict(self) -> dict[str, Any]:
-        return {"kind": "medusa", "num_heads": self.num_heads, "hidden_size": self.hidden_size,
-                "topk_accuracy": self.topk_accuracy}
+        out = {"kind": "medusa", "num_heads": self.num_heads, "hidden_size": self.hidden_size,
+               "topk_accuracy": self.topk_accuracy}
+        if (self.num_layers, self.renorm, self.lm_heads) != (1, True, None):
+            out.update(num_layers=self.num_layers, renorm=self.renorm,
+                       own_lm_heads=None if self.lm_heads is None else int(self.lm_heads.shape[1]))
+        return out
 
 
 class MTPModule(nn.Module):
@@ -354,10 +397,15 @@ def save_heads(folder: str | os.PathLike, heads: MedusaHeads | MTPModules, extra
 
 def load_heads(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> MedusaHeads | MTPModules:
-    """Load a heads folder written by ``save_heads``; raises FileNotFoundError / ValueError naming it."""
+    """Load a heads folder written by ``save_heads``, or a published FasterDecoding Medusa checkpoint
+    (``models.published``); raises FileNotFoundError / ValueError naming it."""
     from safetensors.torch import load_file
 
+    from .published import is_medusa_fasterdecoding, load_medusa_fasterdecoding
+
     folder = Path(folder)
+    if is_medusa_fasterdecoding(folder):
+        return load_medusa_fasterdecoding(folder, dtype=dtype, device=device)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file() or not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(f"{folder}: not a heads checkpoint (needs config.json and model.safetensors)")
@@ -365,7 +413,9 @@ def load_heads(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if not isinstance(cfg, dict) or cfg.get("kind") not in ("medusa", "mtp"):
         raise ValueError(f"{cfg_path}: 'kind' must be 'medusa' or 'mtp'")
     if cfg["kind"] == "medusa":
-        heads: nn.Module = MedusaHeads(int(cfg["hidden_size"]), int(cfg["num_heads"]), dtype, device)
+        heads: nn.Module = MedusaHeads(int(cfg["hidden_size"]), int(cfg["num_heads"]), dtype, device,
+                                       num_layers=int(cfg.get("num_layers", 1)), renorm=bool(cfg.get("renorm", True)),
+                                       own_lm_heads=cfg.get("own_lm_heads"))
     else:
         block = dict(cfg["block"], num_hidden_layers=1)
         heads = MTPModules(LlamaConfig(**block), int(cfg["num_modules"]), dtype, device,

@@ -124,9 +124,7 @@ class MedusaProposer(Proposer):
 
     def candidates(self, depth: int) -> torch.Tensor:
         """Top-``self.topk`` tokens of heads 1..depth. Shape: [B, depth, topk] int64."""
-        B, H = self.hidden.shape
-        out = self.heads(self.hidden)[:, :depth]  # [B, depth, H]
-        return self.head.topk(out.reshape(B * depth, H), self.topk).indices.view(B, depth, self.topk)
+        return self.heads.candidates(self.hidden, depth, self.topk, self.head)
 
     def propose(self, state: StepState) -> Draft | None:
         limit = torch.where(state.active, state.max_draft, 0)  # [B]
