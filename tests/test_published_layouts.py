@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from decoding_models import make_checkpoint
 from specdec_cuda import generate, models
 from specdec_cuda.models.dflash import DFlashDrafter
-from specdec_cuda.models.heads import MedusaHeads, load_heads, target_head
+from specdec_cuda.models.heads import MedusaHeads, target_head
+from specdec_cuda.models.published import load_dflash, load_heads
 from specdec_cuda.models.published import load_dflash_zlab, load_medusa_fasterdecoding
 
 VOCAB, HIDDEN = 64, 32
@@ -240,7 +241,7 @@ def _zlab_reference_block_logits(w, target, tokens, attention_bias):
 @pytest.mark.parametrize("attention_bias", [False, True])
 def test_dflash_drafter_matches_the_layout_math(target, tmp_path, attention_bias):
     folder, weights = _write_zlab(tmp_path / "dflash", attention_bias)
-    drafter = DFlashDrafter.load(folder).attach(target)  # detected, dispatched to the published loader
+    drafter = load_dflash(folder).attach(target)  # detected, dispatched to the published loader
     assert drafter.config.mask_token_id == ZLAB["mask"] and drafter.config.target_layers == (0, 2)
     seq = [3, 9, 4, 1, 7, 7, 2]
     cache = drafter.new_cache(1, 32)
@@ -279,7 +280,7 @@ def test_zlab_layouts_it_cannot_reproduce_are_refused_naming_the_field(tmp_path,
         overrides["layer_types"] = ["full_attention"] * 3
     folder, _ = _write_zlab(tmp_path / "d", **overrides)
     with pytest.raises(ValueError, match=field):
-        DFlashDrafter.load(folder)
+        load_dflash(folder)
 
 
 def test_medusa_full_model_folder_and_save_round_trip(target, tmp_path):

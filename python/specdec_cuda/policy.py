@@ -116,6 +116,7 @@ class CostAwarePolicy:
     WARM_SAMPLES = 2  # measurements of a (rows, K) combined by their minimum
     EXPLORE_MARGIN = 0.25  # the longest draft is measured when predicted within this share of plain decoding
     EXPLORE_ALPHA = 0.9  # ... at this acceptance (or the one seen, if higher)
+    EXPLORE_SLOPE = 0.25  # ... and at this share of the first draft token's added cost per further token
     HOLD = 7  # plain decoding, once chosen, is kept this many steps without deciding again (until a probe)
 
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
@@ -226,9 +227,15 @@ class CostAwarePolicy:
         return self._step_seconds(rows, k, self._line(rows))
 
     def _line(self, rows: int) -> tuple[float, float, float] | None:
-        """(mean K, mean seconds, slope) of the least-squares line through the measured lengths of
-        ``rows`` active rows; None with fewer than two."""
+        """(mean K, mean seconds, slope) of the least-squares line through the measured drafting
+        lengths (K >= 1) of ``rows`` active rows when two or more are measured, else through every
+        measured length, K = 0 included; None with fewer than two. (The first draft token costs a
+        proposer's fixed work, a drafter forward, a window, besides its verification row: plain
+        decoding is not on the line the drafted lengths lie on.)"""
         known = [(kk, t) for (b, kk), t in self.cost.items() if b == rows]
+        drafted = [(kk, t) for kk, t in known if kk > 0]
+        if len(drafted) >= 2:
+            known = drafted
         if len(known) < 2:
             return None
         n = len(known)
@@ -310,17 +317,24 @@ class CostAwarePolicy:
     def _worth_measuring(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
                          remaining: list[int] | None) -> bool:
         """Whether the longest draft, not measured yet at this batch size, should be: its predicted
-        rate (from the line through K = 0 and 1, at a good drafter's acceptance, ``EXPLORE_ALPHA``,
-        or the acceptance seen so far if higher: a few early drafts say little) comes within
-        ``EXPLORE_MARGIN`` of plain decoding's. A verification's cost grows less than linearly in
-        its width on a CPU (1 row 57 ms, 5 rows 134 ms for a 1.5B GGUF model), so the line through
-        K = 0 and 1 overstates the longest draft's cost, and a length never measured is never
-        chosen; a clearly hopeless one (a drafted step costing several plain ones) is not paid for."""
+        rate (each token past the first costing ``EXPLORE_SLOPE`` of what the first added over plain
+        decoding, at a good drafter's acceptance, ``EXPLORE_ALPHA``, or the acceptance seen so far if
+        higher: a few early drafts say little) comes within ``EXPLORE_MARGIN`` of plain decoding's.
+        A verification's cost grows less than linearly in its width on a CPU (1 row 57 ms, 5 rows
+        134 ms for a 1.5B GGUF model) and the first draft token carries the proposer's fixed work,
+        so the line through K = 0 and 1 overstates the longest draft's cost, and a length never
+        measured is never chosen; a clearly hopeless one (a drafted step costing several plain ones)
+        is not paid for."""
         if not self._unmeasured(len(rows), max(k_max, fixed)):
             return False
         hopeful = max(self.EXPLORE_ALPHA, min(0.98, self._pooled()))
+        # Each token past the first assumed to cost a quarter of what the first added: the first
+        # carries the proposer's fixed work (a drafter forward, a lookahead window), and a wider
+        # verification costs less than linearly more on a CPU.
+        c0, c1 = self.cost.get((len(rows), fixed)), self.cost.get((len(rows), max(1, fixed)))
+        guess = None if c0 is None or c1 is None else {k_max: c1 + self.EXPLORE_SLOPE * max(0.0, c1 - c0) * (k_max - 1)}
         rates = self._rates(rows, limits, adapt, k_max, fixed, remaining if remaining is not None else [1] * len(limits),
-                            alphas=[hopeful] * len(rows))
+                            alphas=[hopeful] * len(rows), guess=guess)
         return 0 in rates and k_max in rates and rates[k_max] >= (1.0 - self.EXPLORE_MARGIN) * rates[0]
 
     def _may_pay(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
@@ -336,10 +350,10 @@ class CostAwarePolicy:
         return base is None or any(r >= (1.0 + self.min_gain) * base for k, r in rates.items() if k)
 
     def _rates(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
-               remaining: list[int], alphas: list[float] | None = None) -> dict:
+               remaining: list[int], alphas: list[float] | None = None, guess: dict | None = None) -> dict:
         """1 / expected seconds until every active row is done, for every length ``K`` in
         ``0 .. k_max`` whose step cost can be predicted (``alphas``: per active row, default each
-        row's estimate)."""
+        row's estimate; ``guess``: K -> step seconds to assume where K is not measured)."""
         if alphas is None:
             alphas = [self.alpha(b, len(rows)) for b in rows]
         line = self._line(len(rows))
@@ -349,6 +363,8 @@ class CostAwarePolicy:
         rates = {}
         for k in range(k_max + 1):
             seconds = self._step_seconds(len(rows), max(k, fixed), line)
+            if guess and k in guess and (len(rows), max(k, fixed)) not in self.cost:
+                seconds = guess[k]
             if seconds is None:
                 continue
             # A batch is done when its last row is: the steps it still needs are those of the row

@@ -252,19 +252,15 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def load(cls, folder) -> "DFlashDrafter":
-        """A drafter saved by ``save``, or a published z-lab DFlash folder (``models.published``);
-        fp32 on the CPU until ``attach``."""
+        """A drafter saved by ``save``; fp32 on the CPU until ``attach``.
+        (``models.published.load_dflash`` also reads published z-lab DFlash folders.)"""
         from safetensors.torch import load_file
-
-        from .published import is_dflash_zlab, load_dflash_zlab
 
         folder = Path(folder)
         path = folder / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{folder}: no config.json (not a DFlash drafter folder)")
         raw = json.loads(path.read_text())
-        if is_dflash_zlab(raw):
-            return load_dflash_zlab(folder)
         if not isinstance(raw, dict) or raw.pop("model_type", None) != MODEL_TYPE:
             raise ValueError(f"{path}: not a DFlash drafter config (model_type must be {MODEL_TYPE!r})")
         model = cls(DFlashConfig(**raw))

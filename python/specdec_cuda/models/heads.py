@@ -397,15 +397,11 @@ def save_heads(folder: str | os.PathLike, heads: MedusaHeads | MTPModules, extra
 
 def load_heads(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> MedusaHeads | MTPModules:
-    """Load a heads folder written by ``save_heads``, or a published FasterDecoding Medusa checkpoint
-    (``models.published``); raises FileNotFoundError / ValueError naming it."""
+    """Load a heads folder written by ``save_heads``; raises FileNotFoundError / ValueError naming
+    it. (``models.published.load_heads`` also reads published FasterDecoding Medusa checkpoints.)"""
     from safetensors.torch import load_file
 
-    from .published import is_medusa_fasterdecoding, load_medusa_fasterdecoding
-
     folder = Path(folder)
-    if is_medusa_fasterdecoding(folder):
-        return load_medusa_fasterdecoding(folder, dtype=dtype, device=device)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file() or not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(f"{folder}: not a heads checkpoint (needs config.json and model.safetensors)")

@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from .dflash import DFlashConfig, DFlashDrafter
-from .heads import MedusaHeads
+from .heads import MedusaHeads, MTPModules
+from .heads import load_heads as load_own_heads
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
@@ -297,5 +298,32 @@ def load_dflash_zlab(folder: str | os.PathLike, mask_token_id: int | None = None
     return model.requires_grad_(False)
 
 
-__all__ = ("is_dflash_zlab", "is_medusa_fasterdecoding", "load_dflash_zlab", "load_medusa_fasterdecoding",
-           "dflash_zlab_config", "zlab_target_layer_ids")
+__all__ = ("is_dflash_zlab", "is_medusa_fasterdecoding", "load_dflash", "load_dflash_zlab", "load_heads",
+           "load_medusa_fasterdecoding", "dflash_zlab_config", "zlab_target_layer_ids")
+
+
+# -- any layout -------------------------------------------------------------------------------------
+
+def load_heads(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> MedusaHeads | MTPModules:
+    """Heads from a folder in any layout this library reads: a published FasterDecoding Medusa
+    checkpoint, else one written by ``heads.save_heads`` (what ``method="medusa"`` / ``"mtp"``
+    load from ``heads=<folder>``)."""
+    if is_medusa_fasterdecoding(folder):
+        return load_medusa_fasterdecoding(folder, dtype=dtype, device=device)
+    return load_own_heads(folder, dtype=dtype, device=device)
+
+
+def load_dflash(folder: str | os.PathLike) -> DFlashDrafter:
+    """A DFlash drafter from a folder in any layout this library reads: a published z-lab folder,
+    else one written by ``DFlashDrafter.save`` (what ``method="dflash"`` / ``"ddtree"`` load from
+    ``drafter=<folder>``)."""
+    config = Path(folder) / "config.json"
+    if config.is_file():
+        try:
+            raw = json.loads(config.read_text())
+        except ValueError:
+            raw = None
+        if isinstance(raw, dict) and is_dflash_zlab(raw):
+            return load_dflash_zlab(folder)
+    return DFlashDrafter.load(folder)

@@ -156,7 +156,9 @@ def load_drafter(target, drafter=None):
                                 "folder> trained for this target (in a source checkout, "
                                 "`python -m zoo.train --dflash --target DIR` trains one)")
     if isinstance(drafter, (str, Path)):
-        drafter = DFlashDrafter.load(drafter)
+        from ..models.published import load_dflash
+
+        drafter = load_dflash(drafter)
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter, a checkpoint folder or None, got "
                         f"{type(drafter).__name__}")

@@ -30,7 +30,8 @@ import torch
 
 from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
-from ..models.heads import MedusaHeads, TargetHead, load_heads, target_head
+from ..models.heads import MedusaHeads, TargetHead, target_head
+from ..models.published import load_heads
 
 VERIFICATION_MODES = ("match", "typical")
 TOPK_PER_HEAD = 10  # candidate ranks a static tree may use per head

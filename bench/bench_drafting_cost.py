@@ -1,0 +1,90 @@
+"""What drafting costs, per method, against the target step it tries to save: batch 1, greedy,
+every method always drafting (``policy="fixed"``, its default draft length), held-out prompts.
+
+    python bench/bench_drafting_cost.py [--pairs zoo real] [--methods M ...] [--max-new-tokens N]
+
+Per method, from the run's own metrics (``e2e.combine``), each as a multiple of the autoregressive
+run's mean decoding step (one target forward of one token, measured in the same process):
+
+* ``draft / step``: the proposer's time per drafted token (``propose_seconds / drafted``: the
+  drafter's forwards, a draft model's catch-up with the prompt included, host work);
+* ``verify / step``: the method's mean target forward (a verification of its typical draft, extra
+  rows such as lookahead's window included);
+* ``tau``: tokens per target forward. Drafting pays at batch 1 roughly when
+  ``verify / step + draft / step * drafted per step < tau``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: zoo/, bench/
+
+import torch  # noqa: E402
+
+from bench import e2e  # noqa: E402
+from bench.bench_policy import grid_decoders  # noqa: E402
+from specdec_cuda import SpeculativeDecoder  # noqa: E402
+
+
+def costs(pair, prompts: list[list[int]], max_new: int, real: bool, only) -> list[dict]:
+    decoders, _ = grid_decoders(pair, real=real)
+    eos = pair.tokenizer.eos_token_id
+    runs = {"autoregressive": SpeculativeDecoder(pair.target), **{m: f for m, (_, f) in decoders.items()
+                                                                  if not only or m in only}}
+    common = dict(max_new_tokens=max_new, eos_token_id=eos)
+    for decoder in runs.values():  # first-call allocations
+        decoder.generate(prompts[-1:], **common)
+    results = {name: e2e.combine([e2e.engine_group(d, [p], **common) for p in prompts[:-1]])
+               for name, d in runs.items()}
+    step = results["autoregressive"]["step_seconds"]
+    rows = []
+    for name, r in results.items():
+        if name == "autoregressive":
+            continue
+        drafted_per_step = r["tau"] and (r["acceptance"] and (r["tau"] - 1) / r["acceptance"])
+        rows.append(dict(method=name, draft_per_step_share=(r["draft_seconds_per_token"] or 0.0) / step,
+                         verify_per_step=r["step_seconds"] / step, tau=r["tau"], acceptance=r["acceptance"],
+                         drafted_per_step=drafted_per_step, speedup=results["autoregressive"]["seconds"] / r["seconds"],
+                         identical=r["outputs"] == results["autoregressive"]["outputs"]))
+    print(f"\nautoregressive step: {1e3 * step:.2f} ms")
+    print(f"{'method':16s} {'draft/step':>10s} {'verify/step':>11s} {'tau':>5s} {'drafted/step':>12s} "
+          f"{'speedup':>8s} {'same':>5s}")
+    for r in rows:
+        print(f"{r['method']:16s} {r['draft_per_step_share']:10.2f} {r['verify_per_step']:11.2f} {r['tau']:5.2f} "
+              f"{r['drafted_per_step'] or 0:12.2f} {r['speedup']:7.2f}x {'yes' if r['identical'] else 'NO':>5s}")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="*", choices=("zoo", "real"), default=["zoo"])
+    parser.add_argument("--methods", nargs="*", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on the zoo pair")
+    parser.add_argument("--real-threads", type=int, default=2)
+    args = parser.parse_args()
+    os.environ["SPECDEC_POLICY_CACHE"] = tempfile.mkdtemp(prefix="specdec-drafting-cost-")
+    if "zoo" in args.pairs:
+        pair = e2e.load_pair(threads=args.threads)
+        print("zoo pair, batch 1, greedy, 4 held-out openings")
+        costs(pair, e2e.encode(pair.tokenizer, e2e.held_out_prompts(5)), args.max_new_tokens, False, args.methods)
+    if "real" in args.pairs:
+        from bench import bench_real, humaneval
+
+        torch.set_num_threads(args.real_threads)
+        real = bench_real.load_real_pair(argparse.Namespace(target=None, draft=None, pair="qwen2.5-coder",
+                                                            weights="gguf", dtype="bfloat16"))
+        print("real pair (GGUF), batch 1, greedy, 2 HumanEval held-out prompts")
+        prompts = [p.token_ids for p in humaneval.prompts("chat", "heldout", real.tokenizer)[:3]]
+        costs(real, prompts, args.max_new_tokens, True, args.methods)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
