@@ -15,16 +15,19 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   to the longest, so the step's cost depends on ``K``, not on each row's length) and of the number
   of active rows ``B``: a table of measured step times per ``(B, K)`` (exponential moving
   averages), read directly where measured and extended linearly in ``K`` through the measured
-  lengths of the same ``B`` elsewhere.
+  drafting lengths (``K >= 1``; with fewer than two, every measured length) of the same ``B``
+  elsewhere. A run's first draft also pays its drafter's catch-up with the prompt (measured, kept),
+  so a short run may rightly never draft.
 * **Choice.** Expected tokens of row ``b`` per step with ``K`` drafts:
   ``E_b(K) = (1 - alpha_b^(K+1)) / (1 - alpha_b)``. A batch of requests is done when its last row
   is, so the policy picks the ``K`` in ``0 .. max``, ``0`` (plain decoding) included, with the
   least expected time to finish: ``cost(B, K) * max_b(remaining_b / E_b(K))``. (Summing tokens
   instead would reward rows that finish early while the slowest one sets the batch's time.) A batch
   size it has not measured yet is explored cheaply: ``K = 0``, then ``K = 1``, each twice, which
-  fixes the line; then the longest length, twice, unless the line says it cannot come near plain
-  decoding (a verification's cost grows less than linearly in its width on a CPU, so the line
-  overstates long drafts, and a length never measured would never be chosen); other lengths are
+  fixes the line; then the longest length, twice, unless even at a quarter of the first token's
+  added cost per further token it cannot come near plain decoding (a verification's cost grows
+  less than linearly in its width on a CPU and the first token carries the proposer's fixed work,
+  so the line overstates long drafts, and a length never measured would never be chosen); other lengths are
   predicted from the measured ones and measured when chosen. The first
   measurements of a (rows, K) keep their minimum before the moving average starts: the first step
   of a new shape pays one-time costs (allocations, tables), and a length that looked dear once
@@ -47,9 +50,10 @@ on its neighbours and on the machine's load. So the loop marks the rows the poli
 (``adaptable``: greedy or matching), and ``CostAwarePolicy`` grants the others their full limit
 (their step structure then depends on their own history alone, as with adaptive k);
 ``adapt_sampled=True`` adapts them too, trading that reproducibility for speed. The methods that
-sample drafts from q offer a coupled mode (``verification="coupled"``, ``draft_sampling="coupled"``)
-whose sampled rows are adaptable: the fastest rule we found that keeps a seeded row's output
-independent of its batch and of the machine (docs/speculation-policy.md).
+sample drafts from q draw them coupled by default (``verification="coupled"``,
+``draft_sampling="coupled"``), so their sampled rows are adaptable: the fastest rule we found that
+keeps a seeded row's output independent of its batch and of the machine
+(docs/speculation-policy.md).
 
 Memory: the measured costs and pooled acceptance outlive the decoder when it is given a
 ``PolicyMemory`` (``SpeculativeDecoder`` gives one per target, method, options and machine,
