@@ -205,10 +205,22 @@ class PrefillContext:
 SAMPLED_VERIFICATION = ("coupled", "rejection")
 
 
+SAMPLED_VERIFICATION_OPTION = (
+    '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, sample-and-match: the '
+    'autoregressive samples exactly) or "rejection" (drafts from q, rejection sampling: more accepted at some '
+    'temperatures, samples depend on draft lengths)')
+
+
 def check_sampled_verification(verification: str) -> str:
     if verification not in SAMPLED_VERIFICATION:
         raise ValueError(f"verification must be one of {SAMPLED_VERIFICATION}, got {verification!r}")
     return verification
+
+
+def sampled_draft_kind(verification: str, all_greedy: bool) -> "DraftKind":
+    """The kind of a chain sampled from the proposer's own q: rejection sampling needs q
+    (``SAMPLED``); coupled drafts and all-greedy batches are matched and need none (``GUESS``)."""
+    return DraftKind.GUESS if verification == "coupled" or all_greedy else DraftKind.SAMPLED
 
 
 class Proposer:

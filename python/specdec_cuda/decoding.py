@@ -70,7 +70,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         proposer.prefill(ctx)
         # Rows whose output does not depend on their draft length: greedy ones, and sampled ones
         # whose drafts are verified by sample-and-match. A policy may shorten only their drafts.
-        adaptable = [g or proposer.matches_samples() for g in greedy]
+        matching = proposer.matches_samples()
+        adaptable = [g or matching for g in greedy]
     cache, last, lengths = ctx.cache, ctx.first_tokens, ctx.prompt_lens.clone()
     step_start = time.perf_counter()
     metrics.prefill_seconds = step_start - start

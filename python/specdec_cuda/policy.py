@@ -269,20 +269,19 @@ class CostAwarePolicy:
         if k_max == 0 or not any(adapt):
             return [lim if a else 0 for a, lim in zip(active, limits)]
         fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
-        if self.hold and self.hold_rows == rows:
-            # Plain decoding was best a step ago and nothing it depends on moved since but one more
-            # plain step's cost and the rows' budgets: decided again only every HOLD steps (a
-            # decision costs ~40 us, 3% of a small target's step).
-            self.hold -= 1
-            self.last_k = 0
-            self.explored[(len(rows), fixed)] = self.explored.get((len(rows), fixed), 0) + 1
-            return [(0 if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
-        self.hold = 0
+        # Plain decoding was best a step ago and nothing it depends on moved since but one more plain
+        # step's cost and the rows' budgets: decided again only every HOLD steps (a decision costs
+        # ~40 us, 3% of a small target's step).
+        holding = bool(self.hold) and self.hold_rows == rows
+        self.hold = self.hold - 1 if holding else 0
         # The cheap lengths not yet measured for this batch size.
-        untried = [k for k in (0, 1) if self._unmeasured(len(rows), max(k, fixed))]
-        if not untried and k_max > 1 and self._worth_measuring(rows, limits, adapt, k_max, fixed, remaining):
+        untried = [] if holding else [k for k in (0, 1) if self._unmeasured(len(rows), max(k, fixed))]
+        if (not holding and not untried and k_max > 1
+                and self._worth_measuring(rows, limits, adapt, k_max, fixed, remaining)):
             untried = [k_max]
-        if untried:  # a new batch size: two cheap lengths fix its cost line (and the longest may be measured)
+        if holding:
+            k = 0
+        elif untried:  # a new batch size: two cheap lengths fix its cost line (and the longest may be measured)
             k = untried[0]
         elif self.steps == 1 and self._may_pay(rows, limits, adapt, k_max, fixed, remaining):
             k = 1  # every run drafts once early, so its rows show their acceptance

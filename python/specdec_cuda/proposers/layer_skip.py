@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..contract import (Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState,
-                        check_sampled_verification)
+from ..contract import (SAMPLED_VERIFICATION_OPTION, Draft, Outcome, PrefillContext, Proposer, StepState,
+                        check_sampled_verification, sampled_draft_kind)
 from ..methods import MethodSpec, register
 from ..models.llama import LlamaModel
 from .self_chain import self_draft_chain
@@ -175,9 +175,7 @@ class LayerSkipProposer(Proposer):
             row = torch.cat([ctx.prompts[0, :p], ctx.first_tokens[:1]])[-CALIBRATION_TOKENS:]
             self.choice, self.candidates = choose_layers(self.target, row[None], self.k)
             self.layers = self.choice.layers
-        # Rejection sampling needs q; coupled drafts and all-greedy batches are matched and need none.
-        self.kind = (DraftKind.GUESS if self.verification == "coupled" or bool((ctx.params.temperature == 0).all())
-                     else DraftKind.SAMPLED)
+        self.kind = sampled_draft_kind(self.verification, bool((ctx.params.temperature == 0).all()))
 
     def propose(self, state: StepState) -> Draft | None:
         return self_draft_chain(
@@ -210,8 +208,6 @@ register(MethodSpec(
         "skip": "decoder layers the draft leaves out (default: chosen at the first prompt by block influence "
                 "and measured agreement against cost)",
         "exit_layer": "draft with the first L layers only (an early exit), instead of skip",
-        "verification": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
-                        'sample-and-match: the autoregressive samples exactly) or "rejection" (drafts from q, '
-                        'rejection sampling: more accepted at some temperatures, samples depend on draft lengths)',
+        "verification": SAMPLED_VERIFICATION_OPTION,
     },
 ))

@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..contract import (Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState,
-                        check_sampled_verification)
+from ..contract import (SAMPLED_VERIFICATION_OPTION, Draft, DraftKind, Outcome, PrefillContext, Proposer,
+                        StepState, check_sampled_verification, sampled_draft_kind)
 from ..methods import MethodSpec, register
 from ..models.heads import MTPModules, TargetHead, target_head
 from ..reference.philox import Purpose
@@ -75,8 +75,7 @@ class MTPProposer(Proposer):
         self.caches = self.modules.new_cache(B, capacity)
         self.params = ctx.params
         self.all_greedy = bool((ctx.params.temperature == 0).all())
-        # Rejection sampling needs q; coupled drafts and all-greedy batches are matched and need none.
-        self.kind = DraftKind.GUESS if self.all_greedy or self.verification == "coupled" else DraftKind.SAMPLED
+        self.kind = sampled_draft_kind(self.verification, self.all_greedy)
         self.purpose = Purpose.SAMPLE if self.verification == "coupled" else Purpose.DRAFT
 
     def _gather_hidden(self, depth: int, positions: torch.Tensor) -> torch.Tensor:
@@ -196,8 +195,6 @@ register(MethodSpec(
                  "checkpoint carries, MiMo layout; models/native_mtp.py)",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
-        "verification": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
-                        'sample-and-match: the autoregressive samples exactly) or "rejection" (drafts from q, '
-                        'rejection sampling: more accepted at some temperatures, samples depend on draft lengths)',
+        "verification": SAMPLED_VERIFICATION_OPTION,
     },
 ))

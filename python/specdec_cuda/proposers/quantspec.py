@@ -24,8 +24,8 @@ has exactly the distribution of the target's autoregressive decoding on the same
 
 from __future__ import annotations
 
-from ..contract import (Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState,
-                        check_sampled_verification)
+from ..contract import (SAMPLED_VERIFICATION_OPTION, Draft, Outcome, PrefillContext, Proposer, StepState,
+                        check_sampled_verification, sampled_draft_kind)
 from ..methods import MethodSpec, register
 from ..models.quant_cache import DraftLinears, QuantKVCache, quantized_forward
 from ..models.quant_model import QuantKVModel
@@ -55,9 +55,7 @@ class QuantSpecProposer(Proposer):
         if not isinstance(ctx.cache, QuantKVCache):
             raise TypeError(f"quantspec drafts on the target's QuantKVCache, got {type(ctx.cache).__name__}")
         self.cache, self.params = ctx.cache, ctx.params
-        # Rejection sampling needs q; coupled drafts and all-greedy batches are matched and need none.
-        self.kind = (DraftKind.GUESS if self.verification == "coupled" or bool((ctx.params.temperature == 0).all())
-                     else DraftKind.SAMPLED)
+        self.kind = sampled_draft_kind(self.verification, bool((ctx.params.temperature == 0).all()))
 
     def propose(self, state: StepState) -> Draft | None:
         def draft_pass(tokens, positions):  # full-precision buffer, upper 4 bits of the codes, 4-bit linears
@@ -93,8 +91,6 @@ register(MethodSpec(
         "group_size": "input features per 4-bit weight scale (default 128; smaller where a layer needs it)",
         "draft_lm_head": "also draft with a 4-bit LM head (default False: it costs acceptance where the "
                          "head's logits are peaked)",
-        "verification": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
-                        'sample-and-match: the autoregressive samples exactly) or "rejection" (drafts from q, '
-                        'rejection sampling: more accepted at some temperatures, samples depend on draft lengths)',
+        "verification": SAMPLED_VERIFICATION_OPTION,
     },
 ))
