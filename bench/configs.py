@@ -15,26 +15,21 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _heads_dir(pair, kind: str) -> Path:
-    """The ``kind`` heads trained for the pair's target (``python -m zoo.train --heads --target DIR``
-    writes them beside it)."""
-    folder = Path(pair.target_dir).parent / f"heads-{kind}"
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no {kind} heads beside {pair.target_dir}; train them with "
-                                f"`python -m zoo.train --heads --target {pair.target_dir}`")
-    return folder
+def _drafter_dir(pair, kind: str) -> Path:
+    """The ``kind`` drafter trained for the pair's target: beside its folder as the zoo keeps them
+    (``heads-medusa``, ``heads-mtp``, ``dflash``), else the one the drafter cache holds for it
+    (``python -m specdec_cuda.train KIND --target DIR`` writes there)."""
+    from specdec_cuda import drafters
 
-
-def _dflash_dir(pair) -> Path:
-    """The DFlash drafter trained for the pair's target (``python -m zoo.train --dflash --target DIR``
-    writes it beside it)."""
-    from zoo.dflash import default_drafter_dir
-
-    folder = default_drafter_dir(pair.target_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no DFlash drafter beside {pair.target_dir}; train one with "
-                                f"`python -m zoo.train --dflash --target {pair.target_dir}`")
-    return folder
+    folder = Path(pair.target_dir).parent / ("dflash" if kind == "dflash" else f"heads-{kind}")
+    if (folder / "config.json").is_file():
+        return folder
+    cached = drafters.find(pair.target, kind)
+    if cached is None:
+        raise FileNotFoundError(f"no {kind} drafter for {pair.target_dir} (fingerprint "
+                                f"{drafters.fingerprint(pair.target)}); train one with "
+                                f"`python -m specdec_cuda.train {kind} --target {pair.target_dir} --prompts FILE`")
+    return cached
 
 
 def _need_draft(pair) -> None:
@@ -69,25 +64,25 @@ def lookahead_draft(pair):
 
 def medusa(pair):
     """The chain and the 16- and 32-node trees."""
-    heads = _heads_dir(pair, "medusa")
+    heads = _drafter_dir(pair, "medusa")
     return [("chain", dict(heads=heads)), ("tree 16", dict(heads=heads, budget=16)),
             ("tree 32", dict(heads=heads, budget=32))]
 
 
 def mtp(pair):
     """One draft per module, and k = 4 (reusing the last)."""
-    heads = _heads_dir(pair, "mtp")
+    heads = _drafter_dir(pair, "mtp")
     return [("k = modules", dict(heads=heads)), ("k=4", dict(heads=heads, k=4))]
 
 
 def dflash(pair):
     """The drafter's own block size."""
-    return [("", dict(drafter=_dflash_dir(pair)))]
+    return [("", dict(drafter=_drafter_dir(pair, "dflash")))]
 
 
 def ddtree(pair):
     """Budgets 16 (the default) and 32."""
-    drafter = _dflash_dir(pair)
+    drafter = _drafter_dir(pair, "dflash")
     return [("M=16", dict(drafter=drafter, budget=16)), ("M=32", dict(drafter=drafter, budget=32))]
 
 
@@ -188,7 +183,7 @@ def layer_skip_real(pair):
 # The real bench's configurations (bench/bench_real.py): fewer than the zoo's (a real model's step
 # costs 100x more), every method that needs no trained part; a method missing here runs with its
 # CONFIGS entry, where a method that needs trained heads or a drafter finds them beside the target
-# or is reported as not benched. ``target`` / ``baseline`` options: the model the method runs on
+# or in the drafter cache (python -m specdec_cuda.train), or is reported as not benched. ``target`` / ``baseline`` options: the model the method runs on
 # and the row its greedy output is held to, when that is not the plain target's.
 REAL_CONFIGS = {
     "draft": draft_real,

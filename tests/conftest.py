@@ -1,4 +1,4 @@
-"""Shared pytest setup: the one ``cuda`` marker, and no policy memory.
+"""Shared pytest setup: the one ``cuda`` marker, no policy memory and an empty drafter cache.
 
 A test marked ``@pytest.mark.cuda`` (or a module with ``pytestmark = pytest.mark.cuda``) runs only
 where there is a CUDA device *and* specdec_cuda was built with its CUDA kernels; elsewhere it is
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 import pytest
 import torch
@@ -17,6 +18,10 @@ import torch
 # The cost policy's memory (specdec_cuda.policy_memory) would carry step costs from one test to the
 # next and from earlier runs of the suite: tests start from none (test_policy_memory sets its own).
 os.environ["SPECDEC_POLICY_CACHE"] = "off"
+# Nor the drafter cache (specdec_cuda.drafters): a drafter trained on this machine must not answer
+# for a method the test builds without one. Tests that write drafters point it at their own folder.
+os.environ["SPECDEC_DRAFTERS_DIR"] = tempfile.mkdtemp(prefix="specdec-drafters-")
+os.environ.pop("SPECDEC_DRAFTERS_PATH", None)
 
 
 @functools.cache

@@ -12,7 +12,7 @@ from specdec_cuda.decoding import SamplingParams, decode
 from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter, default_target_layers
 from specdec_cuda.proposers.base import DraftKind
 from specdec_cuda.proposers.dflash import DFlashProposer
-from zoo.dflash import block_loss, target_hidden
+from specdec_cuda.train.dflash import block_loss, drafter_scorer
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4]]
 
@@ -33,13 +33,19 @@ def _scratch_logits(drafter, target, seq: list[int]) -> torch.Tensor:
     """The block after ``seq`` (anchor = its last token) from scratch: the target over ``seq``, the
     training forward with one anchor. Shape: [blk - 1, V]."""
     tokens = torch.tensor([seq])
-    hidden = target_hidden(target, tokens, drafter.config.target_layers)
+    feats = drafter.context_features(target_hidden(target, tokens, drafter.config.target_layers))
     H = drafter.config.hidden_size
-    feats = drafter.context_features({l: hidden[..., i * H:(i + 1) * H].to(drafter.dtype)
-                                      for i, l in enumerate(drafter.config.target_layers)})
     pad = torch.cat([tokens, tokens.new_zeros(1, drafter.config.block_size)], dim=1)  # room after the anchor
     feats = torch.cat([feats, feats.new_zeros(1, drafter.config.block_size, H)], dim=1)
     return drafter.train_forward(pad, feats, torch.tensor([[len(seq) - 1]]))[0, 0, 1:]
+
+
+@torch.no_grad()
+def target_hidden(target, tokens: torch.Tensor, layers) -> dict[int, torch.Tensor]:
+    """The target's hidden states at ``layers`` over ``tokens`` [B, L]: layer -> [B, L, H]."""
+    B, L = tokens.shape
+    out = target.forward(tokens, torch.arange(L).expand(B, L), target.new_cache(B, L), hidden_layers=tuple(layers))
+    return {layer: out.hidden_states[layer] for layer in layers}
 
 
 class _Checked(DFlashProposer):
@@ -180,7 +186,7 @@ def test_training_lowers_the_loss(target):
     opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
     first = None
     for _ in range(40):
-        loss = block_loss(drafter, tokens, hidden, anchors, gamma=4.0)
+        loss = block_loss(drafter, drafter_scorer(drafter), tokens, hidden, anchors, gamma=4.0)
         first = first if first is not None else loss.item()
         opt.zero_grad()
         loss.backward()
@@ -192,7 +198,7 @@ def test_no_drafter_names_the_training_command(target):
     # The library never falls back to a drafter trained for another model (the zoo's).
     from specdec_cuda.proposers.dflash import load_drafter
 
-    with pytest.raises(FileNotFoundError, match="zoo.train --dflash"):
+    with pytest.raises(FileNotFoundError, match="specdec_cuda.train dflash --target"):
         load_drafter(target, None)
 
 

@@ -351,7 +351,7 @@ def test_methods_without_heads_say_how_to_train_them(tiny_target):
     import specdec_cuda
 
     for method in ("medusa", "mtp"):
-        with pytest.raises(FileNotFoundError, match="zoo.train --heads"):
+        with pytest.raises(FileNotFoundError, match=f"specdec_cuda.train {method} --target"):
             specdec_cuda.generate(tiny_target, [[1, 2]], method=method, max_new_tokens=2)
 
 
@@ -373,21 +373,23 @@ def test_training_forward_equals_the_inference_forward(tiny_target):
     what drafting computes (fused input op, static cache), and the Medusa loss's logits are the
     fused op's candidates."""
     from specdec_cuda.models.heads import random_heads, target_head
-    from zoo.heads import final_hidden, medusa_logits, mtp_hiddens
+    from specdec_cuda.train.heads import mtp_outputs
 
     head = target_head(tiny_target)
     seq = torch.randint(0, tiny_target.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    hidden = final_hidden(tiny_target, seq).double()
+    with torch.no_grad():
+        out = tiny_target.forward(seq, torch.arange(12).expand(2, 12), tiny_target.new_cache(2, 12), hidden_layers=(-1,))
+    hidden = out.hidden_states[-1].double()
     modules = random_heads(tiny_target, "mtp", 2, seed=7)
     with torch.no_grad():
-        infer = mtp_hiddens(modules, head, hidden, seq)
+        infer = mtp_outputs(modules, head, hidden, seq)
     modules.requires_grad_(True)
-    train = mtp_hiddens(modules, head, hidden, seq)
+    train = mtp_outputs(modules, head, hidden, seq)
     for a, b in zip(train, infer):
         torch.testing.assert_close(a.detach(), b)
     medusa = random_heads(tiny_target, "medusa", 2, seed=8)
     with torch.no_grad():
-        logits = medusa_logits(medusa, head, hidden)  # [2, 12, K, V]
+        logits = head.logits(medusa(hidden))  # [2, 12, K, V]: what the Medusa loss scores
         top = head.topk(medusa(hidden).reshape(-1, hidden.shape[-1]), 1).indices.view(2, 12, 2)
     assert torch.equal(logits.argmax(-1), top)
 
@@ -421,7 +423,7 @@ def test_mtp_blocks_take_the_packed_cpu_path_and_still_train(tmp_path, monkeypat
     from specdec_cuda import models
     from specdec_cuda.models.heads import random_heads, target_head
     from specdec_cuda.ops.skinny_linear import packed_kernel_available
-    from zoo.heads import mtp_hiddens
+    from specdec_cuda.train.heads import mtp_outputs
 
     if not packed_kernel_available():
         pytest.skip("the packed path needs the AVX-512 or AVX2 kernel")
@@ -448,6 +450,6 @@ def test_mtp_blocks_take_the_packed_cpu_path_and_still_train(tmp_path, monkeypat
     with torch.no_grad():
         run()  # bound packed again
     modules.requires_grad_(True)
-    mtp_hiddens(modules, head, h_prev, tokens)[0].square().sum().backward()  # the trainer's path
+    mtp_outputs(modules, head, h_prev, tokens)[0].square().sum().backward()  # the trainer's path
     assert modules._binding is None
     assert all(p.grad is not None for p in modules.modules_[0].block.parameters())

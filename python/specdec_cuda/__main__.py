@@ -11,7 +11,8 @@
   greedy outputs were identical. The harness is the checkout's ``bench/e2e.py``.
 * ``bench`` (from a source checkout): the end-to-end benchmark (also ``python bench/bench_e2e.py``).
 
-Training the zoo's own models is not the library's job: ``python -m zoo.train`` in a checkout.
+Drafters for a target (Medusa, MTP, DFlash, EAGLE-3): ``python -m specdec_cuda.train``. Training the
+zoo's own models is not the library's job: ``python -m zoo.train`` in a checkout.
 """
 
 from __future__ import annotations

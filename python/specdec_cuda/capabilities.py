@@ -18,9 +18,10 @@ _NEEDS = {
     "draft": "a draft model with this tokenizer: draft=<model> (another tokenizer: cross_tokenizer)",
     "lookahead+draft": "a draft model with this tokenizer: draft=<model>",
     "cross_tokenizer": "a draft model of another tokenizer: draft=<model> (tokenizers from the model folders)",
-    "medusa": "Medusa heads trained for it: heads=<folder> (python -m zoo.train --heads in a checkout)",
-    "dflash": "a DFlash drafter trained for it: drafter=<folder>",
-    "ddtree": "a DFlash drafter trained for it: drafter=<folder>",
+    "medusa": "Medusa heads trained for it: heads=<folder>, or cached by python -m specdec_cuda.train medusa",
+    "dflash": "a DFlash drafter trained for it: drafter=<folder>, or cached by python -m specdec_cuda.train dflash",
+    "ddtree": "a DFlash drafter trained for it: drafter=<folder>, or cached by python -m specdec_cuda.train dflash",
+    "eagle3": "an EAGLE-3 drafter trained for it: drafter=<folder>, or cached by python -m specdec_cuda.train eagle3",
     "diffusion": "a diffusion LM of its own (a generation mode, not speculation on this model)",
 }
 # Notes on methods that run with no options but on a wrapped target.

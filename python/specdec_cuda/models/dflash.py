@@ -365,15 +365,20 @@ class DFlashDrafter(nn.Module):
     # -- training -----------------------------------------------------------------------------
 
     def train_forward(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """All blocks of each sequence in one forward (training).
+        """``train_hidden``'s output through the drafter's norm and the target's LM head. Shape:
+        logits [B, A, blk, V] (position 0 of each block included; the caller excludes it)."""
+        return self.logits(self.train_hidden(tokens, feats, anchors))
+
+    def train_hidden(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """All blocks of each sequence in one forward (training), before the final norm.
 
         Block ``a`` of row ``b`` is ``[tokens[b, anchors[b, a]], MASK...]`` at positions
         ``anchors[b, a] + i``; it sees the context features at positions ``< anchors[b, a]``, itself
         bidirectionally, and no other block.
 
         Shape: tokens [B, N] int64; feats [B, N, H] (``context_features`` of the target's hidden
-        states over ``tokens``); anchors [B, A] int64 (each <= N - 1). Returns logits
-        [B, A, blk, V] (position 0 of each block included; the caller excludes it).
+        states over ``tokens``); anchors [B, A] int64 (each <= N - 1). Returns [B, A, blk, H]
+        (a trainer scoring part of the vocabulary applies ``norm`` and its rows of the head).
         """
         c = self.config
         B, N = tokens.shape
@@ -391,7 +396,7 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             k, v = layer.kv(feats, ctx_cos, ctx_sin)
             x = layer(x, cos, sin, k, v, mask)
-        return self.logits(x).reshape(B, A, blk, -1)
+        return x.reshape(B, A, blk, -1)
 
 
 def target_embedding_and_head(target) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ Both read the target's hidden states and share its frozen output side (final RMS
   own KV cache; ``h^d_t`` predicts token t + d + 1 through the target's final norm and LM head.
 
 Checkpoint folders (``save_heads`` / ``load_heads``): ``model.safetensors`` + ``config.json``
-(``{"kind": "medusa" | "mtp", ...}``), written by the zoo trainer (``zoo.heads`` in a source checkout).
+(``{"kind": "medusa" | "mtp", ...}``), written by ``specdec_cuda.train``.
 """
 
 from __future__ import annotations

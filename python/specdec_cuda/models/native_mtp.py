@@ -116,20 +116,23 @@ def load_mimo(tensors: Mapping[str, torch.Tensor], config: LlamaConfig, count: i
 def native_modules(target) -> MTPModules:
     """The MTP modules of ``target``'s own checkpoint (``models.load`` records the folder), in its
     dtype and device; FileNotFoundError saying what the checkpoint has when it has none to run."""
+    from ..drafters import train_command
+
     folder = getattr(target, "checkpoint_dir", None)
     if folder is None:
-        raise FileNotFoundError("no MTP heads given, and the target was not loaded from a checkpoint folder by "
-                                "specdec_cuda.models.load: pass heads=<folder or MTPModules> trained for it (in a "
-                                "source checkout, `python -m zoo.train --heads --target DIR` trains them)")
+        raise FileNotFoundError("no MTP heads given, none in the drafter cache for this target, and it was not "
+                                "loaded from a checkpoint folder by specdec_cuda.models.load: pass heads=<folder or "
+                                f"MTPModules> trained for it, or train them with `{train_command(target, 'mtp')}`")
     from .loader import SafetensorsFolder, read_checkpoint_config
 
     folder, _, raw = read_checkpoint_config(folder, "a Hugging Face checkpoint folder")
     tensors = SafetensorsFolder(folder)
     found = detect(raw, tensors)
     if found is None:
-        raise FileNotFoundError(f"no MTP heads given, and {folder} carries no MTP layers (MiMo, DeepSeek-V3, "
-                                f"GLM-4.5 or Qwen3-Next layouts): pass heads=<folder or MTPModules> trained for it "
-                                f"(in a source checkout, `python -m zoo.train --heads --target DIR` trains them)")
+        raise FileNotFoundError(f"no MTP heads given, none in the drafter cache for this target, and {folder} "
+                                f"carries no MTP layers (MiMo, DeepSeek-V3, GLM-4.5 or Qwen3-Next layouts): pass "
+                                f"heads=<folder or MTPModules> trained for it, or train them with "
+                                f"`{train_command(target, 'mtp')}`")
     if not found.runnable:
         raise UnsupportedModelError(f"{folder} carries {found.describe()}")
     return load_mimo(tensors, target.config, found.num_layers, dtype=target.dtype, device=target.device)

@@ -147,14 +147,14 @@ class DFlashProposer(DFlashBase):
 
 
 def load_drafter(target, drafter=None):
-    """A ``DFlashDrafter`` bound to ``target``: a drafter or its checkpoint folder. None raises
-    FileNotFoundError: the library never guesses a drafter trained for another model."""
+    """A ``DFlashDrafter`` bound to ``target``: a drafter or its checkpoint folder. None: the one
+    the drafter cache holds for this target (``drafters``), else FileNotFoundError naming the
+    train command; the library never guesses a drafter trained for another model."""
+    from ..drafters import cached_drafter
     from ..models.dflash import DFlashDrafter
 
     if drafter is None:
-        raise FileNotFoundError("no DFlash drafter given: pass drafter=<a DFlashDrafter or its checkpoint "
-                                "folder> trained for this target (in a source checkout, "
-                                "`python -m zoo.train --dflash --target DIR` trains one)")
+        drafter = cached_drafter(target, "dflash")
     if isinstance(drafter, (str, Path)):
         from ..models.published import load_dflash
 

@@ -155,15 +155,16 @@ class MedusaProposer(Proposer):
 
 def resolve_heads(target, heads, kind: str):
     """``heads`` as a module in the target's dtype and device: a module or a folder. Checks that
-    its kind and hidden size fit the target. None raises FileNotFoundError: the library never
+    its kind and hidden size fit the target. None: the heads the drafter cache holds for this
+    target (``drafters``), else FileNotFoundError naming the train command; the library never
     guesses heads trained for another model."""
     from pathlib import Path
 
+    from ..drafters import cached_drafter
     from ..models.heads import MTPModules
 
     if heads is None:
-        raise FileNotFoundError(f"no {kind} heads given: pass heads=<folder or module> trained for this target "
-                                f"(in a source checkout, `python -m zoo.train --heads --target DIR` trains them)")
+        heads = cached_drafter(target, kind)
     if isinstance(heads, (str, Path)):
         heads = load_heads(heads, dtype=target.dtype, device=target.device)
     want = MedusaHeads if kind == "medusa" else MTPModules

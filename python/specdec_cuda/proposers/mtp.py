@@ -177,6 +177,10 @@ def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool
     head = target_head(target)
     if w4_lm_head:
         head.use_w4()
+    if heads is None:  # modules trained for this target (the drafter cache)
+        from ..drafters import find
+
+        heads = find(target, "mtp")
     if heads is None:  # the checkpoint's own MTP layers (MiMo), or FileNotFoundError saying what it has
         from ..models.native_mtp import native_modules
 

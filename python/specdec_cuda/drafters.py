@@ -1,0 +1,126 @@
+"""The drafter cache: drafters trained for a target, found by the target's fingerprint.
+
+Medusa heads, MTP modules, DFlash and EAGLE-3 drafters only work on the target they were trained
+for. ``python -m specdec_cuda.train KIND --target DIR`` writes what it trains here, and a method
+given no drafter (``method="medusa"`` without ``heads=``, ``"dflash"`` without ``drafter=`` ...)
+looks here for the one trained for *this* target; finding none, it raises FileNotFoundError naming
+the train command. Nothing is guessed from another model.
+
+Layout: ``<root>/<fingerprint>/<kind>/`` (a drafter folder: ``config.json`` plus weights), ``kind``
+one of ``KINDS``. The root that ``train`` writes to is ``$SPECDEC_DRAFTERS_DIR`` (default
+``~/.cache/specdec_cuda/drafters``); ``$SPECDEC_DRAFTERS_PATH`` (``os.pathsep``-separated) adds
+read-only roots, e.g. a team's shared folder. ``register`` adds one folder for one target in this
+process only (a source checkout's zoo registers its shipped drafters this way).
+
+The fingerprint (``fingerprint``) hashes what decides a drafter's fit: the target's shape (vocab,
+hidden size, layers, heads, intermediate size) and the values of its input embedding, final norm
+and LM head at fixed, spread-out rows, as float32. The same weights loaded in another float dtype
+that holds them exactly (a bf16 checkpoint read as float32) keep the fingerprint; weights that
+differ (another fine-tune, a GGUF-quantised copy) get another one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+KINDS = ("medusa", "mtp", "dflash", "eagle3")
+SAMPLED_ROWS = 64  # rows of the embedding / LM head hashed: enough to tell fine-tunes apart
+
+_registered: dict[tuple[str, str], Path] = {}  # (fingerprint, kind) -> folder, this process only
+_fingerprints: dict[int, tuple[object, str]] = {}  # id(target) -> (target, fingerprint), computed once
+
+
+def write_root() -> Path:
+    """Where ``train`` stores drafters: ``$SPECDEC_DRAFTERS_DIR`` or ``~/.cache/specdec_cuda/drafters``."""
+    env = os.environ.get("SPECDEC_DRAFTERS_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specdec_cuda" / "drafters"
+
+
+def roots() -> list[Path]:
+    """The roots searched, in order: the write root, then ``$SPECDEC_DRAFTERS_PATH``'s entries."""
+    extra = [Path(p).expanduser() for p in os.environ.get("SPECDEC_DRAFTERS_PATH", "").split(os.pathsep) if p]
+    return [write_root(), *extra]
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"drafter kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return kind
+
+
+def _spread_rows(n: int, count: int = SAMPLED_ROWS) -> torch.Tensor:
+    """``count`` row indices spread over ``0 .. n - 1``, first and last included."""
+    return torch.linspace(0, n - 1, min(n, count)).round().long().unique()
+
+
+def fingerprint(target) -> str:
+    """16 hex digits naming ``target``'s weights (see the module docstring). Computed once per
+    target object (a few hundred rows read: milliseconds even for a large model)."""
+    seen = _fingerprints.get(id(target))
+    if seen is not None and seen[0] is target:
+        return seen[1]
+    from .models.heads import target_head
+
+    head = target_head(target)
+    c = head.config
+    h = hashlib.sha256()
+    shape = (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+             c.intermediate_size)
+    h.update(repr(shape).encode())
+    for name, weight in (("embed", head.embed), ("lm_head", head.lm_head)):
+        rows = _spread_rows(weight.shape[0]).to(weight.device)
+        h.update(name.encode())
+        h.update(weight.detach().index_select(0, rows).float().cpu().contiguous().numpy().tobytes())
+    h.update(head.norm_weight.detach().float().cpu().contiguous().numpy().tobytes())
+    value = h.hexdigest()[:16]
+    _fingerprints[id(target)] = (target, value)
+    return value
+
+
+def drafter_dir(target, kind: str) -> Path:
+    """Where ``train`` writes ``target``'s drafter of ``kind``: ``<write root>/<fingerprint>/<kind>``."""
+    return write_root() / fingerprint(target) / _check_kind(kind)
+
+
+def register(target, kind: str, folder: str | os.PathLike) -> None:
+    """Make ``folder`` the ``kind`` drafter of ``target`` for this process (before the cache)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: not a drafter folder (no config.json)")
+    _registered[(fingerprint(target), _check_kind(kind))] = folder
+
+
+def find(target, kind: str) -> Path | None:
+    """The folder of ``target``'s ``kind`` drafter (registered, then each root), or None."""
+    fp = fingerprint(target)
+    found = _registered.get((fp, _check_kind(kind)))
+    if found is not None:
+        return found
+    for root in roots():
+        folder = root / fp / kind
+        if (folder / "config.json").is_file():
+            return folder
+    return None
+
+
+def train_command(target, kind: str) -> str:
+    """The command that trains ``target``'s ``kind`` drafter, with its folder when it is known."""
+    folder = getattr(target, "checkpoint_dir", None)  # models.load records it
+    if folder is None:  # an HFCausalLM: the folder transformers read
+        folder = getattr(getattr(getattr(target, "model", None), "config", None), "_name_or_path", None) or None
+    return f"python -m specdec_cuda.train {kind} --target {folder or 'DIR'} --prompts FILE"
+
+
+def cached_drafter(target, kind: str) -> Path:
+    """``find``, or FileNotFoundError naming the fingerprint, where it looked and the train command."""
+    folder = find(target, kind)
+    if folder is not None:
+        return folder
+    looked = ", ".join(str(r) for r in roots())
+    raise FileNotFoundError(
+        f"no {kind} drafter for this target (fingerprint {fingerprint(target)}; looked in {looked}): "
+        f"pass one explicitly, or train one with `{train_command(target, kind)}`")

@@ -1,0 +1,207 @@
+"""Train a drafter for your own target: ``python -m specdec_cuda.train {medusa,mtp,dflash,eagle3}``.
+
+The same from Python::
+
+    from specdec_cuda import train
+    result = train.train("medusa", "path/to/target", prompts="prompts.jsonl")
+    specdec_cuda.generate(target, ids, method="medusa")   # finds the heads in the drafter cache
+
+Steps (each resumable: run the same command again after an interruption):
+
+1. prompts: the user's (``prompts``: a file, see ``texts``; or token-id lists) or windows cut from
+   the user's texts (``data``), chat-templated for instruct models; a fixed part is held out;
+2. self-distillation (``features``): the target continues every prompt and its hidden states over
+   the sequences are cached on disk once, for every drafter kind and every epoch;
+3. the drafter is trained on them (``heads``, ``dflash``, ``eagle3``; the shared loop ``loop``
+   writes checkpoints), then scored on the held-out prompts (``metrics``: agreement and chain
+   acceptance per draft position);
+4. it is saved into the drafter cache under the target's fingerprint (``specdec_cuda.drafters``),
+   or to ``out``, with ``report.json`` beside its weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .features import DistillSpec
+from .loop import LoopSpec
+
+KINDS = ("medusa", "mtp", "dflash", "eagle3")
+
+
+@dataclass
+class DrafterSpec:
+    """The drafter's size (each kind reads its own fields)."""
+
+    medusa_heads: int = 4
+    mtp_modules: int = 2
+    dflash_layers: int = 2
+    dflash_block_size: int = 16
+    eagle3_steps: int = 7  # EAGLE-3's training-time test: rolled-out steps per position
+    eagle3_draft_vocab: int = 32768  # the reduced draft vocabulary (the whole one when it is smaller)
+
+
+@dataclass
+class TrainResult:
+    folder: Path
+    report: dict = field(default_factory=dict)
+
+
+def _load_target(target, weights: str):
+    from ..api import as_causal_lm
+
+    if isinstance(target, (str, Path)):
+        from .. import models
+
+        folder = Path(target)
+        try:
+            return models.load(folder, dtype=torch.float32, weights=weights)
+        except models.UnsupportedModelError:  # another architecture: transformers runs it
+            from transformers import AutoModelForCausalLM
+
+            return models.HFCausalLM(AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32))
+    return as_causal_lm(target)
+
+
+def _target_folder(target) -> Path | None:
+    folder = getattr(target, "checkpoint_dir", None)
+    if folder is None:
+        folder = getattr(getattr(getattr(target, "model", None), "config", None), "_name_or_path", None) or None
+    return Path(folder) if folder else None
+
+
+def _prompt_ids(target, prompts, data, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens, glob, seed):
+    """Token-id prompts from ``prompts`` (file or id lists) or ``data`` (texts)."""
+    from . import texts
+
+    if (prompts is None) == (data is None):
+        raise ValueError("give exactly one of prompts= (your prompts) or data= (texts to cut prompts from)")
+    if prompts is not None and not isinstance(prompts, (str, Path)):
+        ids = [list(map(int, p))[-max_prompt_tokens:] for p in prompts]
+        if not all(ids):
+            raise ValueError("an empty prompt was given")
+        return ids
+    if tokenizer is None:
+        folder = _target_folder(target)
+        if folder is None:
+            raise ValueError("text prompts need a tokenizer: pass tokenizer=, or a target loaded from its folder")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    if prompts is not None:
+        return texts.encode_prompts(tokenizer, texts.read_prompts(prompts), chat, max_prompt_tokens)
+    return texts.prompts_from_texts(tokenizer, texts.read_texts(data, glob), num_prompts, prompt_tokens, seed)
+
+
+def _eos(target) -> tuple[int, ...]:
+    return tuple(int(t) for t in getattr(target, "eos_token_ids", ()) or ())
+
+
+def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str | Path | None = None, tokenizer=None,
+          chat: str = "auto", num_prompts: int = 1024, prompt_tokens: int = 64, max_prompt_tokens: int = 512,
+          glob: str = "*", distill: DistillSpec = DistillSpec(), loop: LoopSpec = LoopSpec(),
+          drafter: DrafterSpec = DrafterSpec(), weights: str = "safetensors",
+          log: Callable[[str], None] = print) -> TrainResult:
+    """Train a ``kind`` drafter for ``target`` (a checkpoint folder or a loaded model); see the
+    module docstring. ``prompts``: a prompts file or token-id lists; ``data``: a text file or folder
+    (``num_prompts`` windows of ``prompt_tokens`` tokens are cut from it); ``held_out``: the report's
+    prompts (a prompts file or token-id lists; default: a fixed part of the prompts, not trained
+    on). Returns the saved folder and the held-out report."""
+    from .. import drafters
+    from .features import build_features, cache_key, feature_layers
+    from .texts import split_held_out
+
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    started = time.perf_counter()
+    model = _load_target(target, weights)
+    fp = drafters.fingerprint(model)
+    out = Path(out) if out is not None else drafters.drafter_dir(model, kind)
+    log(f"[train] {kind} drafter for {_target_folder(model) or type(model).__name__} (fingerprint {fp}) -> {out}")
+    ids = _prompt_ids(model, prompts, data, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens, glob,
+                      loop.seed)
+    if held_out is None:
+        train_ids, held_ids = split_held_out(ids)
+    else:
+        train_ids = ids
+        held_ids = _prompt_ids(model, held_out, None, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens,
+                               glob, loop.seed)
+    layers, eos = feature_layers(model), _eos(model)
+    root = drafters.write_root() / fp / "features"
+    t0 = time.perf_counter()
+    features = build_features(model, train_ids, root / cache_key(train_ids, layers, distill, eos), distill, layers,
+                              eos, log, "training")
+    held_spec = DistillSpec(**dict(asdict(distill), sampled_fraction=0.0))  # greedy: what greedy decoding meets
+    held_out = build_features(model, held_ids, root / cache_key(held_ids, layers, held_spec, eos), held_spec, layers,
+                              eos, log, "held-out")
+    data_seconds = time.perf_counter() - t0
+    log(f"[train] data: {len(features)} training sequences ({features.generated_tokens()} generated tokens), "
+        f"{len(held_out)} held out, ready in {data_seconds:.0f}s")
+
+    partial = out.with_name(out.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    checkpoint = partial / "checkpoint.pt"
+    t1 = time.perf_counter()
+    module, report = _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
+    train_seconds = time.perf_counter() - t1
+    report = dict(kind=kind, target_fingerprint=fp, target=str(_target_folder(model) or ""),
+                  training_sequences=len(features), held_out_sequences=len(held_out),
+                  generated_tokens=features.generated_tokens(), distill=asdict(distill), loop=asdict(loop),
+                  drafter=asdict(drafter), data_seconds=round(data_seconds, 1), train_seconds=round(train_seconds, 1),
+                  seconds=round(time.perf_counter() - started, 1), held_out=report)
+    _save(kind, module, out, report)
+    shutil.rmtree(partial, ignore_errors=True)
+    pos = report["held_out"]["positions"]
+    top1 = ", ".join(f"{100 * p['top1']:.0f}%" for p in pos)
+    chain = ", ".join(f"{100 * p['chain_acceptance']:.0f}%" for p in pos)
+    log(f"[train] saved {out} in {report['seconds']:.0f}s; held-out per draft position: top-1 {top1}; chain "
+        f"acceptance {chain}; {report['held_out']['mean_accepted']} accepted per greedy step")
+    return TrainResult(out, report)
+
+
+def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log):
+    if kind == "medusa":
+        from .heads import train_medusa
+
+        return train_medusa(model, features, drafter.medusa_heads, loop, checkpoint, log, held_out)
+    if kind == "mtp":
+        from .heads import train_mtp
+
+        return train_mtp(model, features, drafter.mtp_modules, loop, checkpoint, log, held_out)
+    if kind == "dflash":
+        from ..models.dflash import DFlashConfig
+        from .dflash import train_dflash
+
+        config = DFlashConfig.for_target(model, num_layers=drafter.dflash_layers, block_size=drafter.dflash_block_size,
+                                         intermediate_size=int(model.config.intermediate_size))
+        return train_dflash(model, features, config, loop, checkpoint, log, held_out)
+    from .eagle3 import train_eagle3
+
+    return train_eagle3(model, features, drafter.eagle3_steps, drafter.eagle3_draft_vocab, loop, checkpoint, log,
+                        held_out)
+
+
+def _save(kind: str, module, out: Path, report: dict) -> None:
+    """Write the drafter and ``report.json`` to ``out`` (through a temporary folder renamed into place)."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    extra = {"target_fingerprint": report["target_fingerprint"]}
+    if kind in ("medusa", "mtp"):
+        from ..models.heads import save_heads
+
+        save_heads(tmp, module, extra)
+    else:
+        module.config.extra = dict(module.config.extra or {}, **extra)
+        module.save(tmp)
+    (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(out)

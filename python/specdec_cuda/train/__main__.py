@@ -1,0 +1,88 @@
+"""``python -m specdec_cuda.train {medusa,mtp,dflash,eagle3} --target DIR (--prompts FILE | --data PATH)``.
+
+Trains a drafter for the target by self-distillation and stores it in the drafter cache, where
+``method="medusa"`` / ``"mtp"`` / ``"dflash"`` / ``"ddtree"`` / ``"eagle3"`` find it when no drafter
+is passed. Run the same command again to resume an interrupted run. See ``specdec_cuda.train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import KINDS, DrafterSpec, train
+from .features import DistillSpec
+from .loop import LoopSpec
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m specdec_cuda.train", description=__doc__.split("\n")[0])
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("--target", required=True, help="the target's checkpoint folder (Hugging Face layout)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", help="prompts file: .jsonl / .json (strings, or objects with prompt / text / "
+                                       "messages) or plain text, one prompt per line")
+    src.add_argument("--data", help="a text file or a folder of them: prompts are windows cut at line starts")
+    p.add_argument("--held-out", default=None,
+                   help="prompts file for the report (default: every 16th prompt, not trained on)")
+    p.add_argument("--out", default=None, help="where to save the drafter (default: the drafter cache)")
+    p.add_argument("--glob", default="*", help="--data folder: which files (default: all), e.g. '*.py'")
+    p.add_argument("--num-prompts", type=int, default=1024, help="--data: prompts cut from the texts (default 1024)")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="--data: tokens per prompt (default 64)")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="--prompts: longer prompts keep their end")
+    p.add_argument("--chat", choices=("auto", "on", "off"), default="auto",
+                   help="--prompts through the tokenizer's chat template (auto: when it has one)")
+    p.add_argument("--gen-tokens", type=int, default=DistillSpec.gen_tokens, help="tokens the target generates per prompt")
+    p.add_argument("--sampled-fraction", type=float, default=DistillSpec.sampled_fraction,
+                   help="share of prompts continued by sampling at --temperature (the rest greedily)")
+    p.add_argument("--temperature", type=float, default=DistillSpec.temperature)
+    p.add_argument("--gen-batch", type=int, default=DistillSpec.batch_size, help="prompts the target continues at once")
+    p.add_argument("--steps", type=int, default=LoopSpec.steps)
+    p.add_argument("--lr", type=float, default=LoopSpec.lr)
+    p.add_argument("--batch-size", type=int, default=LoopSpec.batch_size, help="sequences per training step")
+    p.add_argument("--seed", type=int, default=LoopSpec.seed)
+    p.add_argument("--checkpoint-seconds", type=float, default=LoopSpec.checkpoint_seconds)
+    p.add_argument("--heads", type=int, default=None,
+                   help="medusa: heads (default 4); mtp: modules (default 2); dflash: layers (default 2)")
+    p.add_argument("--block-size", type=int, default=DrafterSpec.dflash_block_size, help="dflash: block size")
+    p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
+    p.add_argument("--draft-vocab", type=int, default=DrafterSpec.eagle3_draft_vocab, help="eagle3: draft vocabulary")
+    p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
+                   help="which weights of the folder the target runs on (models.load)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
+    drafter = DrafterSpec(dflash_block_size=args.block_size, eagle3_steps=args.ttt_steps,
+                          eagle3_draft_vocab=args.draft_vocab)
+    if args.heads is not None:
+        field = {"medusa": "medusa_heads", "mtp": "mtp_modules", "dflash": "dflash_layers"}.get(args.kind)
+        if field is None:
+            print(f"error: --heads does not apply to {args.kind}", file=sys.stderr)
+            return 2
+        setattr(drafter, field, args.heads)
+    try:
+        train(args.kind, args.target, prompts=args.prompts, data=args.data, held_out=args.held_out, out=args.out, chat=args.chat,
+              num_prompts=args.num_prompts, prompt_tokens=args.prompt_tokens, max_prompt_tokens=args.max_prompt_tokens,
+              glob=args.glob,
+              distill=DistillSpec(gen_tokens=args.gen_tokens, sampled_fraction=args.sampled_fraction,
+                                  temperature=args.temperature, batch_size=args.gen_batch, seed=args.seed),
+              loop=LoopSpec(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+                            checkpoint_seconds=args.checkpoint_seconds),
+              drafter=drafter, weights=args.weights)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
