@@ -21,6 +21,7 @@ _NEEDS = {
     "medusa": "Medusa heads trained for it: heads=<folder> (python -m zoo.train --heads in a checkout)",
     "dflash": "a DFlash drafter trained for it: drafter=<folder>",
     "ddtree": "a DFlash drafter trained for it: drafter=<folder>",
+    "eagle3": "an EAGLE-3 drafter trained for it: drafter=<folder> (python -m specdec_cuda.train eagle3 --target DIR)",
     "diffusion": "a diffusion LM of its own (a generation mode, not speculation on this model)",
 }
 # Notes on methods that run with no options but on a wrapped target.
