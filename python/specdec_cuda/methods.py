@@ -81,7 +81,7 @@ BUILTIN_MODULES = ("specdec_cuda.proposers.draft_model", "specdec_cuda.diffusion
                    "specdec_cuda.proposers.lookahead", "specdec_cuda.proposers.dflash",
                    "specdec_cuda.proposers.ddtree", "specdec_cuda.proposers.quantspec",
                    "specdec_cuda.proposers.medusa", "specdec_cuda.proposers.mtp",
-                   "specdec_cuda.proposers.layer_skip")
+                   "specdec_cuda.proposers.layer_skip", "specdec_cuda.proposers.eagle3")
 
 
 def _load_builtin() -> None:
