@@ -17,11 +17,11 @@ from pathlib import Path
 
 def _drafter_dir(pair, kind: str) -> Path:
     """The ``kind`` drafter trained for the pair's target: beside its folder as the zoo keeps them
-    (``heads-medusa``, ``heads-mtp``, ``dflash``), else the one the drafter cache holds for it
+    (``heads-medusa``, ``heads-mtp``, ``dflash``, ``eagle3``), else the one the drafter cache holds for it
     (``python -m specdec_cuda.train KIND --target DIR`` writes there)."""
     from specdec_cuda import drafters
 
-    folder = Path(pair.target_dir).parent / ("dflash" if kind == "dflash" else f"heads-{kind}")
+    folder = Path(pair.target_dir).parent / (kind if kind in ("dflash", "eagle3") else f"heads-{kind}")
     if (folder / "config.json").is_file():
         return folder
     cached = drafters.find(pair.target, kind)
@@ -86,6 +86,13 @@ def ddtree(pair):
     return [("M=16", dict(drafter=drafter, budget=16)), ("M=32", dict(drafter=drafter, budget=32))]
 
 
+def eagle3(pair):
+    """A chain of 4 and the dynamic trees of 16 and 24 nodes (depth 5, top-4)."""
+    drafter = _drafter_dir(pair, "eagle3")
+    return [("chain k=4", dict(drafter=drafter, tree=False, k=4)), ("tree 16", dict(drafter=drafter, budget=16)),
+            ("tree 24", dict(drafter=drafter, budget=24))]
+
+
 def cross_tokenizer(pair):
     """A draft model of another tokenizer (``bench/bench_real.py --cross-draft DIR``), k = 4, its text
     re-tokenized for the target: always drafting, and under the cost policy (the method's default).
@@ -129,6 +136,7 @@ CONFIGS = {
     "mtp": mtp,
     "dflash": dflash,
     "ddtree": ddtree,
+    "eagle3": eagle3,
     # Not in the end-to-end table: that table holds every lossless method to the plain model's
     # autoregressive output, and quantspec equals autoregressive decoding on its own int4 KV cache
     # instead; bench/bench_quantspec.py measures it against that baseline.

@@ -152,7 +152,7 @@ def test_an_interrupted_run_resumes_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("kind,method", [("medusa", "medusa"), ("mtp", "mtp"), ("dflash", "dflash"),
-                                         ("dflash", "ddtree")])
+                                         ("dflash", "ddtree"), ("eagle3", "eagle3")])
 def test_trained_drafters_are_found_by_their_methods(tmp_path, target_dir, kind, method):
     prompts = _prompts()
     result = T.train(kind, target_dir, prompts=prompts, distill=DISTILL, loop=LOOP,
@@ -224,7 +224,7 @@ def test_the_fingerprint_follows_the_weights(tmp_path, target_dir):
 
 def test_methods_without_a_drafter_name_the_train_command(target_dir):
     target = models.load(target_dir)
-    for method in ("medusa", "dflash", "ddtree"):
+    for method in ("medusa", "dflash", "ddtree", "eagle3"):
         with pytest.raises(FileNotFoundError, match=rf"fingerprint {drafters.fingerprint(target)}.*specdec_cuda.train"):
             specdec_cuda.generate(target, [[1, 2]], method=method, max_new_tokens=2)
 

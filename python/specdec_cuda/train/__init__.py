@@ -54,7 +54,7 @@ class TrainResult:
     report: dict = field(default_factory=dict)
 
 
-def _load_target(target, weights: str):
+def _load_target(target, weights: str, dtype: torch.dtype):
     from ..api import as_causal_lm
 
     if isinstance(target, (str, Path)):
@@ -62,11 +62,11 @@ def _load_target(target, weights: str):
 
         folder = Path(target)
         try:
-            return models.load(folder, dtype=torch.float32, weights=weights)
+            return models.load(folder, dtype=dtype, weights=weights)
         except models.UnsupportedModelError:  # another architecture: transformers runs it
             from transformers import AutoModelForCausalLM
 
-            return models.HFCausalLM(AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32))
+            return models.HFCausalLM(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
     return as_causal_lm(target)
 
 
@@ -107,13 +107,14 @@ def _eos(target) -> tuple[int, ...]:
 def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str | Path | None = None, tokenizer=None,
           chat: str = "auto", num_prompts: int = 1024, prompt_tokens: int = 64, max_prompt_tokens: int = 512,
           glob: str = "*", distill: DistillSpec = DistillSpec(), loop: LoopSpec = LoopSpec(),
-          drafter: DrafterSpec = DrafterSpec(), weights: str = "safetensors",
+          drafter: DrafterSpec = DrafterSpec(), weights: str = "safetensors", dtype: torch.dtype = torch.float32,
           log: Callable[[str], None] = print) -> TrainResult:
     """Train a ``kind`` drafter for ``target`` (a checkpoint folder or a loaded model); see the
     module docstring. ``prompts``: a prompts file or token-id lists; ``data``: a text file or folder
     (``num_prompts`` windows of ``prompt_tokens`` tokens are cut from it); ``held_out``: the report's
     prompts (a prompts file or token-id lists; default: a fixed part of the prompts, not trained
-    on). Returns the saved folder and the held-out report."""
+    on). ``weights`` / ``dtype``: how a folder is loaded (``models.load``). Returns the saved folder
+    and the held-out report."""
     from .. import drafters
     from .features import build_features, cache_key, feature_layers
     from .texts import split_held_out
@@ -121,7 +122,7 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     started = time.perf_counter()
-    model = _load_target(target, weights)
+    model = _load_target(target, weights, dtype)
     fp = drafters.fingerprint(model)
     out = Path(out) if out is not None else drafters.drafter_dir(model, kind)
     log(f"[train] {kind} drafter for {_target_folder(model) or type(model).__name__} (fingerprint {fp}) -> {out}")

@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 from . import KINDS, DrafterSpec, train
 from .features import DistillSpec
 from .loop import LoopSpec
@@ -50,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=int, default=DrafterSpec.eagle3_draft_vocab, help="eagle3: draft vocabulary")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="which weights of the folder the target runs on (models.load)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's dtype (bfloat16 with SPECDEC_PACKED_LINEAR=0: torch's bf16 matmuls, AMX)")
+    p.add_argument("--autocast", action="store_true", help="train under bfloat16 autocast (LoopSpec.autocast)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return p
 
@@ -57,8 +62,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
     drafter = DrafterSpec(dflash_block_size=args.block_size, eagle3_steps=args.ttt_steps,
@@ -76,8 +79,8 @@ def main(argv=None) -> int:
               distill=DistillSpec(gen_tokens=args.gen_tokens, sampled_fraction=args.sampled_fraction,
                                   temperature=args.temperature, batch_size=args.gen_batch, seed=args.seed),
               loop=LoopSpec(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-                            checkpoint_seconds=args.checkpoint_seconds),
-              drafter=drafter, weights=args.weights)
+                            checkpoint_seconds=args.checkpoint_seconds, autocast=args.autocast),
+              drafter=drafter, weights=args.weights, dtype=getattr(torch, args.dtype))
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

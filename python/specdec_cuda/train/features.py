@@ -119,8 +119,7 @@ def _sampled(index: int, fraction: float) -> bool:
 
 
 def _device(target) -> torch.device:
-    p = next(iter(target.parameters()), None) if hasattr(target, "parameters") else None
-    return p.device if p is not None else torch.device("cpu")
+    return torch.device(getattr(target, "device", "cpu"))  # the protocol's (a packed model's parameters are meta)
 
 
 @torch.no_grad()

@@ -8,8 +8,8 @@
   accepted chain are exactly these).
 
 Only labels the target generated count. A large vocabulary is scored over a subset of the LM
-head's rows (``loss_vocab``): the ``LOSS_VOCAB`` ids most frequent in the generated tokens, every
-label outside it dropped. The softmax over the subset approximates the full one where the head
+head's rows (``loss_vocab``): the ids the sequences hold (the ``LOSS_VOCAB`` most frequent when
+there are more), every label outside it dropped. The softmax over the subset approximates the full one where the head
 puts its mass, and costs a tenth on a 152k-token vocabulary; drafting still uses the whole head.
 
 The held-out report (``metrics``) gives, per draft position, the agreement with the target and
@@ -30,12 +30,13 @@ LOSS_VOCAB = 16384  # rows of the LM head scored in training when the vocabulary
 
 
 def loss_vocab(features: FeatureSet, vocab_size: int, size: int = LOSS_VOCAB) -> torch.Tensor | None:
-    """The LM-head rows scored in training (sorted ids), or None for the whole vocabulary."""
+    """The LM-head rows scored in training (sorted ids): the ids of the sequences, the ``size``
+    most frequent when there are more; None (the whole vocabulary) when it has at most 2 x ``size``."""
     if vocab_size <= 2 * size:
         return None
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
-    return counts.topk(size).indices.sort().values
+    return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
 
 
 class Scorer:
