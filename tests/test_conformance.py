@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import specdec_cuda
+from _eagle3_testlib import trained_drafter
 from conformance_proposers import (ChainAsTree, DeepOffByOne, GuessTree, SampledTree, VaryingPolicy,
                                    cross_tokenizer_options)
 from decoding_models import load_backend, make_checkpoint
@@ -159,6 +160,18 @@ CASES = [
     Case("ddtree", True, method="ddtree",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
                                   policy="fixed"), same_samples_as=AR),
+    # EAGLE-3 drafters fitted for a few dozen steps to each target's own text (_eagle3_testlib), so
+    # that deep drafts are accepted.
+    Case("eagle3-chain", True, method="eagle3",
+         options=lambda env: dict(drafter=trained_drafter(env.target), tree=False, k=3, policy=VaryingPolicy()),
+         same_samples_as=AR),
+    # A draft vocabulary without the target text's rarest ids: their q is 0, they come from the residual only.
+    Case("eagle3-rejection", True, method="eagle3",
+         options=lambda env: dict(drafter=trained_drafter(env.target, reduced_vocab=True), tree=False, k=3,
+                                  verification="rejection", policy="fixed")),
+    Case("eagle3-tree", True, method="eagle3",
+         options=lambda env: dict(drafter=trained_drafter(env.target), depth=3, topk=3, budget=10, policy="fixed"),
+         same_samples_as=AR),
     Case("quantspec", True, method="quantspec",
          options=lambda env: dict(k=3, group_size=32, policy="fixed", verification="rejection"),
          target=lambda env: _quantized_target(env.target)),

@@ -1,9 +1,11 @@
-"""Published drafter layouts (``models.published``): FasterDecoding Medusa heads and z-lab DFlash
-drafters, written here with the names, dtypes and config fields their repositories write.
+"""Published drafter layouts (``models.published``): FasterDecoding Medusa heads, z-lab DFlash
+drafters and EAGLE-3 drafters (EAGLE authors / SpecForge), written here with the names, dtypes and
+config fields their repositories write.
 
-Each loaded module is held to a plain forward of the layout's math written below (independently
-of the library's modules), and ``method="medusa"`` / ``"dflash"`` / ``"ddtree"`` with such a
-drafter decode greedily token for token like the target alone.
+Each loaded module is held to a plain forward of the layout's math written below or in
+``_eagle3_testlib`` (independently of the library's modules), and ``method="medusa"`` /
+``"dflash"`` / ``"ddtree"`` / ``"eagle3"`` with such a drafter decode greedily token for token like
+the target alone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from decoding_models import make_checkpoint
 from specdec_cuda import generate, models
 from specdec_cuda.models.dflash import DFlashDrafter
 from specdec_cuda.models.heads import MedusaHeads, target_head
-from specdec_cuda.models.published import load_dflash, load_heads
+from specdec_cuda.models.draft_vocab import MASKED
+from specdec_cuda.models.published import load_dflash, load_eagle3, load_heads
 from specdec_cuda.models.published import load_dflash_zlab, load_medusa_fasterdecoding
 
 VOCAB, HIDDEN = 64, 32
@@ -310,6 +313,162 @@ def test_medusa_full_model_folder_and_save_round_trip(target, tmp_path):
         generate(target, PROMPTS, method="medusa", max_new_tokens=4, heads=heads, w4_lm_head=True, policy="fixed")
 
 
+# -- EAGLE-3 (EAGLE authors, SpecForge) ---------------------------------------------------------
+
+EAGLE3 = dict(heads=4, kv_heads=2, head_dim=8, inter=48, draft_vocab=40, eps=1e-5, theta=500_000.0,
+              aux=[1, 2, 0])  # aux layer ids in SGLang's numbering (outputs of those layers), unsorted on purpose
+
+
+def _eagle3_config(**overrides):
+    e = EAGLE3
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": HIDDEN,
+           "intermediate_size": e["inter"], "num_attention_heads": e["heads"], "num_key_value_heads": e["kv_heads"],
+           "head_dim": e["head_dim"], "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": e["eps"],
+           "rope_theta": e["theta"], "rope_scaling": None, "vocab_size": VOCAB, "draft_vocab_size": e["draft_vocab"],
+           "max_position_embeddings": 2048, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bias": False,
+           "pretraining_tp": 1, "eagle_config": {"eagle_aux_hidden_state_layer_ids": e["aux"],
+                                                 "use_aux_hidden_state": True}}
+    cfg.update(overrides)
+    return cfg
+
+
+def _eagle3_weights(seed=0, dtype=torch.bfloat16, embed=False):
+    """Random weights with the published names (``midlayer.*``), and a draft vocabulary of every id
+    but a random 24."""
+    e, g = EAGLE3, torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.3):
+        return (torch.randn(*shape, generator=g) * std).to(dtype)
+
+    def norm(n):
+        return (1.0 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+
+    qd, kd, H = e["heads"] * e["head_dim"], e["kv_heads"] * e["head_dim"], HIDDEN
+    w = {"fc.weight": rnd(H, 3 * H), "norm.weight": norm(H), "lm_head.weight": rnd(e["draft_vocab"], H),
+         "midlayer.input_layernorm.weight": norm(H), "midlayer.hidden_norm.weight": norm(H),
+         "midlayer.post_attention_layernorm.weight": norm(H),
+         "midlayer.self_attn.q_proj.weight": rnd(qd, 2 * H), "midlayer.self_attn.k_proj.weight": rnd(kd, 2 * H),
+         "midlayer.self_attn.v_proj.weight": rnd(kd, 2 * H), "midlayer.self_attn.o_proj.weight": rnd(H, qd),
+         "midlayer.mlp.gate_proj.weight": rnd(e["inter"], H), "midlayer.mlp.up_proj.weight": rnd(e["inter"], H),
+         "midlayer.mlp.down_proj.weight": rnd(H, e["inter"])}
+    ids = torch.randperm(VOCAB, generator=g)[: e["draft_vocab"]].sort().values
+    w["d2t"] = ids - torch.arange(e["draft_vocab"])
+    w["t2d"] = torch.zeros(VOCAB, dtype=torch.bool)
+    w["t2d"][ids] = True
+    if embed:
+        w["embed_tokens.weight"] = rnd(VOCAB, H, std=1.0)
+    return w
+
+
+def _rename(weights, style):
+    if style == "midlayer":
+        return dict(weights)
+    out = {}
+    for k, v in weights.items():
+        k = k.replace("midlayer.", "layers.0.")
+        out[("model." + k) if style == "model" and k not in ("lm_head.weight", "d2t", "t2d") else k] = v
+    return out
+
+
+def _write_eagle3(folder, weights, fmt="safetensors", style="midlayer", **overrides):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(_eagle3_config(**overrides)))
+    weights = _rename(weights, style)
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    else:
+        torch.save(weights, folder / "pytorch_model.bin")
+    return folder
+
+
+EAGLE3_CASES = [  # (file format, tensor names, own embedding)
+    ("safetensors", "midlayer", False),  # SpecForge / EAGLE repositories
+    ("bin", "midlayer", True),           # pytorch_model.bin with its own embed_tokens
+    ("safetensors", "model", False),     # model.layers.0.* (vLLM-style names under model.)
+]
+
+
+@pytest.mark.parametrize("fmt,style,embed", EAGLE3_CASES)
+def test_eagle3_drafter_matches_the_layout_math(target, tmp_path, fmt, style, embed):
+    from transformers import LlamaForCausalLM
+
+    from _eagle3_testlib import reference_layer, reference_logits
+
+    weights = _eagle3_weights(embed=embed)
+    drafter = load_eagle3(_write_eagle3(tmp_path / "eagle3", weights, fmt, style)).attach(target)
+    e = EAGLE3
+    assert drafter.config.target_layers == tuple(e["aux"]) and drafter.hidden_layers == (0, 1, 2)
+    assert drafter.config.own_embedding == embed
+    seq = torch.tensor([[3, 9, 4, 1, 7, 7, 2, 11]])
+    T = seq.shape[1]
+    out = target.forward(seq, torch.arange(T)[None], target.new_cache(1, 16), hidden_layers=drafter.hidden_layers)
+    # Aux layer l as SGLang captures it: transformers' hidden_states[l + 1], the output of layer l
+    # (to transformers' float32 RoPE angles: the built-in model computes them in float64 here).
+    hf = LlamaForCausalLM.from_pretrained(target.checkpoint_dir, dtype=torch.float64)
+    states = hf(seq, output_hidden_states=True).hidden_states
+    for l in e["aux"]:
+        torch.testing.assert_close(out.hidden_states[l][0], states[l + 1][0], rtol=1e-4, atol=1e-4)
+    fused = torch.cat([out.hidden_states[l][0] for l in e["aux"]], -1) @ weights["fc.weight"].double().T  # [T, H]
+    g = drafter.features(out.hidden_states)[0]
+    torch.testing.assert_close(g, fused, rtol=1e-9, atol=1e-9)
+    # Position t reads g_t and token t + 1.
+    emb = (weights["embed_tokens.weight"] if embed else target.embed_tokens.weight).double()
+    cfg = dict(heads=e["heads"], kv_heads=e["kv_heads"], head_dim=e["head_dim"], eps=e["eps"], theta=e["theta"],
+               vocab=VOCAB)
+    want = reference_layer(weights, cfg, emb[seq[0, 1:]], fused[:-1], torch.arange(T - 1))
+    got = drafter.step(g[None, :-1], seq[:, 1:], torch.arange(T - 1)[None], drafter.new_cache(1, 16))[0]
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    ref = reference_logits(weights, cfg, want)
+    logits = drafter.target_logits(got)
+    inside = weights["t2d"]
+    torch.testing.assert_close(logits[:, inside], ref[:, inside], rtol=1e-9, atol=1e-9)
+    assert bool((logits[:, ~inside] == MASKED).all())
+
+
+@pytest.mark.parametrize("options", [dict(tree=False, k=3), dict(tree=True, budget=10)], ids=["chain", "tree"])
+def test_eagle3_with_a_published_drafter_decodes_like_the_target(target, tmp_path, options):
+    folder = _write_eagle3(tmp_path / "eagle3", _eagle3_weights())
+    result = generate(target, PROMPTS, method="eagle3", max_new_tokens=12, drafter=str(folder), policy="fixed",
+                      **options)
+    assert result.tokens == _autoregressive(target)
+
+
+def test_eagle3_defaults_without_aux_ids_or_vocabulary_maps(target, tmp_path):
+    weights = {k: v for k, v in _eagle3_weights().items() if k not in ("d2t", "t2d")}
+    weights["lm_head.weight"] = torch.zeros(VOCAB, HIDDEN, dtype=torch.bfloat16)  # a full-vocabulary head
+    folder = _write_eagle3(tmp_path / "d", weights, eagle_config={}, draft_vocab_size=VOCAB)
+    drafter = load_eagle3(folder)
+    assert drafter.config.target_layers is None and bool(drafter.t2d.all())
+    assert drafter.attach(target).config.target_layers == (0, 1, 1)  # EAGLE-3's default for 4 layers
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(num_hidden_layers=2), "num_hidden_layers"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(architectures=["Eagle3Speculator"]), "speculators"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_type"),
+    (dict(draft_vocab_size=None), "draft_vocab_size"),
+    (dict(intermediate_size=64), "shapes"),            # the weights say 48
+    (dict(drop="midlayer.hidden_norm.weight"), "missing"),
+    (dict(draft_vocab_size=VOCAB, drop="d2t"), "missing"),  # a full-size config, but t2d without d2t
+])
+def test_eagle3_layouts_it_cannot_reproduce_are_refused_naming_the_field(tmp_path, change, field):
+    change = dict(change)
+    weights = _eagle3_weights()
+    if "drop" in change:
+        weights.pop(change.pop("drop"))
+    config = _eagle3_config(**change)
+    if config.get("draft_vocab_size") is None:
+        config.pop("draft_vocab_size")
+    folder = _write_eagle3(tmp_path / "d", weights)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=field):
+        load_eagle3(folder)
+
+
 def test_published_drafters_on_a_transformers_target(target, tmp_path_factory, tmp_path):
     """The same loaders serve a ``transformers`` model behind ``HFCausalLM``."""
     from decoding_models import load_backend
@@ -325,4 +484,7 @@ def test_published_drafters_on_a_transformers_target(target, tmp_path_factory, t
                     policy="fixed").tokens == want
     drafter, _ = _write_zlab(tmp_path / "dflash")
     assert generate(hf, PROMPTS, method="dflash", max_new_tokens=12, drafter=str(drafter),
+                    policy="fixed").tokens == want
+    eagle3 = _write_eagle3(tmp_path / "eagle3", _eagle3_weights())
+    assert generate(hf, PROMPTS, method="eagle3", max_new_tokens=12, drafter=str(eagle3),
                     policy="fixed").tokens == want

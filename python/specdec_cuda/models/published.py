@@ -1,6 +1,6 @@
 """Loaders for drafters other people trained and published, into this library's modules.
 
-Two layouts, read as their reference repositories write them:
+Three layouts, read as their reference repositories write them:
 
 * **FasterDecoding Medusa** (``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` next to a
   ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers``; or a full model folder whose
@@ -29,6 +29,19 @@ Two layouts, read as their reference repositories write them:
   embedding), which is the library's numbering too.
   -> ``DFlashDrafter`` with ``DFlashConfig(mask_token_id=..., attention_bias=...)``.
 
+* **EAGLE-3** (the EAGLE authors' ``yuhuili/EAGLE3-*`` and SpecForge's exports: a ``config.json``
+  of a one-layer Llama with ``architectures: ["LlamaForCausalLMEagle3"]``, ``draft_vocab_size``,
+  optionally ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``;
+  ``model.safetensors`` (or shards) or ``pytorch_model.bin``). Weight names: ``fc.weight``
+  [H, 3 H_t], ``midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight``,
+  ``midlayer.self_attn.{q,k,v}_proj.weight`` [.., 2H], ``midlayer.self_attn.o_proj.weight``,
+  ``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight`` [Vd, H], the
+  buffers ``d2t`` [Vd] int64 and ``t2d`` [V] bool, and optionally ``embed_tokens.weight`` (used when
+  present). Exports that name the layer ``layers.0.`` (vLLM's naming, e.g. converted checkpoints)
+  or put everything under ``model.`` are read too. The aux layer ids are SGLang's numbering (id l =
+  the output of decoder layer l), the library's; without them, EAGLE-3's default for the target.
+  -> ``Eagle3Drafter`` (``models.eagle3``; its parameters carry these names).
+
 Anything these modules cannot reproduce (sliding-window layers, scaled RoPE, a non-SiLU MLP,
 ResBlocks with distinct weights per layer) is refused with an error naming the field.
 """
@@ -42,11 +55,14 @@ from pathlib import Path
 import torch
 
 from .dflash import DFlashConfig, DFlashDrafter
+from .eagle3 import MODEL_TYPE as EAGLE3_MODEL_TYPE
+from .eagle3 import Eagle3Config, Eagle3Drafter
 from .heads import MedusaHeads, MTPModules
 from .heads import load_heads as load_own_heads
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
 # -- Medusa (FasterDecoding) ------------------------------------------------------------------
@@ -298,8 +314,96 @@ def load_dflash_zlab(folder: str | os.PathLike, mask_token_id: int | None = None
     return model.requires_grad_(False)
 
 
-__all__ = ("is_dflash_zlab", "is_medusa_fasterdecoding", "load_dflash", "load_dflash_zlab", "load_heads",
-           "load_medusa_fasterdecoding", "dflash_zlab_config", "zlab_target_layer_ids")
+# -- EAGLE-3 (EAGLE authors, SpecForge) --------------------------------------------------------------
+
+def is_eagle3_published(config: dict) -> bool:
+    """Whether a parsed ``config.json`` is a published EAGLE-3 drafter's (``LlamaForCausalLMEagle3``)."""
+    return isinstance(config, dict) and EAGLE3_ARCHITECTURE in (config.get("architectures") or ())
+
+
+def eagle3_published_config(raw: dict, source: str = "config.json") -> Eagle3Config:
+    """The library's ``Eagle3Config`` for a published EAGLE-3 ``config.json``; errors name the field."""
+    from .config import LlamaConfig
+
+    if not is_eagle3_published(raw):
+        archs = raw.get("architectures") if isinstance(raw, dict) else None
+        hint = (" (a vLLM speculators export: its transformer_layer_config / speculators_config layout is not read)"
+                if "Eagle3Speculator" in (archs or ()) else "")
+        raise ValueError(f"{source}: not a published EAGLE-3 config (architectures {archs}, expected "
+                         f"{EAGLE3_ARCHITECTURE!r}){hint}")
+    if int(raw.get("num_hidden_layers", 1)) != 1:
+        raise ValueError(f"{source}: num_hidden_layers {raw['num_hidden_layers']}: EAGLE-3 drafters have one layer")
+    for flag in ("attention_bias", "mlp_bias", "bias"):
+        if raw.get(flag):
+            raise ValueError(f"{source}: {flag} is not supported (EAGLE-3's projections have no bias)")
+    # The layer is a Llama layer: parse (and check) the shared fields as the built-in model does.
+    layer = LlamaConfig.from_hf_dict(dict(raw, model_type="llama", num_hidden_layers=1), source)
+    if "draft_vocab_size" not in raw:
+        raise ValueError(f"{source}: missing field 'draft_vocab_size'")
+    eagle = raw.get("eagle_config") or {}
+    layers = eagle.get("eagle_aux_hidden_state_layer_ids")
+    target_hidden = raw.get("target_hidden_size")
+    return Eagle3Config(
+        hidden_size=layer.hidden_size, intermediate_size=layer.intermediate_size,
+        num_attention_heads=layer.num_attention_heads, num_key_value_heads=layer.num_key_value_heads,
+        head_dim=layer.head_dim, vocab_size=layer.vocab_size, draft_vocab_size=int(raw["draft_vocab_size"]),
+        target_layers=None if layers is None else tuple(int(i) for i in layers),
+        target_hidden_size=None if target_hidden is None else int(target_hidden),
+        rms_norm_eps=layer.rms_norm_eps, rope_theta=layer.rope_theta, rope_scaling=dict(layer.rope_scaling),
+        extra={"source": "published EAGLE-3 (LlamaForCausalLMEagle3)"})
+
+
+def _eagle3_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files, else of its ``pytorch_model*.bin`` files."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        tensors.update(load_file(str(file)))
+    if not files:
+        bins = sorted(folder.glob("pytorch_model*.bin"))
+        if not bins:
+            raise FileNotFoundError(f"{folder}: no EAGLE-3 weights (*.safetensors or pytorch_model.bin)")
+        for file in bins:
+            tensors.update(torch.load(file, map_location="cpu", weights_only=True))
+    return tensors
+
+
+def _eagle3_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Published names -> ``Eagle3Drafter``'s: a ``model.`` prefix dropped, ``layers.0.`` read as
+    ``midlayer.``."""
+    out = {}
+    for name, value in tensors.items():
+        if name.startswith("model."):
+            name = name[len("model."):]
+        if name.startswith("layers.0."):
+            name = "midlayer." + name[len("layers.0."):]
+        out[name] = value
+    return out
+
+
+def load_eagle3_published(folder: str | os.PathLike) -> Eagle3Drafter:
+    """A published EAGLE-3 folder (module docstring) as an ``Eagle3Drafter`` (float32, CPU until
+    ``attach``). Raises ValueError naming a config field or tensor it cannot reproduce."""
+    folder = Path(folder)
+    raw = _read_json(folder / "config.json")
+    if raw is None:
+        raise FileNotFoundError(f"{folder}: no config.json (not an EAGLE-3 drafter folder)")
+    config = eagle3_published_config(raw, f"{folder}/config.json")
+    tensors = _eagle3_names(_eagle3_tensors(folder))
+    if "embed_tokens.weight" in tensors:
+        config.own_embedding = True
+    if "d2t" not in tensors and "t2d" not in tensors and config.draft_vocab_size == config.vocab_size:
+        tensors["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.int64)  # the whole vocabulary
+        tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    model = Eagle3Drafter(config)
+    return model.load_checked(tensors, str(folder)).requires_grad_(False)
+
+
+__all__ = ("is_dflash_zlab", "is_eagle3_published", "is_medusa_fasterdecoding", "load_dflash", "load_dflash_zlab",
+           "load_eagle3", "load_eagle3_published", "load_heads", "load_medusa_fasterdecoding", "dflash_zlab_config",
+           "eagle3_published_config", "zlab_target_layer_ids")
 
 
 # -- any layout -------------------------------------------------------------------------------------
@@ -327,3 +431,15 @@ def load_dflash(folder: str | os.PathLike) -> DFlashDrafter:
         if isinstance(raw, dict) and is_dflash_zlab(raw):
             return load_dflash_zlab(folder)
     return DFlashDrafter.load(folder)
+
+
+def load_eagle3(folder: str | os.PathLike) -> Eagle3Drafter:
+    """An EAGLE-3 drafter from a folder in any layout this library reads: one written by
+    ``Eagle3Drafter.save``, else a published EAGLE / SpecForge folder (what ``method="eagle3"``
+    loads from ``drafter=<folder>``)."""
+    raw = _read_json(Path(folder) / "config.json")
+    if isinstance(raw, dict) and raw.get("model_type") == EAGLE3_MODEL_TYPE:
+        return Eagle3Drafter.load(folder)
+    if raw is None:
+        raise FileNotFoundError(f"{folder}: no config.json (not an EAGLE-3 drafter folder)")
+    return load_eagle3_published(folder)
