@@ -175,3 +175,22 @@ def test_the_methods_shipped_beside_the_pair():
     model = load_diffusion(diffusion)
     assert model.config.vocab_size == target["vocab_size"] + 1 and model.config.shifted_logits
     assert pairs.folder_bytes(SHIPPED) + pairs.folder_bytes(diffusion) <= 2 * pairs.SHIP_LIMIT_BYTES
+
+
+@pytest.mark.skipif(SHIPPED is None or not (SHIPPED / "heads-medusa").exists(),
+                    reason="no heads shipped beside the zoo pair in this checkout")
+def test_the_shipped_drafters_are_the_zoo_targets_cached_ones():
+    import specdec_cuda
+    from specdec_cuda import drafters, models
+
+    target = models.load(SHIPPED / "target")
+    with pytest.raises(FileNotFoundError, match="specdec_cuda.train medusa"):
+        specdec_cuda.generate(target, [[1, 2, 3]], method="medusa", max_new_tokens=4)
+    try:
+        assert {"medusa", "mtp", "dflash"} <= set(pairs.register_drafters(target, SHIPPED))
+        assert drafters.find(target, "medusa") == SHIPPED / "heads-medusa"
+        ar = specdec_cuda.generate(target, [[1, 2, 3]], max_new_tokens=8).tokens
+        for method in ("medusa", "mtp", "dflash"):
+            assert specdec_cuda.generate(target, [[1, 2, 3]], method=method, max_new_tokens=8).tokens == ar
+    finally:
+        drafters._registered.clear()

@@ -437,6 +437,26 @@ def default_pair_dir() -> Path:
     return zoo_root() / spec.name
 
 
+# The drafters kept beside a pair's target, by the drafter cache's kind (specdec_cuda.drafters).
+DRAFTER_FOLDERS = {"medusa": "heads-medusa", "mtp": "heads-mtp", "dflash": "dflash", "eagle3": "eagle3"}
+
+
+def register_drafters(target, pair_dir: Path | None = None) -> list[str]:
+    """Make the drafters kept beside the pair's target (``DRAFTER_FOLDERS``) the cached ones of
+    ``target`` (a loaded model) for this process, so ``method="medusa"`` and the others find them
+    with no ``heads=`` / ``drafter=``, as they find drafters ``specdec_cuda.train`` cached.
+    Returns the kinds registered."""
+    from specdec_cuda import drafters
+
+    pair_dir = Path(pair_dir) if pair_dir is not None else default_pair_dir()
+    kinds = []
+    for kind, name in DRAFTER_FOLDERS.items():
+        if (pair_dir / name / "config.json").is_file():
+            drafters.register(target, kind, pair_dir / name)
+            kinds.append(kind)
+    return kinds
+
+
 def get_pair(spec: ZooSpec = DEFAULT_SPEC, log: Callable[[str], None] | None = None,
              root: Path | None = None, shipped: Path | None = None,
              use_shipped: bool = True) -> tuple[Path, Path]:
