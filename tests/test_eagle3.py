@@ -266,6 +266,10 @@ def test_save_load_roundtrip(target, tmp_path, own_embedding):
         Eagle3Drafter.load(tmp_path / "bad")
     with pytest.raises(FileNotFoundError, match="not an EAGLE-3 drafter folder"):
         Eagle3Drafter.load(tmp_path / "nothing")
+    config = tmp_path / "d" / "config.json"
+    config.write_text(config.read_text().replace('"format": 1', '"format": 2'))
+    with pytest.raises(ValueError, match="format 2"):
+        Eagle3Drafter.load(tmp_path / "d")
 
 
 def test_attach_names_what_does_not_fit(target):

@@ -217,16 +217,6 @@ class Eagle3Cache:
         self.lengths = new
         self.max_committed = int(high)
 
-    def truncate(self, lengths: torch.Tensor) -> None:
-        """Roll rows back to ``lengths`` [B] (each between 0 and its current length)."""
-        lengths = lengths.to(self.lengths)
-        bad = torch.stack([(lengths < 0).any(), (lengths > self.lengths).any()]).any()
-        if bool(bad):
-            raise ValueError(f"Eagle3Cache.truncate: lengths {lengths.tolist()} must lie in [0, current lengths "
-                             f"{self.lengths.tolist()}]")
-        self.lengths = lengths.clone()
-        self.max_committed = int(lengths.max())
-
 
 class _RMSNorm(nn.Module):
     """RMSNorm with a trainable weight (``layers.rms_norm``: Hugging Face's order in half precision)."""
@@ -440,8 +430,9 @@ class Eagle3Drafter(nn.Module):
         raw = json.loads(path.read_text())
         if not isinstance(raw, dict) or raw.pop("model_type", None) != MODEL_TYPE:
             raise ValueError(f"{path}: not an EAGLE-3 drafter config (model_type must be {MODEL_TYPE!r})")
-        if raw.pop("format", FORMAT) != FORMAT:
-            raise ValueError(f"{path}: format {raw.get('format')} is not this library's ({FORMAT})")
+        fmt = raw.pop("format", FORMAT)
+        if fmt != FORMAT:
+            raise ValueError(f"{path}: format {fmt!r} is not this library's ({FORMAT})")
         model = cls(Eagle3Config(**raw))
         tensors = load_file(str(folder / "model.safetensors"))
         model.load_checked(tensors, str(folder))
