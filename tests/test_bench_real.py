@@ -27,7 +27,7 @@ def test_real_bench_runs_every_method_and_checks_identity(tmp_path):
     settings = {(r["split"], r["batch"], r["temperature"]) for r in result["rows"]}
     assert settings == {(s, b, t) for s in ("bench", "heldout") for b in (1, 2) for t in (0.0, 0.8)}
     # Methods that need trained parts are reported with the reason, not silently dropped.
-    assert "medusa" in result["not_benched"] and "heads" in result["not_benched"]["medusa"]
+    assert "medusa" in result["not_benched"] and "specdec_cuda.train medusa" in result["not_benched"]["medusa"]
     greedy = [r for r in result["rows"] if r["temperature"] == 0.0 and r["lossless"]]
     assert all(len(r["identical_rows"]) == 2 for r in greedy)
     assert result["not_identical"] == [], result["not_identical"]
