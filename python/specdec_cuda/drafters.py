@@ -107,12 +107,18 @@ def find(target, kind: str) -> Path | None:
     return None
 
 
+def target_folder(target) -> Path | None:
+    """The checkpoint folder ``target`` was loaded from, when known: the one ``models.load``
+    records, or for an ``HFCausalLM`` the folder transformers read."""
+    folder = getattr(target, "checkpoint_dir", None)
+    if folder is None:
+        folder = getattr(getattr(getattr(target, "model", None), "config", None), "_name_or_path", None) or None
+    return Path(folder) if folder else None
+
+
 def train_command(target, kind: str) -> str:
     """The command that trains ``target``'s ``kind`` drafter, with its folder when it is known."""
-    folder = getattr(target, "checkpoint_dir", None)  # models.load records it
-    if folder is None:  # an HFCausalLM: the folder transformers read
-        folder = getattr(getattr(getattr(target, "model", None), "config", None), "_name_or_path", None) or None
-    return f"python -m specdec_cuda.train {kind} --target {folder or 'DIR'} --prompts FILE"
+    return f"python -m specdec_cuda.train {kind} --target {target_folder(target) or 'DIR'} --prompts FILE"
 
 
 def cached_drafter(target, kind: str) -> Path:

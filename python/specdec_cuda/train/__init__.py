@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from ..drafters import target_folder
 from .features import DistillSpec
 from .loop import LoopSpec
 
@@ -70,13 +71,6 @@ def _load_target(target, weights: str, dtype: torch.dtype):
     return as_causal_lm(target)
 
 
-def _target_folder(target) -> Path | None:
-    folder = getattr(target, "checkpoint_dir", None)
-    if folder is None:
-        folder = getattr(getattr(getattr(target, "model", None), "config", None), "_name_or_path", None) or None
-    return Path(folder) if folder else None
-
-
 def _prompt_ids(target, prompts, data, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens, glob, seed):
     """Token-id prompts from ``prompts`` (file or id lists) or ``data`` (texts)."""
     from . import texts
@@ -89,7 +83,7 @@ def _prompt_ids(target, prompts, data, tokenizer, chat, num_prompts, prompt_toke
             raise ValueError("an empty prompt was given")
         return ids
     if tokenizer is None:
-        folder = _target_folder(target)
+        folder = target_folder(target)
         if folder is None:
             raise ValueError("text prompts need a tokenizer: pass tokenizer=, or a target loaded from its folder")
         from transformers import AutoTokenizer
@@ -125,7 +119,7 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     model = _load_target(target, weights, dtype)
     fp = drafters.fingerprint(model)
     out = Path(out) if out is not None else drafters.drafter_dir(model, kind)
-    log(f"[train] {kind} drafter for {_target_folder(model) or type(model).__name__} (fingerprint {fp}) -> {out}")
+    log(f"[train] {kind} drafter for {target_folder(model) or type(model).__name__} (fingerprint {fp}) -> {out}")
     ids = _prompt_ids(model, prompts, data, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens, glob,
                       loop.seed)
     if held_out is None:
@@ -152,7 +146,7 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     t1 = time.perf_counter()
     module, report = _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
     train_seconds = time.perf_counter() - t1
-    report = dict(kind=kind, target_fingerprint=fp, target=str(_target_folder(model) or ""),
+    report = dict(kind=kind, target_fingerprint=fp, target=str(target_folder(model) or ""),
                   training_sequences=len(features), held_out_sequences=len(held_out),
                   generated_tokens=features.generated_tokens(), distill=asdict(distill), loop=asdict(loop),
                   drafter=asdict(drafter), data_seconds=round(data_seconds, 1), train_seconds=round(train_seconds, 1),
