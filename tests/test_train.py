@@ -167,6 +167,18 @@ def test_trained_drafters_are_found_by_their_methods(tmp_path, target_dir, kind,
     assert out.tokens == ar and sum(out.metrics.drafted) > 0
 
 
+@pytest.mark.parametrize("kind", ["medusa", "mtp", "dflash", "eagle3"])
+def test_every_kind_trains_under_autocast_on_a_bfloat16_target(tmp_path, kind):
+    # The real-model recipe (bench/train_real_drafters.sh): a bfloat16 target, bfloat16 autocast.
+    target_dir = make_checkpoint(tmp_path / "target", layers=4, seed=1)
+    result = T.train(kind, target_dir, prompts=_prompts(24), distill=DISTILL, dtype=torch.bfloat16,
+                     loop=T.LoopSpec(steps=6, batch_size=4, autocast=True),
+                     drafter=T.DrafterSpec(dflash_block_size=4), log=lambda s: None)
+    report = json.loads((result.folder / "report.json").read_text())
+    assert report["held_out"]["scored_positions"] > 0
+    assert all(0.0 <= p["top1"] <= 1.0 for p in report["held_out"]["positions"])
+
+
 def test_training_fits_the_targets_continuations(target_dir):
     # A random tiny target's continuations barely generalise from 150 prompts (the zoo target's do:
     # docs/training.md), so the check is on the sequences trained on: trained heads must guess the

@@ -172,8 +172,10 @@ class Attention(nn.Module):
         qk = apply_rope(qk, cos, sin).transpose(1, 2)  # q and k heads rotated together: [B, H + H_kv, n, D]
         q, k = qk[:, :H], qk[:, H:]
         v = qkv[:, :, H + H_kv :].transpose(1, 2)  # [B, H_kv, n, D]
-        k_cache.scatter_(2, slot_index, k)
-        v_cache.scatter_(2, slot_index, v)
+        # Under autocast (drafter training) the rotated k comes back float32 and v bfloat16: both
+        # are written in the cache's dtype (a no-op when they already match, as in decoding).
+        k_cache.scatter_(2, slot_index, k.to(k_cache.dtype))
+        v_cache.scatter_(2, slot_index, v.to(v_cache.dtype))
         out = F.scaled_dot_product_attention(
             q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask=attn_mask, enable_gqa=self.enable_gqa
         )
