@@ -110,12 +110,14 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     on). ``weights`` / ``dtype``: how a folder is loaded (``models.load``). Returns the saved folder
     and the held-out report."""
     from .. import drafters
+    from .allocator import bound_allocator_growth
     from .features import build_features, cache_key, feature_layers
     from .texts import split_held_out
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     started = time.perf_counter()
+    bound_allocator_growth()  # else glibc's heap fragments over the steps' changing shapes (allocator.py)
     model = _load_target(target, weights, dtype)
     fp = drafters.fingerprint(model)
     out = Path(out) if out is not None else drafters.drafter_dir(model, kind)
