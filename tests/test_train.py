@@ -251,9 +251,11 @@ def test_freed_training_blocks_go_back_to_the_system():
     the real EAGLE-3 run grew to the machine's memory (allocator.py)."""
     import subprocess
 
+    package_root = str(Path(specdec_cuda.__file__).resolve().parents[1])  # the subprocess imports this copy
+
     def kept_mb(mode):
         out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, check=True,
-                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+                             env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_root))
         return int(out.stdout.split()[-1])
 
     assert kept_mb("default") >= 24  # the mechanism: glibc kept the 32 MB freed
