@@ -63,16 +63,20 @@ def lookahead_draft(pair):
 
 
 def medusa(pair):
-    """The chain and the 16- and 32-node trees."""
+    """The chain and the 16- and 32-node trees under the cost policy (the default), and the chain
+    and the 16-node tree always drafting (what the heads give when the policy does not step in)."""
     heads = _drafter_dir(pair, "medusa")
     return [("chain", dict(heads=heads)), ("tree 16", dict(heads=heads, budget=16)),
-            ("tree 32", dict(heads=heads, budget=32))]
+            ("tree 32", dict(heads=heads, budget=32)),
+            ("chain, always drafting", dict(heads=heads, policy="fixed")),
+            ("tree 16, always drafting", dict(heads=heads, budget=16, policy="fixed"))]
 
 
 def mtp(pair):
-    """One draft per module, and k = 4 (reusing the last)."""
+    """One draft per module, and k = 4 (reusing the last); one per module always drafting."""
     heads = _drafter_dir(pair, "mtp")
-    return [("k = modules", dict(heads=heads)), ("k=4", dict(heads=heads, k=4))]
+    return [("k = modules", dict(heads=heads)), ("k=4", dict(heads=heads, k=4)),
+            ("k = modules, always drafting", dict(heads=heads, policy="fixed"))]
 
 
 def dflash(pair):
@@ -87,10 +91,13 @@ def ddtree(pair):
 
 
 def eagle3(pair):
-    """A chain of 4 and the dynamic trees of 16 and 24 nodes (depth 5, top-4)."""
+    """A chain of 4 and the dynamic trees of 16 and 24 nodes (depth 5, top-4) under the cost policy,
+    and the chain and the 16-node tree always drafting."""
     drafter = _drafter_dir(pair, "eagle3")
     return [("chain k=4", dict(drafter=drafter, tree=False, k=4)), ("tree 16", dict(drafter=drafter, budget=16)),
-            ("tree 24", dict(drafter=drafter, budget=24))]
+            ("tree 24", dict(drafter=drafter, budget=24)),
+            ("chain k=4, always drafting", dict(drafter=drafter, tree=False, k=4, policy="fixed")),
+            ("tree 16, always drafting", dict(drafter=drafter, budget=16, policy="fixed"))]
 
 
 def cross_tokenizer(pair):
@@ -191,8 +198,9 @@ def layer_skip_real(pair):
 # The real bench's configurations (bench/bench_real.py): fewer than the zoo's (a real model's step
 # costs 100x more), every method that needs no trained part; a method missing here runs with its
 # CONFIGS entry, where a method that needs trained heads or a drafter finds them beside the target
-# or in the drafter cache (python -m specdec_cuda.train), or is reported as not benched. ``target`` / ``baseline`` options: the model the method runs on
-# and the row its greedy output is held to, when that is not the plain target's.
+# or in the drafter cache (python -m specdec_cuda.train), or is reported as not benched.
+# ``target`` / ``baseline`` options: the model the method runs on and the row its greedy output is
+# held to, when that is not the plain target's.
 REAL_CONFIGS = {
     "draft": draft_real,
     "prompt_lookup": lambda pair: [("chain k=8", dict(k=8))],
