@@ -182,11 +182,16 @@ def _run_tier(cap: str, isa: str, cases) -> list:
         return torch.load(path)
 
 
-@pytest.mark.parametrize("cap", ["baseline", "avx2"])
+_TIERS = ("portable", "avx2", "avx512", "avx512-vnni")  # narrowest first
+
+
+@pytest.mark.parametrize("cap", ["baseline", "avx2", "avx512-novnni"])
 def test_narrower_cpu_tiers_give_the_same_bits(cap):
-    # The portable loop (written straight from q8.h's order), the AVX2 kernel and the AVX-512 one.
+    # The portable loop (written straight from q8.h's order), the AVX2 kernel, the AVX-512 one (two
+    # rows of W per zmm) and the same with VNNI: each narrower tier against this CPU's widest.
     wide = g.q8_cpu_isa()
-    isa = "portable" if cap == "baseline" or wide == "portable" else "avx2"
+    capped = {"baseline": "portable", "avx2": "avx2", "avx512-novnni": "avx512"}[cap]
+    isa = min(capped, wide, key=_TIERS.index)
     if isa == wide:
         pytest.skip(f"this CPU's widest Q8 tier is already {wide}")
     cases = []

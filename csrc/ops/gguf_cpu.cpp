@@ -155,7 +155,7 @@ void gguf_q8_cpu_isa(at::Tensor& code) {
   TORCH_CHECK(code.numel() == 1 && code.scalar_type() == at::kInt, "_gguf_q8_cpu_isa: code must be one int32; got ",
               code.scalar_type(), " ", code.sizes());
   const std::string isa = gguf::matmul_q8_cpu_isa();
-  code.fill_(isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0);
+  code.fill_(isa == "avx512-vnni" ? 3 : isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0);
 }
 
 }  // namespace

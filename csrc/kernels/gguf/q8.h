@@ -6,9 +6,9 @@
 // max|x|·|W| next to gguf_matmul (reference/gguf.py's matmul_q8 reproduces it bit for bit).
 //
 // Tiers: portable (q8_cpu.cpp, scalar, written straight from the order below), AVX2 (q8_avx2.cpp
-// over q8_body.h) and AVX-512 (q8_avx512.cpp: for now the same body compiled with AVX-512
-// enabled). All give the same bits for finite fp16 scales (the vector tiers widen fp16 with F16C,
-// which may quiet a NaN scale's payload).
+// over q8_body.h), AVX-512 (q8_avx512.cpp: the same body with two rows of W per zmm) and AVX-512 +
+// VNNI (q8_avx512_vnni.cpp). All give the same bits for finite fp16 scales (the vector tiers widen
+// fp16 with F16C, which may quiet a NaN scale's payload).
 //
 // ---- The activation format --------------------------------------------------------------------
 // One row of x [K] (K a multiple of 32) has G = K / 32 groups of 32 values and T = ceil(G / 8)
@@ -69,7 +69,8 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, uint8_t* xq);
 void matmul_q8_cpu_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, const uint8_t* weight, float* y,
                         int64_t ldy, int64_t n_begin, int64_t n_end);
 
-// The tier matmul_q8_cpu_rows runs: "avx512", "avx2" or "portable" (SPECDEC_CPU_ISA caps it).
+// The tier matmul_q8_cpu_rows runs: "avx512-vnni", "avx512", "avx2" or "portable"
+// (SPECDEC_CPU_ISA caps it).
 const char* matmul_q8_cpu_isa();
 
 }  // namespace specdec::gguf

@@ -1,9 +1,7 @@
-// The AVX-512 tier of the Q8-activation GGUF matmul. For now it is q8_body.h over the AVX2
-// primitives (V256) compiled with AVX-512 F / BW / VL / DQ enabled: the compiler may use the 32
-// vector registers and EVEX encodings (fewer spills of the 8 decoded weight vectors of an octet at
-// large tiles), and the intrinsics' semantics are those of the AVX2 tier, so the bits are the same
-// by construction. A kernel with 512-bit vectors (two rows of W per zmm, as gguf_avx512.cpp) and
-// VNNI (vpdpbusd) is the next step; this machine's tests cannot run it.
+// The AVX-512 tier of the Q8-activation GGUF matmul: q8_body.h over V512Q8 (q8_vec_avx512.h), two
+// rows of W per zmm register, each 256-bit half running exactly the AVX2 tier's integer and float
+// steps on its row (the same bits). An odd last row of W runs V256. q8_avx512_vnni.cpp builds the
+// same kernel with VNNI's vpdpbusd for the 4-product dot; this file serves AVX-512 CPUs without it.
 #include "kernels/gguf/q8_tiers.h"
 
 #if defined(__x86_64__)
@@ -23,10 +21,22 @@ namespace specdec::gguf {
 namespace {
 #include "kernels/gguf/q8_body.h"
 #include "kernels/gguf/q8_vec_avx2.h"
+#include "kernels/gguf/q8_vec_avx512.h"
 }  // namespace
 
+// Up to 8 rows of x per tile, as the AVX2 tier (the 32 zmm registers hold 8 accumulators beside
+// an octet's 8 decoded weight vectors).
 void matmul_q8_rows_avx512(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
-  q8_rows<V256, 8>(type, a, M, n_begin, n_end);
+  // Q8_0 stays on V256: 512-bit vpsignb does not exist, and its three-op stand-in made Q8_0
+  // slower than the AVX2 tier (bench/bench_gguf_compute.py: 12.1-12.7 against 11.1 ns per 256
+  // weights at one row).
+  if (type == 8) {
+    q8_rows<V256, 8>(type, a, M, n_begin, n_end);
+    return;
+  }
+  const int64_t pairs_end = n_begin + (n_end - n_begin) / 2 * 2;
+  q8_rows<V512Q8<false>, 8>(type, a, M, n_begin, pairs_end);
+  if (pairs_end < n_end) q8_rows<V256, 8>(type, a, M, pairs_end, n_end);
 }
 
 }  // namespace specdec::gguf

@@ -12,6 +12,8 @@
 //   xload, xs16, xf 32 code bytes / 16 int16 sums / 8 floats of x, the same for every row n
 //   maddubs(u, s)   u8 x s8 -> int16 sums of adjacent pairs (no saturation can occur: |codes|
 //                   <= 127 and the weight bytes are small, see each format); madd: int16 -> int32
+//   dot4(u, s)      u8 x s8 -> int32 sums of 4 adjacent products: madd(maddubs(u, s), ones16),
+//                   or one VNNI vpdpbusd (the same integers, as maddubs cannot saturate)
 //   reduce8(m[8])   lane j = the sum of m[j]'s 8 int32 lanes (exact); reduce8_i16(p[8], c): lane j =
 //                   c_j * the sum of p[j]'s 16 int16 lanes (c = pairs16 of the factors), for codes
 //                   whose sums of 8 int16 lanes fit an int16
@@ -136,13 +138,12 @@ struct Q8Tile {
       const I sc16 = V::q6_scales(blk + 192, a.row_bytes);
       I s0123, s4567;  // the scales of the groups' first / last 16 values, applied after the half sums
       V::q6_half_scales(blk + 192, a.row_bytes, s0123, s4567);
-      const I ones = V::ones16();
       SPECDEC_Q8_UNROLL
       for (int m = 0; m < MB; ++m) {
         const int8_t* q = a.codes(m0 + m) + kQK_K * t;
         I p[8];
         SPECDEC_Q8_UNROLL
-        for (int g = 0; g < 8; ++g) p[g] = V::madd(V::maddubs(w[g], V::xload(q + 32 * g)), ones);
+        for (int g = 0; g < 8; ++g) p[g] = V::dot4(w[g], V::xload(q + 32 * g));
         const I off = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), sc16);
         const I dot = V::sub32(V::reduce8_halves(p, s0123, s4567), V::slli32(off, 5));
         const F dx = V::xf(a.scales(m0 + m) + 8 * t);
@@ -189,9 +190,9 @@ struct Q8Tile {
         }
         const I x = V::xload(q + 32 * j);
         if constexpr (kType == 8) {
-          p[j] = V::madd(V::maddubs(wabs[j], V::sign8(x, w[j])), ones);
+          p[j] = V::dot4(wabs[j], V::sign8(x, w[j]));
         } else if constexpr (kType == 6) {
-          p[j] = V::madd(V::maddubs(w[j], x), ones);
+          p[j] = V::dot4(w[j], x);
         } else {
           p[j] = V::maddubs(w[j], x);  // 4-bit codes: reduced in int16
         }

@@ -1,5 +1,6 @@
 // The Q8-activation GGUF matmul (q8.h): the activation quantiser, the portable matmul tier and the
-// run-time choice among the portable, AVX2 (q8_avx2.cpp) and AVX-512 (q8_avx512.cpp) tiers.
+// run-time choice among the portable, AVX2 (q8_avx2.cpp), AVX-512 (q8_avx512.cpp) and AVX-512 +
+// VNNI (q8_avx512_vnni.cpp) tiers.
 // Compiled for baseline x86-64: the portable tier's fused steps are std::fma, nothing else fuses.
 #include "kernels/gguf/q8.h"
 
@@ -24,8 +25,10 @@ bool cpu_f16c() {
 }
 
 // The tier SPECDEC_CPU_ISA and the CPU allow (kernels/common/cpu_isa.h): AVX-512 needs BW (the
-// 512-bit byte and word multiplies) besides F / DQ / VL; both vector tiers need F16C.
+// 512-bit byte and word multiplies) besides F / DQ / VL, and runs vpdpbusd where VNNI is there;
+// both vector tiers need F16C.
 const bool kAvx512 = cpu_avx512_bw_vl_dq_fma_enabled() && cpu_f16c();
+const bool kVnni = kAvx512 && cpu_avx512_vnni_enabled();
 const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled() && cpu_f16c();
 
 // round half to even for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits, and the float add
@@ -151,7 +154,9 @@ void matmul_q8_cpu_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, c
                         int64_t ldy, int64_t n_begin, int64_t n_end) {
   if (M <= 0 || n_end <= n_begin) return;
   const Q8Args args{xq, q8_row_bytes(K), K, weight, K / block_weights(type) * block_bytes(type), y, ldy};
-  if (kAvx512) {
+  if (kVnni) {
+    matmul_q8_rows_avx512_vnni(type, args, M, n_begin, n_end);
+  } else if (kAvx512) {
     matmul_q8_rows_avx512(type, args, M, n_begin, n_end);
   } else if (kAvx2) {
     matmul_q8_rows_avx2(type, args, M, n_begin, n_end);
@@ -160,6 +165,6 @@ void matmul_q8_cpu_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, c
   }
 }
 
-const char* matmul_q8_cpu_isa() { return kAvx512 ? "avx512" : kAvx2 ? "avx2" : "portable"; }
+const char* matmul_q8_cpu_isa() { return kVnni ? "avx512-vnni" : kAvx512 ? "avx512" : kAvx2 ? "avx2" : "portable"; }
 
 }  // namespace specdec::gguf

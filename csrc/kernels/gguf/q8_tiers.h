@@ -1,5 +1,5 @@
 // Internal to the Q8-activation GGUF matmul (q8.h): what the dispatcher (q8_cpu.cpp) hands each
-// ISA tier (the portable loop there, q8_avx2.cpp, q8_avx512.cpp).
+// ISA tier (the portable loop there, q8_avx2.cpp, q8_avx512.cpp, q8_avx512_vnni.cpp).
 #pragma once
 
 #include <cstdint>
@@ -28,5 +28,6 @@ struct Q8Args {
 void matmul_q8_rows_portable(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
 void matmul_q8_rows_avx2(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
 void matmul_q8_rows_avx512(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
+void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
 
 }  // namespace specdec::gguf

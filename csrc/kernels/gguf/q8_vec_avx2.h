@@ -8,9 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
-// Lane j < cnt: the fp16 at p + j * step widened (F16C: exact, as blocks.h's half_to_float for
-// every finite or infinite value), else 0.
-SPECDEC_Q8_INLINE __m256 q8_halves8(const uint8_t* p, int64_t step, int cnt) {
+// Lane j < cnt: the fp16 bits at p + j * step, else 0.
+SPECDEC_Q8_INLINE __m128i q8_halves8_bits(const uint8_t* p, int64_t step, int cnt) {
   // The 8 halves gathered with scalar loads into two 64-bit words (integer ports), then one
   // vmovq / vpinsrq pair: inserting them word by word (vpinsrw) costs 8 vector shuffles per octet.
   uint64_t w[2] = {0, 0};
@@ -27,8 +26,13 @@ SPECDEC_Q8_INLINE __m256 q8_halves8(const uint8_t* p, int64_t step, int cnt) {
       w[j >> 2] |= static_cast<uint64_t>(v) << (16 * (j & 3));
     }
   }
-  const __m128i h = _mm_insert_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(w[0])), static_cast<int64_t>(w[1]), 1);
-  return _mm256_cvtph_ps(h);
+  return _mm_insert_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(w[0])), static_cast<int64_t>(w[1]), 1);
+}
+
+// Lane j < cnt: the fp16 at p + j * step widened (F16C: exact, as blocks.h's half_to_float for
+// every finite or infinite value), else 0.
+SPECDEC_Q8_INLINE __m256 q8_halves8(const uint8_t* p, int64_t step, int cnt) {
+  return _mm256_cvtph_ps(q8_halves8_bits(p, step, cnt));
 }
 
 // Horizontal reduce of 8 int32 vectors: lane j = sum of m[j]'s lanes (integers: any order is
@@ -121,6 +125,7 @@ struct V256 {
   SPECDEC_Q8_INLINE static I maddubs(I u, I s) { return _mm256_maddubs_epi16(u, s); }
   SPECDEC_Q8_INLINE static I madd(I a, I b) { return _mm256_madd_epi16(a, b); }
   SPECDEC_Q8_INLINE static I ones16() { return _mm256_set1_epi16(1); }
+  SPECDEC_Q8_INLINE static I dot4(I u, I s) { return madd(maddubs(u, s), ones16()); }
   SPECDEC_Q8_INLINE static I izero() { return _mm256_setzero_si256(); }
   SPECDEC_Q8_INLINE static I abs8(I a) { return _mm256_abs_epi8(a); }
   SPECDEC_Q8_INLINE static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }

@@ -282,10 +282,11 @@ def cpu_isa() -> str:
 
 
 def q8_cpu_isa() -> str:
-    """The CPU kernel ``activations="q8"`` runs: "avx512", "avx2" or "portable" (SPECDEC_CPU_ISA caps it)."""
+    """The CPU kernel ``activations="q8"`` runs: "avx512-vnni", "avx512", "avx2" or "portable"
+    (SPECDEC_CPU_ISA caps it: "avx512-novnni", "avx2", "baseline")."""
     code = torch.zeros(1, dtype=torch.int32)
     torch.ops.specdec._gguf_q8_cpu_isa(code)
-    return ("portable", "avx2", "avx512")[int(code)]
+    return ("portable", "avx2", "avx512", "avx512-vnni")[int(code)]
 
 
 @torch.library.register_fake("specdec::gguf_matmul")
