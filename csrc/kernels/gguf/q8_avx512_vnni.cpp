@@ -24,16 +24,7 @@ namespace {
 }  // namespace
 
 void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
-  // Q8_0 stays on V256: 512-bit vpsignb does not exist, and its three-op stand-in made Q8_0
-  // slower than the AVX2 tier (bench/bench_gguf_compute.py: 12.1-12.7 against 11.1 ns per 256
-  // weights at one row).
-  if (type == 8) {
-    q8_rows<V256, 8>(type, a, M, n_begin, n_end);
-    return;
-  }
-  const int64_t pairs_end = n_begin + (n_end - n_begin) / 2 * 2;
-  q8_rows<V512Q8<true>, 8>(type, a, M, n_begin, pairs_end);
-  if (pairs_end < n_end) q8_rows<V256, 8>(type, a, M, pairs_end, n_end);
+  q8_rows_avx512<true>(type, a, M, n_begin, n_end);
 }
 
 }  // namespace specdec::gguf

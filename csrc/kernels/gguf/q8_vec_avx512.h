@@ -165,3 +165,18 @@ struct V512Q8 {
     out[1] = V256::h8(_mm512_extractf32x8_ps(v, 1));
   }
 };
+
+// Rows [n_begin, n_end) of y: pairs of rows of W over V512Q8, an odd last row over V256; Q8_0 all
+// over V256 (512-bit vpsignb does not exist, and its three-op stand-in made Q8_0 slower than the
+// AVX2 tier: 12.1-12.7 against 11.1 ns per 256 weights at one row, bench/bench_gguf_compute.py).
+// Up to 8 rows of x per tile, as the AVX2 tier.
+template <bool kVnni>
+void q8_rows_avx512(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
+  if (type == 8) {
+    q8_rows<V256, 8>(type, a, M, n_begin, n_end);
+    return;
+  }
+  const int64_t pairs_end = n_begin + (n_end - n_begin) / 2 * 2;
+  q8_rows<V512Q8<kVnni>, 8>(type, a, M, n_begin, pairs_end);
+  if (pairs_end < n_end) q8_rows<V256, 8>(type, a, M, pairs_end, n_end);
+}
