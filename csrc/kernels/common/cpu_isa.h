@@ -2,8 +2,9 @@
 // so the wider kernels come in through target attributes and are picked here). SPECDEC_CPU_ISA
 // caps the choice: unset or "avx512" allows every tier, "avx512-novnni" every one but the AVX-512
 // VNNI kernels, "avx2" allows AVX2 and not AVX-512, anything else (e.g. "baseline") allows
-// neither, so the tests can run each narrower tier on a wider machine. Each *_enabled() below is "the cap allows the tier and the CPU has the features
-// its kernels use"; callers read them once, at load.
+// neither, so the tests can run each narrower tier on a wider machine. Each *_enabled() below is
+// "the cap allows the tier and the CPU has the features its kernels use"; callers read them once,
+// at load.
 #pragma once
 
 #include <cstdlib>

@@ -1,7 +1,8 @@
 // The AVX-512 tier of the Q8-activation GGUF matmul: q8_body.h over V512Q8 (q8_vec_avx512.h), two
 // rows of W per zmm register, each 256-bit half running exactly the AVX2 tier's integer and float
-// steps on its row (the same bits). An odd last row of W runs V256. q8_avx512_vnni.cpp builds the
-// same kernel with VNNI's vpdpbusd for the 4-product dot; this file serves AVX-512 CPUs without it.
+// steps on its row (the same bits); Q8_0 and an odd last row of W run V256 (q8_rows_avx512).
+// q8_avx512_vnni.cpp builds the same kernel with VNNI's vpdpbusd for the 4-product dot; this file
+// serves AVX-512 CPUs without it.
 #include "kernels/gguf/q8_tiers.h"
 
 #if defined(__x86_64__)

@@ -1,6 +1,6 @@
 // The AVX-512 + VNNI tier of the Q8-activation GGUF matmul: q8_avx512.cpp's kernel with the sums of
-// 4 adjacent u8 x s8 products (Q6_K, Q8_0, Q5_0) in one vpdpbusd instead of vpmaddubsw +
-// vpmaddwd. The integers, hence the bits, are those of the other tiers (q8_vec_avx512.h).
+// 4 adjacent u8 x s8 products (Q6_K, Q5_0) in one vpdpbusd instead of vpmaddubsw + vpmaddwd. The
+// integers, hence the bits, are those of the other tiers (q8_vec_avx512.h).
 #include "kernels/gguf/q8_tiers.h"
 
 #if defined(__x86_64__)

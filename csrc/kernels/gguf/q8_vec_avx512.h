@@ -88,6 +88,8 @@ struct V512Q8 {
   }
   SPECDEC_Q8_INLINE static I izero() { return _mm512_setzero_si512(); }
   SPECDEC_Q8_INLINE static I abs8(I a) { return _mm512_abs_epi8(a); }
+  // Q8_0's sign step: compiled with the body's Q8_0 loop, which q8_rows_avx512 never runs (it
+  // sends Q8_0 to V256, where vpsignb is one instruction).
   SPECDEC_Q8_INLINE static I sign8(I x, I w) {
     // vpsignb has no 512-bit form: x where w > 0, -x (wrapping) where w < 0, 0 where w == 0
     const I neg = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
