@@ -11,7 +11,8 @@ import tempfile
 import pytest
 import torch
 
-from specdec_cuda.ops.skinny_linear import MAX_ROWS, PANEL, linear, pack_weight, skinny_linear, skinny_linear_packed
+from specdec_cuda.ops.skinny_linear import (MAX_ROWS, PANEL, linear, pack_weight, packed_bf16_tier, skinny_linear,
+                                            skinny_linear_packed)
 from specdec_cuda.reference import skinny_linear as ref
 
 
@@ -88,12 +89,18 @@ def test_packed_matches_reference(M, K, N, bias):
 
 
 def test_packed_bf16_weights_give_the_float32_weights_bits():
-    # A bf16 checkpoint loaded as float32 packs as bf16 (half the bytes) with the same product.
+    # A bf16 checkpoint loaded as float32 packs as bf16 (half the bytes) with the same product: the
+    # same bits on the FMA tiers; on the AMX tier (exact products, float32 sums in another order)
+    # the same to float32 rounding.
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(9, 96, generator=g), torch.randn(130, 96, generator=g).bfloat16().float()
     as_bf16, as_f32 = pack_weight(w), pack_weight(w, torch.float32)
     assert as_bf16.panels.dtype == torch.bfloat16 and as_bf16.nbytes * 2 == as_f32.nbytes
-    assert torch.equal(skinny_linear_packed(x, as_bf16), skinny_linear_packed(x, as_f32))
+    if packed_bf16_tier() == "amx":
+        torch.testing.assert_close(skinny_linear_packed(x, as_bf16), skinny_linear_packed(x, as_f32),
+                                   rtol=1e-5, atol=1e-5 * 96 ** 0.5)
+    else:
+        assert torch.equal(skinny_linear_packed(x, as_bf16), skinny_linear_packed(x, as_f32))
     with pytest.raises(ValueError, match="not bfloat16 numbers"):
         pack_weight(torch.randn(4, 8) / 3, torch.bfloat16)
 
@@ -132,25 +139,82 @@ def test_packed_narrower_tiers_give_the_vector_kernels_bits(cap):
     g = torch.Generator().manual_seed(11)
     x, w, b = torch.randn(14, 72, generator=g), torch.randn(90, 72, generator=g), torch.randn(90, generator=g)
     wb = torch.randn(77, 72, generator=g).bfloat16().float()
-    here = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]
-    here += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]
-    code = ("import sys, torch; from specdec_cuda._native import _C; "
-            "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
-            f"assert _C.skinny_linear_packed_isa() == {isa!r}, _C.skinny_linear_packed_isa(); "
-            "x, w, b, wb = torch.load(sys.argv[1]); "
-            "out = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]; "
-            "out += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]; "
-            "torch.save(out, sys.argv[1])")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "io.pt")
-        torch.save((x, w, b, wb), path)
-        python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-        env = dict(os.environ, SPECDEC_CPU_ISA=cap,
-                   PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-        subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=120)
-        theirs = torch.load(path)
+    def run(cap, expect=None):  # every product in a fresh process capped to `cap` (read once at load)
+        code = ("import sys, torch; from specdec_cuda._native import _C; "
+                "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
+                f"assert {expect is None} or _C.skinny_linear_packed_isa() == {expect!r}, _C.skinny_linear_packed_isa(); "
+                "x, w, b, wb = torch.load(sys.argv[1]); "
+                "out = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]; "
+                "out += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]; "
+                "torch.save(out, sys.argv[1])")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "io.pt")
+            torch.save((x, w, b, wb), path)
+            python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
+            env["SPECDEC_CPU_ISA"] = cap
+            subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=120)
+            return torch.load(path)
+
+    # The widest FMA tier here: this process, unless its bf16 panels run the AMX tier (other bits).
+    if packed_bf16_tier() == "amx":
+        here = run("avx512-novnni")
+    else:
+        here = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]
+        here += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]
+    theirs = run(cap, isa)
     for m, (a, c) in enumerate(zip(theirs, here)):
         assert torch.equal(a, c), m
+
+
+amx_only = pytest.mark.skipif(packed_bf16_tier() != "amx", reason="bfloat16 panels run the AMX tier only on AMX CPUs")
+
+
+@amx_only
+@pytest.mark.parametrize("M,K,N", [(1, 64, 7), (5, 33, 130), (16, 96, 64), (17, 1536, 200), (40, 100, 129)])
+def test_amx_tier_matches_float64_to_float32_rounding(M, K, N):
+    # Exact products of the three-way split; float32 sums. Odd K (a zero-padded last 32-k chunk),
+    # partial panels, more than 16 rows (several row blocks), bias.
+    g = torch.Generator().manual_seed(M * 7 + K + N)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g).bfloat16(), torch.randn(N, generator=g)
+    out = skinny_linear_packed(x, pack_weight(w), b)
+    exact = x.double() @ w.double().T + b.double()
+    scale = x.double().abs() @ w.double().abs().T + b.double().abs()
+    assert ((out.double() - exact).abs() <= 4 * K ** 0.5 * 2.0 ** -24 * scale + 1e-30).all()
+
+
+@amx_only
+def test_amx_tier_gives_a_row_its_bits_alone_or_with_up_to_40_others():
+    g = torch.Generator().manual_seed(21)
+    x, w, b = torch.randn(40, 160, generator=g), torch.randn(150, 160, generator=g).bfloat16(), torch.randn(150, generator=g)
+    packed = pack_weight(w)
+    together = skinny_linear_packed(x, packed, b)
+    for m in range(40):
+        assert torch.equal(skinny_linear_packed(x[m : m + 1], packed, b)[0], together[m]), m
+        assert torch.equal(skinny_linear_packed(x[: m + 1], packed, b)[m], together[m]), m
+        assert torch.equal(skinny_linear_packed(x[m:].flip(0), packed, b)[-1], together[m]), m
+
+
+@amx_only
+def test_amx_tier_keeps_tiny_and_huge_activations_and_propagates_non_finite():
+    w = torch.ones(64, 32).bfloat16()
+    x = torch.zeros(3, 32)
+    x[0, 0] = 1.0 + 2.0 ** -23  # needs all three parts: hi = 1, lo = 0, lo2 = 2^-23
+    x[1, :] = 3.0e38 / 64
+    x[2, 5] = float("nan")
+    out = skinny_linear_packed(x, pack_weight(w))
+    assert out[0, 0].item() == 1.0 + 2.0 ** -23
+    assert torch.isfinite(out[1]).all() and out[1, 0].item() == pytest.approx(1.5e38, rel=1e-6)
+    assert torch.isnan(out[2]).all()
+
+
+def test_fma_caps_turn_the_amx_tier_off():
+    code = ("from specdec_cuda.ops.skinny_linear import packed_bf16_tier, packed_kernel_available; "
+            "t = packed_bf16_tier(); assert t != 'amx', t")
+    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+    env = dict(os.environ, SPECDEC_CPU_ISA="avx512-novnni",
+               PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
 
 def test_pack_weight_takes_bf16_weights_and_unpacks_exactly():
     from specdec_cuda.ops.skinny_linear import unpack_weight

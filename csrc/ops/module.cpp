@@ -83,7 +83,9 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("substream"), pybind11::arg("first"), pybind11::arg("count"));
   m.def("philox4x32_10", &philox4x32_10, "one raw Philox4x32-10 block (for known-answer tests)");
   m.def("skinny_linear_packed_isa", &specdec::skinny::packed_linear_cpu_isa,
-        "'avx512' when skinny_linear_packed runs its vector kernel on this CPU, else 'portable'");
+        "'avx512' or 'avx2' when skinny_linear_packed runs a vector kernel on this CPU, else 'portable'");
+  m.def("skinny_linear_packed_isa_bf16", &specdec::skinny::packed_linear_cpu_isa_bf16,
+        "the tier bfloat16 panels run: 'amx' where the AMX tier is on, else skinny_linear_packed_isa()");
   register_ngram(m);
 #ifdef SPECDEC_WITH_CUDA
   m.def("w4a16_cuda_tunings", &w4a16_cuda_tunings,

@@ -8,6 +8,7 @@
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/common/dtype.h"
+#include "kernels/skinny_linear/packed_amx.h"
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -332,7 +333,9 @@ SPECDEC_AVX2 void panels_avx2(const float* x, int64_t M, int64_t K, const W* pac
 // The widest tier SPECDEC_CPU_ISA allows on this CPU (kernels/common/cpu_isa.h).
 const bool kAvx512 = cpu_avx512_fma_enabled();
 const bool kAvx2 = cpu_avx2_is_widest();
+const bool kAmx = packed_amx_enabled();
 #else
+const bool kAmx = false;
 const bool kAvx512 = false;
 const bool kAvx2 = false;
 #endif
@@ -341,6 +344,12 @@ template <typename W>
 void panels(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y, int64_t ldy,
             int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
 #ifdef SPECDEC_PACKED_X86
+  if constexpr (sizeof(W) == 2) {
+    if (kAmx) {  // bfloat16 panels: the AMX tier (its own numeric contract, packed_amx.h)
+      packed_panels_amx_bf16(x, M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
+      return;
+    }
+  }
   if (kAvx512) {
     panels_avx512(x, M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
     return;
@@ -376,5 +385,7 @@ void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, co
 }
 
 const char* packed_linear_cpu_isa() { return kAvx512 ? "avx512" : kAvx2 ? "avx2" : "portable"; }
+
+const char* packed_linear_cpu_isa_bf16() { return kAmx ? "amx" : packed_linear_cpu_isa(); }
 
 }  // namespace specdec::skinny

@@ -40,4 +40,9 @@ void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, co
 // output: the same bits, far slower; callers use BLAS instead).
 const char* packed_linear_cpu_isa();
 
+// The tier bfloat16 panels run: "amx" where the AMX tier is on (packed_amx.h: up to 16 rows for
+// the price of one, float32 sums of an exact three-way bfloat16 split of x, again the same bits for
+// a row whatever the others are, though not the FMA tiers' bits), else packed_linear_cpu_isa().
+const char* packed_linear_cpu_isa_bf16();
+
 }  // namespace specdec::skinny

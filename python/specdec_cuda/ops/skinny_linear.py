@@ -16,6 +16,13 @@ checkpoint loaded as float32) is packed as bfloat16: the same values in half the
 exactly, so the product is the float32 model's, read at twice the speed from memory. Each output
 is one fused multiply-add chain over K in order (then + bias): batch-invariant, and the same bits
 from the AVX-512 and AVX2 kernels and the portable loop.
+
+On a CPU with AMX (Intel Sapphire Rapids and later), bfloat16 panels run an AMX tier instead
+(``packed_bf16_tier() == "amx"``): each float32 activation is split exactly into three bfloat16
+numbers and the tile unit sums the exact products in float32, so up to 16 rows cost what one row
+costs (a tree verification for the price of a one-token step). Still batch-invariant, and within
+float32 rounding of the FMA tiers, but not their bits. ``SPECDEC_CPU_ISA=avx512-novnni`` (or
+narrower) turns it off.
 """
 
 from __future__ import annotations
@@ -175,6 +182,15 @@ def packed_kernel_available() -> bool:
     from .._native import _C
 
     return _C.skinny_linear_packed_isa() != "portable"
+
+
+@functools.cache
+def packed_bf16_tier() -> str:
+    """The tier bfloat16 panels run on this machine: ``"amx"``, ``"avx512"``, ``"avx2"`` or
+    ``"portable"`` (fixed when the library loads, as ``packed_kernel_available``)."""
+    from .._native import _C
+
+    return _C.skinny_linear_packed_isa_bf16()
 
 
 @torch.library.register_fake("specdec::skinny_linear")

@@ -1,0 +1,228 @@
+// The AMX tier of the packed-panel skinny linear for bfloat16 panels (packed_amx.h).
+//
+// Tiles (8 registers of up to 16 rows x 64 bytes), for one panel of 64 outputs and a block of up
+// to 16 activation rows (tokens):
+//
+//   tmm0..3  C: float32 [rows][16], outputs of group g = 0..3 of the panel (permuted, see below)
+//   tmm4..6  A: the rows' hi / lo / lo2 bfloat16 parts, 32 k each ([rows][32], from a split copy)
+//   tmm7     B: 32 k x 16 outputs in pairs (row kp = (W[n, 2kp], W[n, 2kp + 1]) for 16 n)
+//
+//   for each 32-k chunk of the panel:  stage B_0..3 from 32 panel k-rows (an interleave, in L1)
+//                                      C_g += A_hi B_g; C_g += A_lo B_g; C_g += A_lo2 B_g   (g = 0..3)
+//
+// The panel stores k-row k as 64 consecutive bfloat16 outputs; B wants each output's k and k + 1
+// side by side. vpunpck{l,h}wd of k-rows k and k + 1 do that within 128-bit lanes, so B_g's column
+// c is not output 16g + c but a fixed permutation of the panel's outputs (out_index below), undone
+// when C is written to y. One k-row pair costs 4 loads, 4 unpacks and 4 stores, so the weight
+// stream stays the bound for 1 to 16 rows; more rows take further passes over the panel (from L2).
+#include "kernels/skinny_linear/packed_amx.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/common/cpu_isa.h"
+#include "kernels/skinny_linear/packed_cpu.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")
+#include <immintrin.h>
+
+namespace specdec::skinny {
+namespace {
+
+constexpr int kRowsMax = 16;  // activation rows per tile (AMX: 16 rows of 64 bytes)
+constexpr int kKChunk = 32;   // k per tile step: 64 bytes of bfloat16 per A row
+constexpr int kGroups = kPanel / 16;
+static_assert(kPanel == 64, "four 16-output B tiles per panel");
+
+// The tile configuration LDTILECFG reads (palette 1): bytes per row and rows of each register.
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig config_for(int rows) {
+  TileConfig c;
+  for (int t = 0; t < 7; ++t) {  // C and A: `rows` rows of 64 bytes
+    c.rows[t] = static_cast<uint8_t>(rows);
+    c.colsb[t] = 64;
+  }
+  c.rows[7] = 16;  // B: 16 k-pairs of 16 outputs
+  c.colsb[7] = 64;
+  return c;
+}
+
+// Output (within the panel) held by column c of B_g: k-rows' 32-output halves h = g / 2, the
+// unpack's low (g even) or high quarter of each 128-bit lane (8 outputs), 4 outputs per lane.
+constexpr int out_index(int g, int c) { return 32 * (g / 2) + 8 * (c / 4) + 4 * (g % 2) + c % 4; }
+
+// x [rows][K] float32 -> parts [3][rows][Kp] bfloat16 bits (hi, lo, lo2; Kp = K rounded up to 32,
+// zero past K). Each split is exact (packed_amx.h): clearing the low 16 bits truncates to a
+// bfloat16 number, and the remainder of a float32 after its top 8 significant bits has at most 16.
+void split_rows(const float* x, int rows, int64_t K, int64_t Kp, uint16_t* parts) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  uint16_t* hi = parts;
+  uint16_t* lo = parts + rows * Kp;
+  uint16_t* lo2 = parts + 2 * rows * Kp;
+  for (int m = 0; m < rows; ++m) {
+    const float* xr = x + m * K;
+    for (int64_t k = 0; k < Kp; k += 16) {
+      const __mmask16 in = k + 16 <= K ? __mmask16(0xFFFF) : k < K ? __mmask16((1u << (K - k)) - 1u) : __mmask16(0);
+      const __m512 v = _mm512_maskz_loadu_ps(in, xr + k);
+      const __m512i h = _mm512_and_si512(_mm512_castps_si512(v), top);
+      const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(h));
+      const __m512i l = _mm512_and_si512(_mm512_castps_si512(r1), top);
+      const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(l));
+      const __m512i l2 = _mm512_and_si512(_mm512_castps_si512(r2), top);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + m * Kp + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + m * Kp + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(l, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo2 + m * Kp + k),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(l2, 16)));
+    }
+  }
+}
+
+// B_0..3 of k-rows [k0, k0 + 32) of a panel into stage [4][16][32] bfloat16 (1 KiB each), k-rows
+// at or past K as zeros. Prefetches the next chunk (the rest of this panel, or the next panel,
+// which follows it in memory).
+inline void stage_chunk(const uint16_t* panel, int64_t K, int64_t k0, uint16_t* stage, bool prefetch) {
+  for (int kp = 0; kp < kKChunk / 2; ++kp) {
+    const int64_t k = k0 + 2 * kp;
+    const uint16_t* ra = panel + k * kPanel;
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(ra + kKChunk * kPanel), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ra + kKChunk * kPanel) + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ra + (kKChunk + 1) * kPanel), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ra + (kKChunk + 1) * kPanel) + 64, _MM_HINT_T0);
+    }
+    __m512i a0, a1, b0, b1;
+    if (k + 1 < K) {
+      a0 = _mm512_loadu_si512(ra);
+      a1 = _mm512_loadu_si512(ra + 32);
+      b0 = _mm512_loadu_si512(ra + kPanel);
+      b1 = _mm512_loadu_si512(ra + kPanel + 32);
+    } else {
+      const bool have_a = k < K;
+      a0 = have_a ? _mm512_loadu_si512(ra) : _mm512_setzero_si512();
+      a1 = have_a ? _mm512_loadu_si512(ra + 32) : _mm512_setzero_si512();
+      b0 = b1 = _mm512_setzero_si512();
+    }
+    _mm512_storeu_si512(stage + 0 * 512 + kp * 32, _mm512_unpacklo_epi16(a0, b0));
+    _mm512_storeu_si512(stage + 1 * 512 + kp * 32, _mm512_unpackhi_epi16(a0, b0));
+    _mm512_storeu_si512(stage + 2 * 512 + kp * 32, _mm512_unpacklo_epi16(a1, b1));
+    _mm512_storeu_si512(stage + 3 * 512 + kp * 32, _mm512_unpackhi_epi16(a1, b1));
+  }
+}
+
+// One panel against `rows` activation rows whose parts are at `parts` (split_rows); the tile
+// configuration for `rows` is loaded. C goes to cbuf [4][rows][16] float32.
+void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const uint16_t* parts, uint16_t* stage,
+                float* cbuf, bool prefetch_next) {
+  const int64_t stride = Kp * 2;  // bytes per A row
+  const uint16_t* hi = parts;
+  const uint16_t* lo = parts + rows * Kp;
+  const uint16_t* lo2 = parts + 2 * rows * Kp;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k0 = 0; k0 < Kp; k0 += kKChunk) {
+    stage_chunk(panel, K, k0, stage, prefetch_next || k0 + 2 * kKChunk <= K);
+    _tile_loadd(4, hi + k0, stride);
+    _tile_loadd(5, lo + k0, stride);
+    _tile_loadd(6, lo2 + k0, stride);
+    _tile_loadd(7, stage + 0 * 512, 64);
+    _tile_dpbf16ps(0, 4, 7);
+    _tile_dpbf16ps(0, 5, 7);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, stage + 1 * 512, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(1, 5, 7);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, stage + 2 * 512, 64);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_dpbf16ps(2, 5, 7);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(7, stage + 3 * 512, 64);
+    _tile_dpbf16ps(3, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_dpbf16ps(3, 6, 7);
+  }
+  _tile_stored(0, cbuf + 0 * rows * 16, 64);
+  _tile_stored(1, cbuf + 1 * rows * 16, 64);
+  _tile_stored(2, cbuf + 2 * rows * 16, 64);
+  _tile_stored(3, cbuf + 3 * rows * 16, 64);
+}
+
+bool amx_usable() {
+  if (!cpu_isa_allows_vnni()) return false;  // "avx512-novnni" and narrower caps run the FMA tiers
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+  const bool avx512bw = (ebx >> 30) & 1u, avx512f = (ebx >> 16) & 1u;
+  if (!(amx_bf16 && amx_tile && avx512bw && avx512f)) return false;
+  // Linux hands out the 8 KiB tile state only to processes that ask (kernel 5.16+).
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+}  // namespace
+
+// A function-local static: packed_cpu.cpp reads this while initialising its own statics, and the
+// order of static initialisation across files is unspecified.
+bool packed_amx_enabled() {
+  static const bool enabled = amx_usable();
+  return enabled;
+}
+
+void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, float* y,
+                            int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
+  if (M <= 0 || p_end <= p_begin) return;
+  const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
+  thread_local std::vector<uint16_t> parts;
+  alignas(64) static thread_local uint16_t stage[kGroups * 16 * kKChunk];
+  alignas(64) static thread_local float cbuf[kGroups * kRowsMax * 16];
+  for (int64_t m0 = 0; m0 < M; m0 += kRowsMax) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRowsMax, M - m0));
+    parts.resize(static_cast<size_t>(3 * rows * Kp));
+    split_rows(x + m0 * K, rows, K, Kp, parts.data());
+    const TileConfig cfg = config_for(rows);
+    _tile_loadconfig(&cfg);
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
+      if (Kp == 0) std::memset(cbuf, 0, sizeof(cbuf));
+      else panel_rows(packed + p * K * kPanel, K, Kp, rows, parts.data(), stage, cbuf, p + 1 < p_end);
+      for (int g = 0; g < kGroups; ++g)
+        for (int c = 0; c < 16; ++c) {
+          const int j = out_index(g, c);
+          if (j >= width) continue;
+          const float b = bias == nullptr ? 0.0f : bias[n0 + j];
+          for (int m = 0; m < rows; ++m) {
+            const float acc = cbuf[(g * rows + m) * 16 + c];
+            y[(m0 + m) * ldy + n0 + j - y_col0] = bias == nullptr ? acc : acc + b;
+          }
+        }
+    }
+    _tile_release();
+  }
+}
+
+}  // namespace specdec::skinny
+#pragma GCC pop_options
+
+#else
+namespace specdec::skinny {
+bool packed_amx_enabled() { return false; }
+void packed_panels_amx_bf16(const float*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t,
+                            int64_t, int64_t, int64_t) {}
+}  // namespace specdec::skinny
+#endif
