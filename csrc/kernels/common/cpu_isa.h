@@ -1,7 +1,7 @@
 // Every run-time ISA choice of the CPU kernels on x86-64 (a default build targets baseline x86-64,
 // so the wider kernels come in through target attributes and are picked here). SPECDEC_CPU_ISA
 // caps the choice: unset or "avx512" allows every tier, "avx512-novnni" every one but the AVX-512
-// VNNI kernels, "avx2" allows AVX2 and not AVX-512, anything else (e.g. "baseline") allows
+// VNNI and AMX kernels, "avx2" allows AVX2 and not AVX-512, anything else (e.g. "baseline") allows
 // neither, so the tests can run each narrower tier on a wider machine. Each *_enabled() below is
 // "the cap allows the tier and the CPU has the features its kernels use"; callers read them once,
 // at load.
@@ -17,6 +17,10 @@ inline bool cpu_isa_allows_vnni() {
   const char* cap = std::getenv("SPECDEC_CPU_ISA");
   return cap == nullptr || std::strcmp(cap, "avx512") == 0;
 }
+
+// SPECDEC_CPU_ISA allows the AMX kernels: unset or "avx512", as the VNNI ones (a cap of
+// "avx512-novnni" runs the FMA tiers of the bfloat16 panels on an AMX machine).
+inline bool cpu_isa_allows_amx() { return cpu_isa_allows_vnni(); }
 
 // SPECDEC_CPU_ISA allows the AVX-512 tiers: unset, "avx512" or "avx512-novnni" (AVX-512 without
 // the VNNI kernels, so that their AVX-512 siblings run on a VNNI machine too).

@@ -29,6 +29,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector idiom.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")
 #include <immintrin.h>
@@ -39,6 +41,9 @@ namespace {
 constexpr int kRowsMax = 16;  // activation rows per tile (AMX: 16 rows of 64 bytes)
 constexpr int kKChunk = 32;   // k per tile step: 64 bytes of bfloat16 per A row
 constexpr int kGroups = kPanel / 16;
+// Software prefetch distance in k-rows: one chunk (4 KiB) ahead. 128 and 256 measured slower on a
+// 2-core Xeon (both threads streaming), the hardware prefetcher doing the rest.
+constexpr int64_t kPrefetchRows = kKChunk;
 static_assert(kPanel == 64, "four 16-output B tiles per panel");
 
 // The tile configuration LDTILECFG reads (palette 1): bytes per row and rows of each register.
@@ -64,6 +69,7 @@ TileConfig config_for(int rows) {
 // Output (within the panel) held by column c of B_g: k-rows' 32-output halves h = g / 2, the
 // unpack's low (g even) or high quarter of each 128-bit lane (8 outputs), 4 outputs per lane.
 constexpr int out_index(int g, int c) { return 32 * (g / 2) + 8 * (c / 4) + 4 * (g % 2) + c % 4; }
+static_assert(out_index(1, 0) == 4 && out_index(2, 5) == 41, "store_panel's permutes undo this order");
 
 // x [rows][K] float32 -> parts [3][rows][Kp] bfloat16 bits (hi, lo, lo2; Kp = K rounded up to 32,
 // zero past K). Each split is exact (packed_amx.h): clearing the low 16 bits truncates to a
@@ -99,10 +105,11 @@ inline void stage_chunk(const uint16_t* panel, int64_t K, int64_t k0, uint16_t* 
     const int64_t k = k0 + 2 * kp;
     const uint16_t* ra = panel + k * kPanel;
     if (prefetch) {
-      _mm_prefetch(reinterpret_cast<const char*>(ra + kKChunk * kPanel), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ra + kKChunk * kPanel) + 64, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ra + (kKChunk + 1) * kPanel), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ra + (kKChunk + 1) * kPanel) + 64, _MM_HINT_T0);
+      const char* ahead = reinterpret_cast<const char*>(ra + kPrefetchRows * kPanel);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      _mm_prefetch(ahead + 192, _MM_HINT_T0);
     }
     __m512i a0, a1, b0, b1;
     if (k + 1 < K) {
@@ -124,19 +131,25 @@ inline void stage_chunk(const uint16_t* panel, int64_t K, int64_t k0, uint16_t* 
 }
 
 // One panel against `rows` activation rows whose parts are at `parts` (split_rows); the tile
-// configuration for `rows` is loaded. C goes to cbuf [4][rows][16] float32.
-void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const uint16_t* parts, uint16_t* stage,
+// configuration for `rows` is loaded. C goes to cbuf [4][rows][16] float32. The staging of chunk
+// c + 1 (vector stores) is issued before the tile loads of chunk c, which read the other half of
+// the double buffer: a tile load right behind the stores that wrote its bytes waits for them.
+void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const uint16_t* parts, uint16_t* stage2,
                 float* cbuf, bool prefetch_next) {
   const int64_t stride = Kp * 2;  // bytes per A row
   const uint16_t* hi = parts;
   const uint16_t* lo = parts + rows * Kp;
   const uint16_t* lo2 = parts + 2 * rows * Kp;
+  constexpr int64_t kStage = kGroups * 16 * kKChunk;  // one chunk's four B tiles
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t k0 = 0; k0 < Kp; k0 += kKChunk) {
-    stage_chunk(panel, K, k0, stage, prefetch_next || k0 + 2 * kKChunk <= K);
+  stage_chunk(panel, K, 0, stage2, prefetch_next || kKChunk < K);
+  for (int64_t k0 = 0, c = 0; k0 < Kp; k0 += kKChunk, ++c) {
+    const uint16_t* stage = stage2 + (c & 1) * kStage;
+    if (k0 + kKChunk < Kp)
+      stage_chunk(panel, K, k0 + kKChunk, stage2 + ((c + 1) & 1) * kStage, prefetch_next || k0 + 2 * kKChunk < K);
     _tile_loadd(4, hi + k0, stride);
     _tile_loadd(5, lo + k0, stride);
     _tile_loadd(6, lo2 + k0, stride);
@@ -163,8 +176,31 @@ void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const ui
   _tile_stored(3, cbuf + 3 * rows * 16, 64);
 }
 
+// y[m * ldy + j] = C's output j of row m (+ bias[j]) for j < width: per row, B_2h and B_2h+1 hold
+// outputs 32h + {0..3, 8..11, 16..19, 24..27} and 32h + {4..7, ...} (out_index), so one two-source
+// permute per 16 outputs puts them back in order.
+void store_panel(const float* cbuf, int rows, const float* bias, float* y, int64_t ldy, int64_t width) {
+  // outputs 16q .. 16q + 15 of a half: 4-lane pieces of tile a (index < 16) and tile b (16 + index)
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int q = 0; q < kGroups; ++q) {
+    const int64_t lanes = std::clamp<int64_t>(width - 16 * q, 0, 16);
+    if (lanes == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1u);
+    const __m512 b = bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias + 16 * q);
+    const int h = q / 2;  // the 32-output half: tiles 2h and 2h + 1
+    for (int m = 0; m < rows; ++m) {
+      const __m512 ta = _mm512_loadu_ps(cbuf + ((2 * h) * rows + m) * 16);
+      const __m512 tb = _mm512_loadu_ps(cbuf + ((2 * h + 1) * rows + m) * 16);
+      __m512 out = _mm512_permutex2var_ps(ta, q % 2 == 0 ? first : second, tb);
+      if (bias != nullptr) out = _mm512_add_ps(out, b);
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * q, mask, out);
+    }
+  }
+}
+
 bool amx_usable() {
-  if (!cpu_isa_allows_vnni()) return false;  // "avx512-novnni" and narrower caps run the FMA tiers
+  if (!cpu_isa_allows_amx()) return false;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
@@ -189,7 +225,7 @@ void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t
   if (M <= 0 || p_end <= p_begin) return;
   const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
   thread_local std::vector<uint16_t> parts;
-  alignas(64) static thread_local uint16_t stage[kGroups * 16 * kKChunk];
+  alignas(64) static thread_local uint16_t stage[2 * kGroups * 16 * kKChunk];
   alignas(64) static thread_local float cbuf[kGroups * kRowsMax * 16];
   for (int64_t m0 = 0; m0 < M; m0 += kRowsMax) {
     const int rows = static_cast<int>(std::min<int64_t>(kRowsMax, M - m0));
@@ -201,16 +237,7 @@ void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t
       const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
       if (Kp == 0) std::memset(cbuf, 0, sizeof(cbuf));
       else panel_rows(packed + p * K * kPanel, K, Kp, rows, parts.data(), stage, cbuf, p + 1 < p_end);
-      for (int g = 0; g < kGroups; ++g)
-        for (int c = 0; c < 16; ++c) {
-          const int j = out_index(g, c);
-          if (j >= width) continue;
-          const float b = bias == nullptr ? 0.0f : bias[n0 + j];
-          for (int m = 0; m < rows; ++m) {
-            const float acc = cbuf[(g * rows + m) * 16 + c];
-            y[(m0 + m) * ldy + n0 + j - y_col0] = bias == nullptr ? acc : acc + b;
-          }
-        }
+      store_panel(cbuf, rows, bias == nullptr ? nullptr : bias + n0, y + m0 * ldy + n0 - y_col0, ldy, width);
     }
     _tile_release();
   }
