@@ -73,16 +73,24 @@ def load_real_pair(args) -> Pair:
         target_name, draft_name = PAIRS[args.pair]
         target_dir, draft_dir = models.model_path(target_name), models.model_path(draft_name)
     cross_dir = Path(args.cross_draft) if getattr(args, "cross_draft", None) else None
-    if getattr(args, "weights", "safetensors") == "gguf":  # the files' own blocks, int8 activations
-        target = models.load(target_dir, weights="gguf")
-        draft = models.load(draft_dir, weights="gguf") if draft_dir else None
-        cross = models.load(cross_dir, weights="gguf") if cross_dir else None
-    else:
-        dtype = getattr(torch, args.dtype)
-        target = models.load(target_dir, dtype=dtype)
-        draft = models.load(draft_dir, dtype=dtype) if draft_dir else None
-        cross = models.load(cross_dir, dtype=dtype) if cross_dir else None
+    weights = getattr(args, "weights", "safetensors")
+    draft_weights = draft_weights_of(args)
+
+    def load(folder, kind):  # the files' own GGUF blocks (int8 activations), or the folder in --dtype
+        if folder is None:
+            return None
+        return models.load(folder, weights="gguf") if kind == "gguf" else models.load(folder, dtype=getattr(torch, args.dtype))
+
+    target = load(target_dir, weights)
+    draft = load(draft_dir, draft_weights)
+    cross = load(cross_dir, draft_weights)
     return RealPair(target_dir, draft_dir, AutoTokenizer.from_pretrained(target_dir), target, draft, cross_dir, cross)
+
+
+def draft_weights_of(args) -> str:
+    """The drafts' weights: ``--draft-weights``, or ``--weights`` when it says ``same``."""
+    kind = getattr(args, "draft_weights", "same")
+    return getattr(args, "weights", "safetensors") if kind == "same" else kind
 
 
 def runners(pair: Pair, eos: int | None, seed: int = 0, only: set[str] | None = None):
@@ -162,6 +170,8 @@ def bench(args) -> dict:
         rows += vllm
         not_benched.update(failed)
     dtype = "gguf (int8 activations)" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
+    if draft_weights_of(args) != getattr(args, "weights", "safetensors"):
+        dtype += ", drafts: " + ("gguf (int8 activations)" if draft_weights_of(args) == "gguf" else args.dtype)
     return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), cross_draft=str(pair.cross_draft_dir),
                 dtype=dtype, kind=args.kind,
                 prompts_per_workload=args.prompts, max_new_tokens=args.max_new_tokens, batches=batches,
@@ -295,6 +305,9 @@ def main(argv=None) -> int:
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="the folders' converted bf16 weights (in --dtype), or their GGUF files' quantised blocks "
                         "as stored (int8 activations as llama.cpp; --dtype is then ignored)")
+    p.add_argument("--draft-weights", choices=("same", "safetensors", "gguf"), default="same",
+                   help="the drafts' weights when they differ from the target's (e.g. a bf16 target drafted by "
+                        "the 0.5B's GGUF blocks); default: as --weights")
     p.add_argument("--kind", choices=humaneval.KINDS, default="chat", help="chat requests or raw completion")
     p.add_argument("--prompts", type=int, default=4, help="prompts per workload (each HumanEval half; default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64)

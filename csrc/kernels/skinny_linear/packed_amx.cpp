@@ -14,7 +14,7 @@
 // side by side. vpunpck{l,h}wd of k-rows k and k + 1 do that within 128-bit lanes, so B_g's column
 // c is not output 16g + c but a fixed permutation of the panel's outputs (out_index below), undone
 // when C is written to y. One k-row pair costs 4 loads, 4 unpacks and 4 stores, so the weight
-// stream stays the bound for 1 to 16 rows; more rows take further passes over the panel (from L2).
+// stream stays the bound for 1 to 16 rows; more rows take further passes over the panel, from L2.
 #include "kernels/skinny_linear/packed_amx.h"
 
 #include <algorithm>
@@ -224,23 +224,32 @@ void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t
                             int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
   if (M <= 0 || p_end <= p_begin) return;
   const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
+  const int64_t blocks = (M + kRowsMax - 1) / kRowsMax;
+  // Every row block's split parts up front ([blocks][3][16][Kp]), so that each panel runs all the
+  // blocks while it is in L2 (a 96-row prefill chunk reads the weights from memory once).
   thread_local std::vector<uint16_t> parts;
   alignas(64) static thread_local uint16_t stage[2 * kGroups * 16 * kKChunk];
   alignas(64) static thread_local float cbuf[kGroups * kRowsMax * 16];
-  for (int64_t m0 = 0; m0 < M; m0 += kRowsMax) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRowsMax, M - m0));
-    parts.resize(static_cast<size_t>(3 * rows * Kp));
-    split_rows(x + m0 * K, rows, K, Kp, parts.data());
-    const TileConfig cfg = config_for(rows);
-    _tile_loadconfig(&cfg);
-    for (int64_t p = p_begin; p < p_end; ++p) {
-      const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
+  parts.resize(static_cast<size_t>(blocks * 3 * kRowsMax * Kp));
+  auto rows_of = [&](int64_t b) { return static_cast<int>(std::min<int64_t>(kRowsMax, M - b * kRowsMax)); };
+  auto parts_of = [&](int64_t b) { return parts.data() + b * 3 * kRowsMax * Kp; };
+  for (int64_t b = 0; b < blocks; ++b) split_rows(x + b * kRowsMax * K, rows_of(b), K, Kp, parts_of(b));
+  int loaded = 0;  // the row count the tile configuration holds
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int rows = rows_of(b);
+      if (rows != loaded) {
+        const TileConfig cfg = config_for(rows);
+        _tile_loadconfig(&cfg);
+        loaded = rows;
+      }
       if (Kp == 0) std::memset(cbuf, 0, sizeof(cbuf));
-      else panel_rows(packed + p * K * kPanel, K, Kp, rows, parts.data(), stage, cbuf, p + 1 < p_end);
-      store_panel(cbuf, rows, bias == nullptr ? nullptr : bias + n0, y + m0 * ldy + n0 - y_col0, ldy, width);
+      else panel_rows(packed + p * K * kPanel, K, Kp, rows, parts_of(b), stage, cbuf, p + 1 < p_end && b + 1 == blocks);
+      store_panel(cbuf, rows, bias == nullptr ? nullptr : bias + n0, y + b * kRowsMax * ldy + n0 - y_col0, ldy, width);
     }
-    _tile_release();
   }
+  _tile_release();
 }
 
 }  // namespace specdec::skinny
