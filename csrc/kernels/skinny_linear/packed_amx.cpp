@@ -153,22 +153,18 @@ void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const ui
     _tile_loadd(4, hi + k0, stride);
     _tile_loadd(5, lo + k0, stride);
     _tile_loadd(6, lo2 + k0, stride);
-    _tile_loadd(7, stage + 0 * 512, 64);
-    _tile_dpbf16ps(0, 4, 7);
-    _tile_dpbf16ps(0, 5, 7);
-    _tile_dpbf16ps(0, 6, 7);
-    _tile_loadd(7, stage + 1 * 512, 64);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(1, 5, 7);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_loadd(7, stage + 2 * 512, 64);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_dpbf16ps(2, 5, 7);
-    _tile_dpbf16ps(2, 6, 7);
-    _tile_loadd(7, stage + 3 * 512, 64);
-    _tile_dpbf16ps(3, 4, 7);
-    _tile_dpbf16ps(3, 5, 7);
-    _tile_dpbf16ps(3, 6, 7);
+    // B_g, then its three products into C_g (the tile intrinsics take register numbers as
+    // literal tokens: a macro, not a loop).
+#define SPECDEC_AMX_GROUP(g)                       \
+    _tile_loadd(7, stage + (g) * 512, 64);         \
+    _tile_dpbf16ps(g, 4, 7);                       \
+    _tile_dpbf16ps(g, 5, 7);                       \
+    _tile_dpbf16ps(g, 6, 7);
+    SPECDEC_AMX_GROUP(0)
+    SPECDEC_AMX_GROUP(1)
+    SPECDEC_AMX_GROUP(2)
+    SPECDEC_AMX_GROUP(3)
+#undef SPECDEC_AMX_GROUP
   }
   _tile_stored(0, cbuf + 0 * rows * 16, 64);
   _tile_stored(1, cbuf + 1 * rows * 16, 64);
