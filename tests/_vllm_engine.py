@@ -52,7 +52,8 @@ def main(job_path: str, out_path: str) -> None:
 
     llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
               max_model_len=int(job.get("max_model_len", 256)), speculative_config=job.get("speculative_config"),
-              disable_log_stats=False, seed=0, enable_prefix_caching=False, max_num_seqs=8)
+              disable_log_stats=False, seed=0, enable_prefix_caching=False,
+              max_num_seqs=int(job.get("max_num_seqs", 32)))
     outputs = []
     for batch in job["batches"]:
         prompts = [{"prompt_token_ids": r["prompt"]} for r in batch]

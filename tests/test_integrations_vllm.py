@@ -176,6 +176,17 @@ MIXED = [greedy(PROMPTS[0]), sampled(PROMPTS[1], 7), greedy(PROMPTS[2]), sampled
          greedy(PROMPTS[1])]
 MIXED_GREEDY = {0: 0, 2: 2, 4: 1}
 
+# The sampled distribution: DIST_SAMPLES seeded requests for DIST_TOKENS tokens after a prompt
+# whose greedy text is a run of 211 (the n-gram drafts are 211s), at a temperature where the
+# fixture's wide head spreads the next token over a few ids (211 about half the time), so drafts
+# are accepted and rejected alike. Their joint is compared with the exact one (chi-square).
+DIST_PROMPT = PROMPTS[2] + [211] * 4
+DIST_TEMPERATURE = 2.0  # vLLM's largest
+DIST_TOKENS = 3
+DIST_SAMPLES = 800
+DIST = [dict(prompt=DIST_PROMPT, max_tokens=DIST_TOKENS, temperature=DIST_TEMPERATURE, seed=1000 + i)
+        for i in range(DIST_SAMPLES)]
+
 
 @pytest.fixture(scope="module")
 def vllm_env():
@@ -225,6 +236,47 @@ def tiny_model(tmp_path_factory, vllm_env) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def exact_dist(tiny_model) -> dict:
+    """P(x1 .. x_DIST_TOKENS | DIST_PROMPT) at DIST_TEMPERATURE, by transformers on the same folder
+    (float32), over every sequence of probability above 1e-7 (the rest is below the test's reach)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    dist = {(): 1.0}
+    for _ in range(DIST_TOKENS):
+        prefixes = list(dist)
+        with torch.no_grad():
+            logits = model(torch.tensor([DIST_PROMPT + list(p) for p in prefixes])).logits[:, -1].double()
+        probs = (logits / DIST_TEMPERATURE).softmax(-1)
+        dist = {p + (t,): dist[p] * float(probs[i, t]) for i, p in enumerate(prefixes)
+                for t in range(VOCAB) if dist[p] * float(probs[i, t]) > 1e-7}
+    return dist
+
+
+def chi2_pvalue(samples: list[list[int]], dist: dict) -> float:
+    """Goodness of fit of the sampled sequences to ``dist``: cells of expected count >= 5, the rest
+    pooled into one cell."""
+    n = len(samples)
+    counts: dict[tuple, int] = {}
+    for s in samples:
+        counts[tuple(s)] = counts.get(tuple(s), 0) + 1
+    cells = sorted((seq for seq, p in dist.items() if p * n >= 5), key=dist.get, reverse=True)
+    observed = [counts.get(seq, 0) for seq in cells]
+    expected = [dist[seq] * n for seq in cells]
+    rest_observed, rest_expected = n - sum(observed), n - sum(expected)
+    if rest_expected >= 5:
+        observed.append(rest_observed)
+        expected.append(rest_expected)
+    else:  # too small a cell of its own: merged into the least likely one (a coarser partition)
+        observed[-1] += rest_observed
+        expected[-1] += rest_expected
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    df = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
 def run_engine(env: dict, job: dict, tmp_path: Path, name: str, plugin: bool = True) -> dict:
     job_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
     job_path.write_text(json.dumps(job))
@@ -236,18 +288,34 @@ def run_engine(env: dict, job: dict, tmp_path: Path, name: str, plugin: bool = T
 
 
 @pytest.fixture(scope="module")
-def plain(vllm_env, tiny_model, tmp_path_factory) -> list[list[int]]:
-    """Plain vLLM greedy decoding of PROMPTS, without the plugin and without speculation."""
-    job = dict(model=str(tiny_model), speculative_config=None, batches=[[greedy(p) for p in PROMPTS]])
+def plain_run(vllm_env, tiny_model, tmp_path_factory) -> dict:
+    """Plain vLLM without the plugin and without speculation: greedy decoding of PROMPTS, then the
+    DIST samples."""
+    job = dict(model=str(tiny_model), speculative_config=None, batches=[[greedy(p) for p in PROMPTS], DIST])
     out = run_engine(vllm_env, job, tmp_path_factory.mktemp("plain"), "plain", plugin=False)
     assert out["workers"][0]["sampler"] is None  # no speculation: no rejection sampler
-    rows = out["outputs"][0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(plain_run) -> list[list[int]]:
+    rows = plain_run["outputs"][0]
     assert all(len(r) == NEW_TOKENS for r in rows)
     return rows
 
 
+@pytest.fixture(scope="module")
+def prompt_lookup_run(vllm_env, tiny_model, tmp_path_factory) -> dict:
+    """The plugin's sampler and PromptLookupProposer, the engine core in a process of its own:
+    PROMPTS greedy, the MIXED batch, the DIST samples."""
+    job = dict(model=str(tiny_model), multiprocessing=True,
+               speculative_config=dict(method="custom_class", model=PROPOSER, num_speculative_tokens=3),
+               batches=[[greedy(p) for p in PROMPTS], MIXED, DIST])
+    return run_engine(vllm_env, job, tmp_path_factory.mktemp("prompt_lookup"), "prompt_lookup")
+
+
 def check_speculative(out: dict, plain: list[list[int]], drafter_suffix: str) -> None:
-    alone, mixed = out["outputs"]
+    alone, mixed = out["outputs"][:2]
     assert alone == plain, "greedy output differs from plain decoding"
     for row, prompt in MIXED_GREEDY.items():
         assert mixed[row] == plain[prompt], f"greedy row {row} beside T = 0.8 rows differs from plain decoding"
@@ -261,13 +329,25 @@ def check_speculative(out: dict, plain: list[list[int]], drafter_suffix: str) ->
 
 
 @pytest.mark.slow
-def test_prompt_lookup_proposer_in_vllm_is_plain_greedy_decoding(vllm_env, tiny_model, plain, tmp_path):
-    job = dict(model=str(tiny_model), multiprocessing=True,
-               speculative_config=dict(method="custom_class", model=PROPOSER, num_speculative_tokens=3),
-               batches=[[greedy(p) for p in PROMPTS], MIXED])
-    out = run_engine(vllm_env, job, tmp_path, "prompt_lookup")
+def test_prompt_lookup_proposer_in_vllm_is_plain_greedy_decoding(prompt_lookup_run, plain):
+    out = prompt_lookup_run
     check_speculative(out, plain, "PromptLookupProposer")
     assert out["workers"][0]["pid"] != out["pid"], "the engine core was meant to run in its own process"
+
+
+@pytest.mark.slow
+def test_sampled_distribution_is_at_the_plain_noise_floor(prompt_lookup_run, plain_run, exact_dist):
+    """The plugin's samples (prompt lookup drafting, verify_chain verifying) fit the exact joint of
+    the first DIST_TOKENS tokens as well as plain vLLM's do."""
+    speculative, plain_samples = prompt_lookup_run["outputs"][2], plain_run["outputs"][1]
+    first = {seq[0]: 0.0 for seq in exact_dist}
+    for seq, p in exact_dist.items():
+        first[seq[0]] += p
+    assert 0.2 < first.get(211, 0.0) < 0.9, "the drafts (211) should be accepted and rejected alike"
+    assert all(len(s) == DIST_TOKENS for s in speculative + plain_samples)
+    p_plain, p_spec = chi2_pvalue(plain_samples, exact_dist), chi2_pvalue(speculative, exact_dist)
+    assert p_plain > 1e-3, f"plain vLLM does not fit the exact distribution (p = {p_plain:.2e}): check the fixture"
+    assert p_spec > 1e-3, f"speculative samples do not fit the exact distribution: p = {p_spec:.2e} (plain: {p_plain:.2e})"
 
 
 @pytest.mark.slow
