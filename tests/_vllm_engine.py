@@ -5,7 +5,7 @@
 The job (JSON): ``model`` (an HF folder), ``speculative_config`` (or null), ``multiprocessing``
 (the engine core in a process of its own, as vLLM runs by default; false: in this one),
 ``max_model_len``, and ``batches``: lists of requests, each ``{"prompt": [ids], "max_tokens": n,
-"temperature": t, "seed": s or null}``; each batch is one ``LLM.generate`` call, with
+"temperature": t, "seed": s or null, "logprobs": k (optional)}``; each batch is one ``LLM.generate`` call, with
 ``ignore_eos``. Whether the project's plugin loads is the caller's ``VLLM_PLUGINS`` (``""``: none).
 
 The result (JSON): ``outputs`` (per batch, per request, the new token ids), ``pid`` (this
@@ -58,7 +58,8 @@ def main(job_path: str, out_path: str) -> None:
     for batch in job["batches"]:
         prompts = [{"prompt_token_ids": r["prompt"]} for r in batch]
         params = [SamplingParams(temperature=float(r.get("temperature", 0.0)), seed=r.get("seed"),
-                                 max_tokens=int(r["max_tokens"]), ignore_eos=True) for r in batch]
+                                 max_tokens=int(r["max_tokens"]), ignore_eos=True, logprobs=r.get("logprobs"))
+                  for r in batch]
         results = llm.generate(prompts, params, use_tqdm=False)
         outputs.append([[int(t) for t in res.outputs[0].token_ids] for res in results])
     out = dict(outputs=outputs, pid=os.getpid(), workers=llm.collective_rpc(probe), **counters(llm))

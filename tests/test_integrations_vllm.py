@@ -1,8 +1,9 @@
 """The vLLM plugin (specdec_cuda.integrations.vllm).
 
 Without vLLM (the project's .venv): the proposer against the n-gram reference, its bookkeeping of
-rows that move, start or finish, and the sampler's mapping of vLLM's flattened layout onto
-``verify_chain`` (with stand-ins for vLLM's metadata objects).
+rows that move, start or finish, the sampler's mapping of vLLM's flattened layout onto
+``verify_chain``, and which steps it leaves to vLLM's own sampler (with stand-ins for vLLM's
+metadata objects).
 
 With vLLM (``.venv-vllm``, ``make vllm-env``, the project built and registered there; these tests
 skip where ``vllm`` cannot be imported): a tiny random Qwen2 folder with a word-level tokenizer,
@@ -12,7 +13,10 @@ token for token with plain vLLM decoding without the plugin:
 * the plugin's prompt-lookup proposer (``custom_class``) with the engine core in its own process:
   the plugin is live in the worker (its sampler verified every step there), greedy output is
   plain decoding's, and so are the greedy rows of a batch that also holds T = 0.8 rows;
-* vLLM's own ``ngram`` proposer verified by the plugin's sampler: the same two checks;
+* vLLM's own ``ngram`` proposer verified by the plugin's sampler: the same two checks, and a
+  request asking for logprobs goes to vLLM's own sampler (and still decodes greedily);
+* the sampled distribution of the first tokens (prompt lookup, T = 2) fits the exact one as well
+  as plain vLLM's samples do (chi-square);
 * a loopback OpenAI server (127.0.0.1, bounded requests) with the plugin and its proposer.
 """
 
@@ -151,6 +155,29 @@ def test_verify_batch_mixes_greedy_and_sampled_rows():
     # start at row 3: request 0's 2 drafts and bonus come first)
     for j, token in enumerate(emitted.tolist()):
         assert token in logits[3 + j].topk(4).indices.tolist()
+
+
+def test_steps_that_need_more_than_temperature_top_k_top_p_are_delegated():
+    from specdec_cuda.integrations.vllm import plain_sampling
+
+    MinPLogitsProcessor = type("MinPLogitsProcessor", (), {"min_p_count": 0})
+    LogitBiasLogitsProcessor = type("LogitBiasLogitsProcessor", (), {"biases": {}})
+    Custom = type("MyProcessor", (), {})
+
+    def metadata(processors=(), **changes):
+        base = dict(max_num_logprobs=None, no_penalties=True, allowed_token_ids_mask=None, bad_words_token_ids={},
+                    logprob_token_ids=None, thinking_budget_state_holder=None,
+                    logitsprocs=SimpleNamespace(all=list(processors)))
+        return SimpleNamespace(**{**base, **changes})
+
+    assert plain_sampling(metadata([MinPLogitsProcessor(), LogitBiasLogitsProcessor()]))
+    active = MinPLogitsProcessor()
+    active.min_p_count = 1
+    for m in (metadata(max_num_logprobs=0), metadata(no_penalties=False), metadata(bad_words_token_ids={0: [[5]]}),
+              metadata(allowed_token_ids_mask=torch.zeros(1, 4, dtype=torch.bool)), metadata([active]),
+              metadata([Custom()]),
+              metadata(thinking_budget_state_holder=SimpleNamespace(has_tracked_requests=lambda: True))):
+        assert not plain_sampling(m)
 
 
 # --- with vLLM --------------------------------------------------------------------------------
@@ -314,7 +341,7 @@ def prompt_lookup_run(vllm_env, tiny_model, tmp_path_factory) -> dict:
     return run_engine(vllm_env, job, tmp_path_factory.mktemp("prompt_lookup"), "prompt_lookup")
 
 
-def check_speculative(out: dict, plain: list[list[int]], drafter_suffix: str) -> None:
+def check_speculative(out: dict, plain: list[list[int]], drafter_suffix: str, delegated: bool = False) -> None:
     alone, mixed = out["outputs"][:2]
     assert alone == plain, "greedy output differs from plain decoding"
     for row, prompt in MIXED_GREEDY.items():
@@ -324,7 +351,7 @@ def check_speculative(out: dict, plain: list[list[int]], drafter_suffix: str) ->
     (worker,) = out["workers"]
     assert worker["sampler"] == "VerifyChainSampler", worker
     assert worker["drafter"].endswith(drafter_suffix), worker
-    assert worker["steps_verified"] > 0 and worker["steps_delegated"] == 0, worker
+    assert worker["steps_verified"] > 0 and (worker["steps_delegated"] > 0) == delegated, worker
     assert out["drafts"] > 0 and out["draft_tokens"] >= out["accepted"] > 0, out
 
 
@@ -355,8 +382,11 @@ def test_vllm_ngram_verified_by_the_plugin_is_plain_greedy_decoding(vllm_env, ti
     job = dict(model=str(tiny_model),
                speculative_config=dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3,
                                        prompt_lookup_min=1),
-               batches=[[greedy(p) for p in PROMPTS], MIXED])
-    check_speculative(run_engine(vllm_env, job, tmp_path, "ngram"), plain, "NgramProposer")
+               # last: logprobs, which the kernel does not compute: those steps are vLLM's own
+               batches=[[greedy(p) for p in PROMPTS], MIXED, [dict(greedy(PROMPTS[1]), logprobs=2)]])
+    out = run_engine(vllm_env, job, tmp_path, "ngram")
+    check_speculative(out, plain, "NgramProposer", delegated=True)
+    assert out["outputs"][2] == [plain[1]]
 
 
 def _free_port() -> int:
