@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: deps build demo test bench bench-real llama-cpp-env vllm-env cpu-only-check clean
+.PHONY: deps build demo test bench bench-real llama-cpp-env vllm-env vllm-plugin-check cpu-only-check clean
 
 $(VENV)/.deps-installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ llama-cpp-env:
 # CUDA-linked torchvision / torchaudio / torchcodec / triton it pulls in.
 vllm-env:
 	PYTHON=$(PYTHON) bash bench/peers/install_vllm.sh
+
+# The vLLM plugin (specdec_cuda.integrations.vllm) tested inside vLLM: .venv-vllm as above, the
+# project built CPU-only against its torch in a scratch copy, tests/test_integrations_vllm.py there.
+# Opt-in (not in .ci/run): about 12 minutes on 2 cores from nothing, see docs/integrations.md.
+vllm-plugin-check:
+	PYTHON=$(PYTHON) bash scripts/vllm_plugin_check.sh
 
 # CPU-only build into a scratch copy, then the CPU tests against it (cheap proof that
 # SPECDEC_CUDA=0 builds and passes).

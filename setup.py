@@ -201,6 +201,8 @@ setup(
     # real: what models.fetch needs to convert a registry GGUF file into a Hugging Face folder.
     extras_require={"hf": ["transformers"], "test": ["pytest", "scipy", "transformers"],
                     "real": ["transformers", "gguf", "accelerate"]},
-    entry_points={"console_scripts": ["specdec-cuda=specdec_cuda.__main__:main"]},
+    # vllm.general_plugins: vLLM calls register() in each of its processes (docs/integrations.md).
+    entry_points={"console_scripts": ["specdec-cuda=specdec_cuda.__main__:main"],
+                  "vllm.general_plugins": ["specdec_cuda = specdec_cuda.integrations.vllm:register"]},
     zip_safe=False,
 )

@@ -21,15 +21,17 @@ Modes (``speculative_config`` of ``vllm.LLM``):
 
 The engine is set up as a user runs vLLM on one CPU machine: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 (engine core in this process), ``distributed_executor_backend="uni"``, ``enforce_eager=True``
-(no ``torch.compile``), ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, prefix caching off unless
+(no ``torch.compile``), ``VLLM_PLUGINS=""`` (no plugin: the peer is vLLM as shipped, even where
+the project's own plugin, specdec_cuda.integrations.vllm, is installed in that environment),
+``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, prefix caching off unless
 ``"prefix_caching": true`` (vLLM's default is on: the warm-up call and earlier prompts would leave the
 chat template's shared opening cached, a prefill this engine and llama.cpp's rows pay on every
 prompt), and ``threads`` worker threads:
 ``VLLM_CPU_OMP_THREADS_BIND=0-(threads-1)`` pins the OpenMP threads of its kernels to those cores,
 and ``OMP_NUM_THREADS=threads`` keeps torch's own ops at that count (without it vLLM drops torch to
 one thread "for serving"). These environment variables must be set before ``vllm`` is imported,
-which is why this runner sets them itself (the caller's values win for the first two, never for
-the thread count, which is the job's).
+which is why this runner sets them itself (the caller's values win, except for the two thread
+settings, which are the job's).
 
 The result (JSON): ``peer``, ``vllm`` (its version), the settings, ``startup_seconds`` (building
 the ``LLM``: weights, KV cache, vLLM's own warm-up; not part of any tokens/s), and per prompt
@@ -74,7 +76,8 @@ def speculative_config(job: dict) -> dict | None:
 def set_environment(job: dict) -> dict:
     """The environment variables of the module docstring (see there who wins); returned."""
     threads = int(job.get("threads", 2))
-    wanted = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE=str(int(job.get("kv_cache_gib", 2))),
+    wanted = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PLUGINS="",
+                  VLLM_CPU_KVCACHE_SPACE=str(int(job.get("kv_cache_gib", 2))),
                   VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                   OMP_NUM_THREADS=str(threads))
     for key, value in wanted.items():
