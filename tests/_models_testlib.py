@@ -171,14 +171,16 @@ HF_MTP_ARCHITECTURES = {
 }
 
 
-def write_hf_mtp_checkpoint(layout: str, folder: Path, num_mtp: int, seed: int = 0, noise: float = 0.1) -> Path:
+def write_hf_mtp_checkpoint(layout: str, folder: Path, num_mtp: int, seed: int = 0, noise: float = 0.1,
+                            **overrides) -> Path:
     """A tiny float64 checkpoint of ``layout`` (``deepseek_v3``, ``glm4_moe``, ``qwen3_next``) with
     ``num_mtp`` MTP layers in the checkpoint's own layout, as transformers saves the main model
     (experts one by one). Each MTP block is a noisy copy of main layer 1 (an MoE layer; Qwen3-Next's
     full-attention one), the [embedding; hidden] projection passes the next token's normed embedding
     (its hidden half small noise), the final norm the model's; so drafts are sometimes accepted.
     DeepSeek / GLM: MTP layer 0 stores exact copies of the embeddings and LM head (as DeepSeek-V3
-    does), layer 1 a noisy LM head of its own. Routers get non-zero correction biases."""
+    does), layer 1 a noisy LM head of its own. Routers get non-zero correction biases. ``overrides``:
+    config arguments (e.g. ``vocab_size``)."""
     import json
 
     import transformers
@@ -187,7 +189,7 @@ def write_hf_mtp_checkpoint(layout: str, folder: Path, num_mtp: int, seed: int =
     folder = Path(folder)
     cls, kwargs = HF_MTP_ARCHITECTURES[layout]
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**_HF_MTP_COMMON, **kwargs),
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**{**_HF_MTP_COMMON, **kwargs, **overrides}),
                                                           attn_implementation="sdpa", experts_implementation="eager")
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
