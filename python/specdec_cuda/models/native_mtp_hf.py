@@ -219,6 +219,10 @@ def load_hf_mtp(target, tensors: Mapping[str, torch.Tensor], layout: str, count:
         if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
             cfg = copy.deepcopy(cfg)
             cfg._attn_implementation = "sdpa"  # the layer's cache needs a 4-D mask
+        quantised = [n for n in tensors if n.startswith(p) and n.endswith(("_scale_inv", "weight_scale"))]
+        if quantised:  # e.g. DeepSeek-V3's published FP8 blocks: their scales would be ignored here
+            raise UnsupportedModelError(f"{layout} MTP layer {i}: block-quantised weights ({quantised[0]}); "
+                                        f"only unquantised (bf16 / fp16 / fp32) MTP layers are read")
         with torch.device("meta"):
             block = block_cls(cfg, index)
         state = {k: v.to(dtype=dtype, device=device)
