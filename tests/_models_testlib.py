@@ -143,3 +143,112 @@ def write_mimo_checkpoint(source: Path, folder: Path, num_mtp: int = 2, seed: in
                   attention_bias=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+# Tiny main models (2 decoder layers, float64) of the architectures whose checkpoints carry MTP
+# layers that run on transformers' blocks (models/native_mtp_hf.py): config class and arguments.
+_HF_MTP_COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, initializer_range=0.1)
+HF_MTP_ARCHITECTURES = {
+    # MLA with a low-rank query, interleaved RoPE; layer 0 dense, layer 1 MoE with grouped routing.
+    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                                             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                                             n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                             n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1,
+                                             routed_scaling_factor=2.5)),
+    # GQA with q/k norms, biases and half-dimension RoPE; layer 0 dense, layer 1 MoE.
+    "glm4_moe": ("Glm4MoeConfig", dict(num_key_value_heads=2, head_dim=8, use_qk_norm=True, attention_bias=True,
+                                       n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                       n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1,
+                                       routed_scaling_factor=1.5)),
+    # A gated-delta-net layer, then a full gated-attention layer; both MoE with a gated shared expert.
+    "qwen3_next": ("Qwen3NextConfig", dict(num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                           linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                                           linear_value_head_dim=8,
+                                           layer_types=["linear_attention", "full_attention"])),
+}
+
+
+def write_hf_mtp_checkpoint(layout: str, folder: Path, num_mtp: int, seed: int = 0, noise: float = 0.1,
+                            **overrides) -> Path:
+    """A tiny float64 checkpoint of ``layout`` (``deepseek_v3``, ``glm4_moe``, ``qwen3_next``) with
+    ``num_mtp`` MTP layers in the checkpoint's own layout, as transformers saves the main model
+    (experts one by one). Each MTP block is a noisy copy of main layer 1 (an MoE layer; Qwen3-Next's
+    full-attention one), the [embedding; hidden] projection passes the next token's normed embedding
+    (its hidden half small noise), the final norm the model's; so drafts are sometimes accepted.
+    DeepSeek / GLM: MTP layer 0 stores exact copies of the embeddings and LM head (as DeepSeek-V3
+    does), layer 1 a noisy LM head of its own. Routers get non-zero correction biases. ``overrides``:
+    config arguments (e.g. ``vocab_size``)."""
+    import json
+
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(folder)
+    cls, kwargs = HF_MTP_ARCHITECTURES[layout]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**{**_HF_MTP_COMMON, **kwargs, **overrides}),
+                                                          attn_implementation="sdpa", experts_implementation="eager")
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+        for name, p in model.named_parameters():  # zero-centred norms start at 0: make them matter
+            if layout == "qwen3_next" and name.endswith("norm.weight"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    model.double().save_pretrained(str(folder))
+    tensors = load_file(str(folder / "model.safetensors"))
+    H, N = _HF_MTP_COMMON["hidden_size"], _HF_MTP_COMMON["num_hidden_layers"]
+
+    def noisy(t: torch.Tensor) -> torch.Tensor:
+        return t + noise * t.std().clamp(min=1e-3) * torch.randn(t.shape, generator=g, dtype=t.dtype)
+
+    def projection() -> torch.Tensor:  # [embedding | hidden]
+        proj = noise * torch.randn(H, 2 * H, generator=g, dtype=torch.float64) / H ** 0.5
+        proj[:, :H] += torch.eye(H, dtype=torch.float64)
+        return proj
+
+    if layout == "qwen3_next":
+        for d in range(num_mtp):
+            for name, t in list(tensors.items()):
+                if name.startswith("model.layers.1."):
+                    tensors[f"mtp.layers.{d}." + name[len("model.layers.1."):]] = noisy(t)
+        tensors["mtp.fc.weight"] = projection()
+        for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+            tensors[f"mtp.{name}.weight"] = 0.2 * torch.randn(H, generator=g, dtype=torch.float64)
+        tensors["mtp.norm.weight"] = noisy(tensors["model.norm.weight"])
+    else:
+        for d in range(num_mtp):
+            p = f"model.layers.{N + d}."
+            for name, t in list(tensors.items()):
+                if name.startswith("model.layers.1."):
+                    tensors[p + name[len("model.layers.1."):]] = noisy(t)
+            tensors[p + "eh_proj.weight"] = projection()
+            tensors[p + "enorm.weight"] = noisy(torch.ones(H, dtype=torch.float64))
+            tensors[p + "hnorm.weight"] = noisy(torch.ones(H, dtype=torch.float64))
+            tensors[p + "shared_head.norm.weight"] = noisy(tensors["model.norm.weight"])
+            head = tensors["lm_head.weight"]
+            tensors[p + "shared_head.head.weight"] = head.clone() if d == 0 else noisy(head)
+            if d == 0:
+                tensors[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    config["num_nextn_predict_layers"] = num_mtp
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def load_hf_mtp_target(folder: Path):
+    """The main model of a ``write_hf_mtp_checkpoint`` folder, loaded by transformers (which drops
+    the MTP tensors), float64, as an ``HFCausalLM``."""
+    import transformers
+
+    from specdec_cuda.models import HFCausalLM
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float64,
+                                                              attn_implementation="sdpa",
+                                                              experts_implementation="eager")
+    return HFCausalLM(model.eval())

@@ -182,6 +182,11 @@ CASES = [
          options=lambda env: dict(cross_tokenizer_options(env.target), k=3, policy="fixed"), same_samples_as=AR),
     Case("mtp-native", True, method="mtp", options=lambda env: dict(k=3, policy="fixed"),
          target=lambda env: _mimo_target(env.target)),
+    # The MTP layers of DeepSeek-V3, GLM-4.5 and Qwen3-Next checkpoints, on transformers' blocks
+    # (the hf env only); coupled drafts: the autoregressive samples.
+    *[Case(f"mtp-native-{layout}", True, method="mtp", options=lambda env: dict(k=3, policy="fixed"),
+           target=lambda env, layout=layout: _hf_mtp_target(env.target, layout), same_samples_as=AR)
+      for layout in ("deepseek_v3", "glm4_moe", "qwen3_next")],
     # Layer 0 left out: the small target has one layer, so its draft is the head over the embeddings.
     Case("layer-skip", True, method="layer_skip",
          options=lambda env: dict(k=3, skip=[0], policy="fixed", verification="rejection"),
@@ -214,6 +219,33 @@ def _mimo_target(model):
         atexit.register(shutil.rmtree, folder, True)
         _MIMO[source] = write_mimo_checkpoint(source, folder, num_mtp=2, seed=7)
     return models.load(_MIMO[source], dtype=model.dtype)
+
+
+_HF_MTP: dict = {}  # (layout, vocab) -> its target, written and loaded once per session
+
+
+def _hf_mtp_target(model, layout: str):
+    """A checkpoint of ``layout`` with MTP layers and the env target's vocabulary (2 main layers, 2
+    MTP layers; GLM-4.5: 1), loaded by transformers behind ``HFCausalLM``: ``method="mtp"`` with no
+    heads runs the checkpoint's own layers."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from _models_testlib import load_hf_mtp_target, write_hf_mtp_checkpoint
+    from specdec_cuda.models import HFCausalLM
+
+    if not isinstance(model, HFCausalLM):
+        pytest.skip(f"{layout} MTP layers run on the transformers adapter: the case runs in the hf env")
+    key = (layout, model.vocab_size)
+    if key not in _HF_MTP:
+        folder = Path(tempfile.mkdtemp(prefix=f"{layout}-"))
+        atexit.register(shutil.rmtree, folder, True)
+        write_hf_mtp_checkpoint(layout, folder, num_mtp=1 if layout == "glm4_moe" else 2, seed=7,
+                                vocab_size=model.vocab_size)
+        _HF_MTP[key] = load_hf_mtp_target(folder)
+    return _HF_MTP[key]
 
 
 def _builtin_target(model, method: str):

@@ -1,8 +1,9 @@
 """What a checkpoint folder supports out of the box: ``python -m specdec_cuda methods --model DIR``.
 
 Per registered method: whether it runs on the folder with no options (the built-in model reads
-the family; ``mtp`` needs MTP layers in the checkpoint that the built-in model runs), and what it
-needs otherwise (a draft model, trained heads or a drafter, another backend).
+the family; ``mtp`` needs MTP layers in the checkpoint: MiMo's on the built-in model, DeepSeek-V3's,
+GLM-4.5's and Qwen3-Next's on the transformers adapter), and what it needs otherwise (a draft
+model, trained heads or a drafter, another backend).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ _NEEDS = {
 }
 # Notes on methods that run with no options but on a wrapped target.
 _NOTES = {"quantspec": "on the built-in model over its int4 KV cache: models.QuantKVModel(models.load(DIR))"}
-_BUILTIN_ONLY = ("quantspec", "layer_skip", "mtp")  # they run the built-in model's own forward paths
+_BUILTIN_ONLY = ("quantspec", "layer_skip")  # they run the built-in model's own forward paths
 
 
 def checkpoint_methods(folder: str | Path) -> tuple[list[tuple[str, bool, str]], str]:
@@ -39,7 +40,7 @@ def checkpoint_methods(folder: str | Path) -> tuple[list[tuple[str, bool, str]],
         builtin, why_not = True, ""
     except UnsupportedModelError as exc:
         family, builtin, why_not = None, False, str(exc).split(";")[0]
-    native = detect(raw, SafetensorsFolder(folder)) if builtin else None
+    native = detect(raw, SafetensorsFolder(folder))
     about = (f"{folder}: {raw.get('model_type', '?')}, " + (f"the built-in model runs it ({family})" if builtin
              else "the built-in model does not run it: models.HFCausalLM does")
              + (f"; it carries {native.describe()}" if native else "; no MTP layers"))
@@ -47,8 +48,10 @@ def checkpoint_methods(folder: str | Path) -> tuple[list[tuple[str, bool, str]],
     for spec in methods.available():
         ok, note = spec.name not in _NEEDS, _NEEDS.get(spec.name, _NOTES.get(spec.name, ""))
         if spec.name == "mtp":
-            ok = native is not None and native.runnable
+            ok = native is not None and (native.backend == "builtin") == builtin
             note = native.describe() if native else "no MTP layers in the checkpoint: heads=<folder> trained for it"
+            if native is not None and native.backend == "transformers":
+                note += "; target: models.HFCausalLM(AutoModelForCausalLM.from_pretrained(DIR))"
         if spec.name in _BUILTIN_ONLY and not builtin:
             ok, note = False, f"runs on the built-in model only ({why_not})"
         rows.append((spec.name, ok, note))

@@ -118,11 +118,33 @@ def target_head(target) -> TargetHead:
         if norm is None or not hasattr(norm, "weight"):
             raise ValueError(f"{type(model).__name__}: no final norm found at "
                              f"model.{getattr(model, 'base_model_prefix', '?')}.norm (needed by MTP heads)")
-        config = LlamaConfig.from_hf_dict(target.config.to_dict(), source=type(model).__name__)
+        config = _sizes_of(target.config.to_dict(), type(model).__name__)
         eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", config.rms_norm_eps)))
         return TargetHead(model.get_input_embeddings().weight, norm.weight, eps,
                           model.get_output_embeddings().weight, config)
     raise TypeError(f"MTP heads need the built-in LlamaModel or an HFCausalLM target, got {type(target).__name__}")
+
+
+def _sizes_of(cfg: dict, source: str) -> LlamaConfig:
+    """A transformers config as a ``LlamaConfig``: the full one for the built-in model's families;
+    for others (latent attention, mixtures of experts, hybrid stacks) their sizes only, which is
+    what the heads' shapes and the drafter cache's fingerprint read."""
+    from .config import UnsupportedModelError
+
+    try:
+        return LlamaConfig.from_hf_dict(cfg, source=source)
+    except UnsupportedModelError:
+        if not all(cfg.get(k) for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers")):
+            raise
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    return LlamaConfig(
+        vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(cfg.get("intermediate_size") or cfg.get("moe_intermediate_size") or hidden),
+        num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=heads,
+        num_key_value_heads=kv_heads if heads % kv_heads == 0 else heads,
+        head_dim=int(cfg.get("head_dim") or hidden // heads), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        family=str(cfg.get("model_type", source)))
 
 
 class MedusaHeads(nn.Module):

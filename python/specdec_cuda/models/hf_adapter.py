@@ -151,8 +151,9 @@ class HFCache:
                 kept = kept_indices if kept_indices is not None else col.expand(self.batch_size, m)
                 path = torch.where(col < num_kept[:, None], kept, -1)  # [B, m]
                 caches = [t for layer in self._layers() for t in (layer.keys, layer.values)]
-                compact_kv(caches, path, (num_kept - 1).clamp(min=0), torch.full_like(num_kept, base),
-                           self.lengths)
+                for group in _same_layout(caches):
+                    compact_kv(group, path, (num_kept - 1).clamp(min=0), torch.full_like(num_kept, base),
+                               self.lengths)
                 self._compact_slots(path, base)
         self._crop_to(hi_len)
         self.lengths.copy_(new_lengths)
@@ -205,6 +206,16 @@ class HFCache:
         self.max_length_committed = int(hi)
         self.uniform = lo == hi
         self.num_pending = 0
+
+
+def _same_layout(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` grouped by shape, strides and dtype (what one ``compact_kv`` call takes). Most
+    models give one group; multi-head latent attention (DeepSeek-V2 / V3) caches its compressed
+    latent [B, 1, T, kv_lora_rank] as the keys and its rotary key [B, 1, T, rope_dim] as the values."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((tuple(t.shape), t.stride(), t.dtype), []).append(t)
+    return list(groups.values())
 
 
 class _RecurrentStates:

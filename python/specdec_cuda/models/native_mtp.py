@@ -21,9 +21,11 @@ checkpoint. The layouts (config key, tensor names per MTP layer ``i``; ``N`` = n
 
 The built-in model runs dense Llama / Qwen2 / Qwen3 blocks, so it runs MiMo's layers
 (``models.heads.MTPModules`` with the checkpoint's final norms and chaining rule, ``eh_proj``'s two
-halves put in this project's [embedding | hidden] order). The other layouts are recognised and
-reported (``python -m specdec_cuda methods --model DIR``) with what running them needs: their
-blocks are kinds the built-in model does not have.
+halves put in this project's [embedding | hidden] order). The other three layouts run on targets
+loaded with ``transformers`` (``models.HFCausalLM``: their main models' blocks are kinds the built-in
+model does not have), each MTP layer's block built from transformers' own decoder-layer class of
+the architecture (``models.native_mtp_hf``, which also states each forward exactly).
+``python -m specdec_cuda methods --model DIR`` reports what a folder carries and on which backend.
 """
 
 from __future__ import annotations
@@ -41,22 +43,23 @@ from .heads import MTPModules
 @dataclass(frozen=True)
 class NativeMTP:
     """The MTP layers a checkpoint carries: ``layout`` (``mimo``, ``deepseek_v3``, ``glm4_moe``,
-    ``qwen3_next``), how many, whether the built-in model runs them, and what is missing if not."""
+    ``qwen3_next``), how many, and the backend that runs them: ``"builtin"`` (the built-in model,
+    ``models.load``) or ``"transformers"`` (``models.HFCausalLM``)."""
 
     layout: str
     num_layers: int
-    runnable: bool
-    needs: str = ""
+    backend: str
 
     def describe(self) -> str:
         what = f"{self.num_layers} MTP layer{'s' if self.num_layers != 1 else ''} ({self.layout} layout)"
-        return what + ("" if self.runnable else f": not run by this library ({self.needs})")
+        return what + ("" if self.backend == "builtin" else
+                       f", run on the transformers adapter: {_BLOCKS[self.layout]}")
 
 
-_NOT_DENSE = {
-    "deepseek_v3": "its block's multi-head latent attention and mixture of experts",
-    "glm4_moe": "its block's mixture of experts",
-    "qwen3_next": "its block's gated attention and mixture of experts, zero-centred norms",
+_BLOCKS = {
+    "deepseek_v3": "multi-head latent attention and mixture-of-experts blocks",
+    "glm4_moe": "mixture-of-experts blocks",
+    "qwen3_next": "gated-attention and mixture-of-experts blocks, zero-centred norms",
 }
 
 
@@ -67,15 +70,15 @@ def detect(config: Mapping, names: Iterable[str]) -> NativeMTP | None:
     model_type = str(config.get("model_type", ""))
     mimo = {int(m.group(1)) for n in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.", n))}
     if mimo:
-        return NativeMTP("mimo", max(mimo) + 1, True)
+        return NativeMTP("mimo", max(mimo) + 1, "builtin")
     if any(n.startswith("mtp.") for n in names):
         count = {int(m.group(1)) for n in names if (m := re.match(r"mtp\.layers\.(\d+)\.", n))}
-        return NativeMTP("qwen3_next", max(count, default=0) + 1, False, _NOT_DENSE["qwen3_next"])
+        return NativeMTP("qwen3_next", max(count, default=0) + 1, "transformers")
     nextn = int(config.get("num_nextn_predict_layers", 0) or 0)
     num_layers = int(config.get("num_hidden_layers", 0) or 0)
     if nextn > 0 and any(n.startswith(f"model.layers.{num_layers}.eh_proj") for n in names):
         layout = "glm4_moe" if model_type.startswith("glm") else "deepseek_v3"
-        return NativeMTP(layout, nextn, False, _NOT_DENSE[layout])
+        return NativeMTP(layout, nextn, "transformers")
     return None
 
 
@@ -113,16 +116,21 @@ def load_mimo(tensors: Mapping[str, torch.Tensor], config: LlamaConfig, count: i
     return modules.requires_grad_(False)
 
 
-def native_modules(target) -> MTPModules:
-    """The MTP modules of ``target``'s own checkpoint (``models.load`` records the folder), in its
-    dtype and device; FileNotFoundError saying what the checkpoint has when it has none to run."""
-    from ..drafters import train_command
+def native_modules(target):
+    """The MTP modules of ``target``'s own checkpoint (the folder ``models.load`` records, or for an
+    ``HFCausalLM`` the one transformers read), in its dtype and device: ``MTPModules`` (MiMo, on the
+    built-in model) or ``native_mtp_hf.HFMTPModules`` (DeepSeek-V3, GLM-4.5, Qwen3-Next, on an
+    ``HFCausalLM``). FileNotFoundError saying what the checkpoint has when it has none to run;
+    UnsupportedModelError when the layers need the other backend."""
+    from ..drafters import target_folder, train_command
 
-    folder = getattr(target, "checkpoint_dir", None)
+    folder = target_folder(target)
     if folder is None:
         raise FileNotFoundError("no MTP heads given, none in the drafter cache for this target, and it was not "
-                                "loaded from a checkpoint folder by specdec_cuda.models.load: pass heads=<folder or "
-                                f"MTPModules> trained for it, or train them with `{train_command(target, 'mtp')}`")
+                                "loaded from a checkpoint folder (specdec_cuda.models.load, or transformers' "
+                                "from_pretrained): pass heads=<folder or MTPModules> trained for it, or train them "
+                                f"with `{train_command(target, 'mtp')}`")
+    from .hf_adapter import HFCausalLM
     from .loader import SafetensorsFolder, read_checkpoint_config
 
     folder, _, raw = read_checkpoint_config(folder, "a Hugging Face checkpoint folder")
@@ -133,6 +141,16 @@ def native_modules(target) -> MTPModules:
                                 f"carries no MTP layers (MiMo, DeepSeek-V3, GLM-4.5 or Qwen3-Next layouts): pass "
                                 f"heads=<folder or MTPModules> trained for it, or train them with "
                                 f"`{train_command(target, 'mtp')}`")
-    if not found.runnable:
-        raise UnsupportedModelError(f"{folder} carries {found.describe()}")
+    if found.backend == "transformers":
+        if not isinstance(target, HFCausalLM):
+            raise UnsupportedModelError(
+                f"{folder} carries {found.describe()}; the built-in model does not run them: load the folder "
+                f"with transformers (AutoModelForCausalLM.from_pretrained) and pass the model or "
+                f"specdec_cuda.models.HFCausalLM(model) as the target")
+        from .native_mtp_hf import load_hf_mtp
+
+        return load_hf_mtp(target, tensors, found.layout, found.num_layers)
+    if isinstance(target, HFCausalLM):
+        raise UnsupportedModelError(f"{folder} carries {found.describe()}, whose blocks the built-in model runs: "
+                                    f"load it with specdec_cuda.models.load")
     return load_mimo(tensors, target.config, found.num_layers, dtype=target.dtype, device=target.device)

@@ -1,6 +1,7 @@
 """DeepSeek-V3-style chained multi-token prediction: ``method="mtp"``.
 
-D modules on the target (``models.heads.MTPModules``). Module d at position t reads the previous
+D modules on the target (``models.heads.MTPModules``, or a checkpoint's own MTP layers:
+``models.native_mtp``). Module d at position t reads the previous
 depth's hidden state at t (the target's final normed hidden state for d = 1) and the embedding of
 token t + d, and its output predicts token t + d + 1 through the target's final norm and LM head.
 
@@ -181,11 +182,12 @@ def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool
         from ..drafters import find
 
         heads = find(target, "mtp")
-    if heads is None:  # the checkpoint's own MTP layers (MiMo), or FileNotFoundError saying what it has
+    if heads is None:  # the checkpoint's own MTP layers, or FileNotFoundError saying what it has
         from ..models.native_mtp import native_modules
 
-        heads = native_modules(target)
-    modules = resolve_heads(target, heads, "mtp")
+        modules = native_modules(target)  # in the target's dtype and device
+    else:
+        modules = resolve_heads(target, heads, "mtp")
     return MTPProposer(head, modules, k=k, verification=verification)
 
 
@@ -196,7 +198,8 @@ register(MethodSpec(
     make=make_mtp_proposer,
     options={
         "heads": "MTPModules or a heads folder, trained for this target (default: the MTP layers the target's "
-                 "checkpoint carries, MiMo layout; models/native_mtp.py)",
+                 "checkpoint carries: MiMo layout on the built-in model; DeepSeek-V3 / R1, GLM-4.5, Qwen3-Next "
+                 "on the transformers adapter; models/native_mtp.py)",
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
         "verification": SAMPLED_VERIFICATION_OPTION,
