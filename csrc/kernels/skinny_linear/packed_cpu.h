@@ -12,7 +12,9 @@
 // Batch invariance and portability of bits: y[m, n] is the fused multiply-add chain
 // acc = fma(x[m, k], W[n, k], acc) over k = 0 .. K-1 from acc = 0, then + bias[n], whatever the
 // other rows of x are and whichever of the three kernels runs (AVX-512, AVX2, or the portable loop
-// with std::fma). One-token decoding and a verification forward give a token the same bits.
+// with std::fma). One-token decoding and a verification forward give a token the same bits. On a
+// CPU with AMX, bfloat16 panels run a fourth kernel instead (packed_amx.h): batch-invariant too,
+// within float32 rounding of these, but not their bits.
 #pragma once
 
 #include <cstdint>
