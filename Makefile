@@ -61,7 +61,7 @@ vllm-env:
 
 # The vLLM plugin (specdec_cuda.integrations.vllm) tested inside vLLM: .venv-vllm as above, the
 # project built CPU-only against its torch in a scratch copy, tests/test_integrations_vllm.py there.
-# Part of .ci/run (its last stage); about 7 to 10 minutes on 2 cores from nothing (docs/integrations.md).
+# Part of .ci/run (its last stage): 6 minutes on 2 cores from nothing (docs/integrations.md).
 vllm-plugin-check:
 	PYTHON=$(PYTHON) bash scripts/vllm_plugin_check.sh
 
