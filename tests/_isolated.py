@@ -58,3 +58,26 @@ def run_isolated(script: str, timeout: float = 300) -> list[dict]:
         raise AssertionError(f"child exited with status {proc.returncode} (negative: killed by signal) "
                              f"during case {last!r}\nstderr:\n{proc.stderr[-4000:]}")
     return [r for r in records if "case" in r]
+
+
+def run_capped(cap: str, code: str, payload=None, timeout: float = 120):
+    """Run ``python -c code`` in a fresh process with ``SPECDEC_CPU_ISA=cap`` (the kernels read it
+    once, at load) and the checkout's ``python/`` first on its path; a non-zero exit fails the test.
+
+    With ``payload``: it is ``torch.save``d to a file whose path the child gets as ``sys.argv[1]``;
+    the child writes its result over it, and that result is returned.
+    """
+    import tempfile
+
+    import torch
+
+    env = dict(os.environ, SPECDEC_CPU_ISA=cap,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+    if payload is None:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=timeout)
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "io.pt")
+        torch.save(payload, path)
+        subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=timeout)
+        return torch.load(path)

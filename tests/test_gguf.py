@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-
 import numpy as np
 import pytest
 import torch
@@ -14,6 +9,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from _gguf_testlib import HALF_FIELDS, random_blocks  # noqa: E402
+from _isolated import run_capped  # noqa: E402
 from specdec_cuda.ops import gguf as g  # noqa: E402
 from specdec_cuda.reference import gguf as ref  # noqa: E402
 
@@ -175,14 +171,7 @@ def test_narrower_cpu_tiers_give_the_same_bits(cap):
             "out = [[g.gguf_matmul(x[:m], g.gguf_weight(raw, q, (n, k))) for m in (1, 2, 3, 4, 6)] "
             "for q, raw, n, k, x in cases]; "
             "torch.save(out, sys.argv[1])")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "io.pt")
-        torch.save(cases, path)
-        python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-        env = dict(os.environ, SPECDEC_CPU_ISA=cap,
-                   PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-        subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=300)
-        theirs = torch.load(path)
+    theirs = run_capped(cap, code, cases, timeout=300)
     for (q, *_), a_list, b_list in zip(cases, here, theirs):
         for a, b in zip(a_list, b_list):
             assert torch.equal(bits(a), bits(b)), Q(q).name

@@ -3,13 +3,9 @@ batch invariance: a row's output does not depend on the other rows."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-
 import pytest
 import torch
+from _isolated import run_capped
 
 from specdec_cuda.ops.skinny_linear import (MAX_ROWS, PANEL, linear, pack_weight, packed_bf16_tier, skinny_linear,
                                             skinny_linear_packed)
@@ -66,10 +62,7 @@ def test_portable_kernel_matches_reference():
             "x, w = torch.randn(5, 128), torch.randn(40, 128); "
             "torch.testing.assert_close(skinny_linear(x, w), x @ w.T, rtol=1e-4, atol=1e-3); "
             "assert torch.equal(skinny_linear(x[2:3], w)[0], skinny_linear(x, w)[2])")
-    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-    env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
-               PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    run_capped("baseline", code)
 
 
 # ---- the packed form (skinny_linear_packed) ------------------------------------------------------
@@ -139,7 +132,7 @@ def test_packed_narrower_tiers_give_the_vector_kernels_bits(cap):
     g = torch.Generator().manual_seed(11)
     x, w, b = torch.randn(14, 72, generator=g), torch.randn(90, 72, generator=g), torch.randn(90, generator=g)
     wb = torch.randn(77, 72, generator=g).bfloat16().float()
-    def run(cap, expect=None):  # every product in a fresh process capped to `cap` (read once at load)
+    def run(cap, expect=None):  # every product in a fresh process capped to `cap`
         code = ("import sys, torch; from specdec_cuda._native import _C; "
                 "from specdec_cuda.ops.skinny_linear import pack_weight, skinny_linear_packed; "
                 f"assert {expect is None} or _C.skinny_linear_packed_isa() == {expect!r}, _C.skinny_linear_packed_isa(); "
@@ -147,14 +140,7 @@ def test_packed_narrower_tiers_give_the_vector_kernels_bits(cap):
                 "out = [skinny_linear_packed(x[:m], pack_weight(w), b) for m in range(1, 15)]; "
                 "out += [skinny_linear_packed(x[:m], pack_weight(wb)) for m in range(1, 15)]; "
                 "torch.save(out, sys.argv[1])")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "io.pt")
-            torch.save((x, w, b, wb), path)
-            python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-            env["SPECDEC_CPU_ISA"] = cap
-            subprocess.run([sys.executable, "-c", code, path], env=env, check=True, timeout=120)
-            return torch.load(path)
+        return run_capped(cap, code, (x, w, b, wb))
 
     # The widest FMA tier here: this process, unless its bf16 panels run the AMX tier (other bits).
     if packed_bf16_tier() == "amx":
@@ -209,12 +195,8 @@ def test_amx_tier_keeps_tiny_and_huge_activations_and_propagates_non_finite():
 
 
 def test_fma_caps_turn_the_amx_tier_off():
-    code = ("from specdec_cuda.ops.skinny_linear import packed_bf16_tier, packed_kernel_available; "
-            "t = packed_bf16_tier(); assert t != 'amx', t")
-    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-    env = dict(os.environ, SPECDEC_CPU_ISA="avx512-novnni",
-               PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    run_capped("avx512-novnni", "from specdec_cuda.ops.skinny_linear import packed_bf16_tier; "
+                                "t = packed_bf16_tier(); assert t != 'amx', t")
 
 def test_pack_weight_takes_bf16_weights_and_unpacks_exactly():
     from specdec_cuda.ops.skinny_linear import unpack_weight
