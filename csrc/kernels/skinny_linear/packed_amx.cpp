@@ -196,12 +196,12 @@ void store_panel(const float* cbuf, int rows, const float* bias, float* y, int64
 }
 
 bool amx_usable() {
-  if (!cpu_isa_allows_amx()) return false;
+  // The interleave and the split run AVX-512 F / BW / VL / DQ (cpu_isa.h's check, cap included).
+  if (!cpu_isa_allows_amx() || !cpu_avx512_bw_vl_dq_fma_enabled()) return false;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
-  const bool avx512bw = (ebx >> 30) & 1u, avx512f = (ebx >> 16) & 1u;
-  if (!(amx_bf16 && amx_tile && avx512bw && avx512f)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;  // CPUID.(7, 0):EDX
+  if (!(amx_bf16 && amx_tile)) return false;
   // Linux hands out the 8 KiB tile state only to processes that ask (kernel 5.16+).
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
