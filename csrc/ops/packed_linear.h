@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/skinny_linear/packed_cpu.h"
 #include "ops/claim_parallel.h"
@@ -21,11 +22,17 @@ inline void packed_linear(const float* x, int64_t M, int64_t K, const at::Tensor
   const int64_t grain = streaming_grain(packed.size(0), K * skinny::kPanel * packed.element_size());
   const bool bf16 = packed.scalar_type() == at::kBFloat16;
   const void* panels = packed.data_ptr();
+  if (bf16) {
+    // x prepared once for every chunk (the AMX tier's split; the caller's buffer, read by all threads)
+    thread_local std::vector<uint16_t> scratch;
+    const skinny::PreparedRowsBf16 rows = skinny::prepare_rows_bf16(x, M, K, scratch);
+    claim_parallel_range(0, packed.size(0), grain, [&](int64_t begin, int64_t end) {
+      skinny::packed_linear_cpu_panels_bf16(rows, static_cast<const uint16_t*>(panels), bias, y, N, begin, end);
+    });
+    return;
+  }
   claim_parallel_range(0, packed.size(0), grain, [&](int64_t begin, int64_t end) {
-    if (bf16)
-      skinny::packed_linear_cpu_panels_bf16(x, M, K, static_cast<const uint16_t*>(panels), bias, y, N, begin, end);
-    else
-      skinny::packed_linear_cpu_panels(x, M, K, static_cast<const float*>(panels), bias, y, N, begin, end);
+    skinny::packed_linear_cpu_panels(x, M, K, static_cast<const float*>(panels), bias, y, N, begin, end);
   });
 }
 

@@ -216,20 +216,32 @@ bool packed_amx_enabled() {
   return enabled;
 }
 
-void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, float* y,
-                            int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
+int64_t packed_amx_split_size(int64_t M, int64_t K) {
+  const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
+  return (M + kRowsMax - 1) / kRowsMax * 3 * kRowsMax * Kp;
+}
+
+void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts) {
+  const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
+  for (int64_t b = 0; b * kRowsMax < M; ++b)
+    split_rows(x + b * kRowsMax * K, static_cast<int>(std::min<int64_t>(kRowsMax, M - b * kRowsMax)), K, Kp,
+               parts + b * 3 * kRowsMax * Kp);
+}
+
+void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, const uint16_t* packed,
+                                  const float* bias, float* y, int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin,
+                                  int64_t p_end) {
   if (M <= 0 || p_end <= p_begin) return;
   const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
   const int64_t blocks = (M + kRowsMax - 1) / kRowsMax;
-  // Every row block's split parts up front ([blocks][3][16][Kp]), so that each panel runs all the
-  // blocks while it is in L2 (a 96-row prefill chunk reads the weights from memory once).
-  thread_local std::vector<uint16_t> parts;
   alignas(64) static thread_local uint16_t stage[2 * kGroups * 16 * kKChunk];
   alignas(64) static thread_local float cbuf[kGroups * kRowsMax * 16];
-  parts.resize(static_cast<size_t>(blocks * 3 * kRowsMax * Kp));
   auto rows_of = [&](int64_t b) { return static_cast<int>(std::min<int64_t>(kRowsMax, M - b * kRowsMax)); };
-  auto parts_of = [&](int64_t b) { return parts.data() + b * 3 * kRowsMax * Kp; };
-  for (int64_t b = 0; b < blocks; ++b) split_rows(x + b * kRowsMax * K, rows_of(b), K, Kp, parts_of(b));
+  auto parts_of = [&](int64_t b) { return parts + b * 3 * kRowsMax * Kp; };
+  // Panel by panel, every row block while the panel is in L2 (a 96-row prefill chunk reads the
+  // weights from memory once). Measured and not kept (96 rows, 2-core Xeon): staging a panel once
+  // for all its row blocks instead of per block; two blocks x two groups per pass (four
+  // independent C tiles, x's parts read twice per panel); the products ordered part by part.
   int loaded = 0;  // the row count the tile configuration holds
   for (int64_t p = p_begin; p < p_end; ++p) {
     const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
@@ -248,12 +260,25 @@ void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t
   _tile_release();
 }
 
+void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, float* y,
+                            int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
+  if (M <= 0 || p_end <= p_begin) return;
+  thread_local std::vector<uint16_t> parts;
+  parts.resize(static_cast<size_t>(packed_amx_split_size(M, K)));
+  packed_amx_split(x, M, K, parts.data());
+  packed_panels_amx_bf16_split(parts.data(), M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
+}
+
 }  // namespace specdec::skinny
 #pragma GCC pop_options
 
 #else
 namespace specdec::skinny {
 bool packed_amx_enabled() { return false; }
+int64_t packed_amx_split_size(int64_t, int64_t) { return 0; }
+void packed_amx_split(const float*, int64_t, int64_t, uint16_t*) {}
+void packed_panels_amx_bf16_split(const uint16_t*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,
+                                  int64_t, int64_t, int64_t, int64_t) {}
 void packed_panels_amx_bf16(const float*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t,
                             int64_t, int64_t, int64_t) {}
 }  // namespace specdec::skinny

@@ -30,4 +30,14 @@ bool packed_amx_enabled();
 void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, float* y,
                             int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end);
 
+// The same in two halves, for a caller that runs one x over many panel ranges (one per claimed
+// chunk of threads): x's split, [ceil(M / 16)][3][16][Kp] bfloat16 bits (Kp = K rounded up to 32;
+// packed_amx_split_size elements), made once, then read by every range. Splitting in each range's
+// call instead cost as much as the tile products at 96 rows (gate|up: 28 ranges).
+int64_t packed_amx_split_size(int64_t M, int64_t K);
+void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts);
+void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, const uint16_t* packed,
+                                  const float* bias, float* y, int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin,
+                                  int64_t p_end);
+
 }  // namespace specdec::skinny

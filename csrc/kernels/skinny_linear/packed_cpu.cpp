@@ -369,9 +369,19 @@ void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float*
   panels(x, M, K, packed, bias, y, N, 0, N, p_begin, p_end);
 }
 
-void packed_linear_cpu_panels_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed,
-                                   const float* bias, float* y, int64_t N, int64_t p_begin, int64_t p_end) {
-  panels(x, M, K, packed, bias, y, N, 0, N, p_begin, p_end);
+PreparedRowsBf16 prepare_rows_bf16(const float* x, int64_t M, int64_t K, std::vector<uint16_t>& scratch) {
+  if (!kAmx || M <= 0) return {x, M, K, nullptr};
+  scratch.resize(static_cast<size_t>(packed_amx_split_size(M, K)));
+  packed_amx_split(x, M, K, scratch.data());
+  return {x, M, K, scratch.data()};
+}
+
+void packed_linear_cpu_panels_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, const float* bias, float* y,
+                                   int64_t N, int64_t p_begin, int64_t p_end) {
+  if (rows.amx_parts != nullptr)
+    packed_panels_amx_bf16_split(rows.amx_parts, rows.M, rows.K, packed, bias, y, N, 0, N, p_begin, p_end);
+  else
+    panels(rows.x, rows.M, rows.K, packed, bias, y, N, 0, N, p_begin, p_end);
 }
 
 void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const float* packed, float* y, int64_t ldy,

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace specdec::skinny {
 
@@ -28,8 +29,18 @@ inline constexpr int64_t kPanel = 64;  // outputs per panel: four 16-lane regist
 // Outputs past N in the last panel (its zero padding) are not written.
 void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
                               float* y, int64_t N, int64_t p_begin, int64_t p_end);
-void packed_linear_cpu_panels_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed,
-                                   const float* bias, float* y, int64_t N, int64_t p_begin, int64_t p_end);
+
+// One x [M, K] prepared for several calls over ranges of bfloat16 panels (threads claiming chunks
+// of panels): on the AMX tier, x's bfloat16 split (packed_amx.h) made once into `scratch` instead
+// of in every range's call; on the FMA tiers x as it is. Valid while x and scratch are.
+struct PreparedRowsBf16 {
+  const float* x;
+  int64_t M, K;
+  const uint16_t* amx_parts;  // null off the AMX tier
+};
+PreparedRowsBf16 prepare_rows_bf16(const float* x, int64_t M, int64_t K, std::vector<uint16_t>& scratch);
+void packed_linear_cpu_panels_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, const float* bias, float* y,
+                                   int64_t N, int64_t p_begin, int64_t p_end);
 
 // The same without bias into a block of columns: y[m * ldy + n - p_begin * kPanel] for the outputs n
 // of panels [p_begin, p_end) (a caller ranking a vocabulary range keeps [M, range] in cache).
