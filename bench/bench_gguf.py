@@ -1,6 +1,7 @@
 """Benchmark gguf_matmul (GGUF blocks read as stored) against dense paths on the same shapes.
 
     python bench/bench_gguf.py [--quick] [--threads N] [--out PATH]
+    python bench/bench_gguf.py --device cuda [--quick] [--out PATH]     # bench/gpu_check.sh, family gguf
 
 Shapes are the real models' [N, K] = (out_features, in_features): Qwen2.5-Coder-1.5B's attention
 (1536 x 1536), MLP up / gate (8960 x 1536) and down (1536 x 8960) in Q4_K, every format on
@@ -18,8 +19,13 @@ as ratios baseline time / gguf time (> 1: gguf faster), and q8: gguf_matmul(acti
 time), its weight GB/s and its speedup over the float32-activation gguf_matmul. Every weight is held in enough copies,
 rotated, that the one read is not in the last-level cache (--cache-mib, default 64). Each case
 first checks gguf_matmul against x · dequant(W)ᵀ (max_rel_err), so a wrong kernel reports no
-speed. CPU only for now (the CUDA kernel of this first stage is not tuned). Writes JSON (default
-bench/results/gguf.json) and prints a table.
+speed. Writes JSON (default bench/results/gguf.json, bench/results/gguf_cuda.json with --device
+cuda) and prints a table.
+
+``--device cuda``: the same cases on the GPU (GPU time per call, ``timing.time_cuda``; the
+copies rotated past the L2 cache), float32 activations only (the q8 kernel is CPU-only), the
+weight GB/s also as a share of the HBM bandwidth measured in the same run (a device-to-device copy),
+against dequant+mm, fp32 mm and bf16 ``F.linear`` (cuBLAS) on the device.
 """
 
 from __future__ import annotations
@@ -68,14 +74,19 @@ def copies_for(nbytes: int, cache_bytes: int) -> int:
     return max(1, min(16, math.ceil(4 * cache_bytes / max(nbytes, 1))))
 
 
-def run(quick: bool, cache_bytes: int, repeats: int) -> dict:
+def run(quick: bool, cache_bytes: int, repeats: int, device: str = "cpu") -> dict:
+    cuda = device == "cuda"
+    clock = timing.time_cuda if cuda else timing.time_cpu
+    hbm = timing.hbm_bytes_per_s() if cuda else None
     rows = []
     for qtype, n, k in (CASES_QUICK if quick else CASES):
         name = g.FORMATS[qtype][0]
         big = n * k > 50_000_000  # the LM head: fewer copies and repeats, or the bench takes minutes
-        w0 = random_weight(qtype, n, k, seed=n + k)
+        w_cpu = random_weight(qtype, n, k, seed=n + k)
+        w0 = w_cpu._replace(data=w_cpu.data.to(device))
         wbytes = w0.data.numel()
         weights = [w0] + [w0._replace(data=w0.data.clone()) for _ in range(copies_for(wbytes, cache_bytes) - 1)]
+        exact_w = g.gguf_dequantize(w_cpu).double()  # the reference, on the CPU
         dense = [g.gguf_dequantize(w0)]  # fp32 [N, K]
         dense += [dense[0].clone() for _ in range(0 if big else copies_for(n * k * 4, cache_bytes) - 1)]
         bf16 = [d.bfloat16() for d in dense[:1]]
@@ -83,37 +94,46 @@ def run(quick: bool, cache_bytes: int, repeats: int) -> dict:
         reps = max(3, repeats // 4) if big else repeats
         for m in (MS_QUICK if quick else MS):
             x = torch.randn(m, k)
-            xb = x.bfloat16()
-            y = g.gguf_matmul(x, w0)
-            exact = x.double() @ dense[0].double().T
-            err = ((y.double() - exact).abs().max() / (x.double().abs() @ dense[0].double().abs().T).max()).item()
-            y8 = g.gguf_matmul(x, w0, activations="q8")
-            err8 = ((y8.double() - exact).abs().max() / (x.double().abs() @ dense[0].double().abs().T).max()).item()
+            xd = x.to(device)
+            xb = xd.bfloat16()
+            exact = x.double() @ exact_w.T
+            scale = (x.double().abs() @ exact_w.abs().T).max()
+            err = ((g.gguf_matmul(xd, w0).cpu().double() - exact).abs().max() / scale).item()
+            err8 = None if cuda else (
+                (g.gguf_matmul(x, w0, activations="q8").double() - exact).abs().max() / scale).item()
             row = {"format": name, "N": n, "K": k, "M": m, "weight_bytes": wbytes, "max_rel_err": err,
                    "q8_max_rel_err": err8}
-            if not (err <= RTOL and err8 <= Q8_RTOL):
-                row["error"] = f"max_rel_err {err:.3g} (> {RTOL}?) or q8 {err8:.3g} (> {Q8_RTOL}?): not timed"
+            if not (err <= RTOL and (err8 is None or err8 <= Q8_RTOL)):
+                row["error"] = f"max_rel_err {err:.3g} (> {RTOL}?) or q8 {err8} (> {Q8_RTOL}?): not timed"
                 rows.append(row)
                 print(row)
                 continue
-            t = timing.time_cpu(lambda r: g.gguf_matmul(x, weights[r % len(weights)]), reps)
-            t_q8 = timing.time_cpu(lambda r: g.gguf_matmul(x, weights[r % len(weights)], activations="q8"), reps)
-            t_dq = timing.time_cpu(lambda r: x @ g.gguf_dequantize(weights[r % len(weights)]).T, max(3, reps // 4))
-            t_fp32 = timing.time_cpu(lambda r: x @ dense[r % len(dense)].T, reps)
-            t_bf16 = timing.time_cpu(lambda r: torch.nn.functional.linear(xb, bf16[r % len(bf16)]), reps)
+            t = clock(lambda r: g.gguf_matmul(xd, weights[r % len(weights)]), reps)
+            t_dq = clock(lambda r: xd @ g.gguf_dequantize(weights[r % len(weights)]).T, max(3, reps // 4))
+            t_fp32 = clock(lambda r: xd @ dense[r % len(dense)].T, reps)
+            t_bf16 = clock(lambda r: torch.nn.functional.linear(xb, bf16[r % len(bf16)]), reps)
             row.update({
                 "gguf_ms": t * 1e3, "gguf_weight_gbps": wbytes / t / 1e9,
-                "q8_ms": t_q8 * 1e3, "q8_weight_gbps": wbytes / t_q8 / 1e9, "q8_speedup_vs_gguf": t / t_q8,
                 "dequant_mm_ms": t_dq * 1e3, "fp32_mm_ms": t_fp32 * 1e3, "bf16_linear_ms": t_bf16 * 1e3,
                 "bf16_weight_gbps": n * k * 2 / t_bf16 / 1e9,
-                "speedup_vs_dequant_mm": t_dq / t, "speedup_vs_fp32_mm": t_fp32 / t, "speedup_vs_bf16_linear": t_bf16 / t,
+                "speedup_vs_dequant_mm": t_dq / t, "speedup_vs_fp32_mm": t_fp32 / t,
+                "speedup_vs_bf16_linear": t_bf16 / t,
             })
+            q8 = ""
+            if not cuda:
+                t_q8 = clock(lambda r: g.gguf_matmul(x, weights[r % len(weights)], activations="q8"), reps)
+                row.update({"q8_ms": t_q8 * 1e3, "q8_weight_gbps": wbytes / t_q8 / 1e9, "q8_speedup_vs_gguf": t / t_q8})
+                q8 = f"q8 {t_q8 * 1e3:8.3f} ms {wbytes / t_q8 / 1e9:6.2f} GB/s x{t / t_q8:4.2f} | "
+            if hbm:
+                row["gguf_pct_hbm"] = 100 * wbytes / t / hbm
             rows.append(row)
-            print(f"{name:5s} {n:6d}x{k:<5d} M={m:<3d} gguf {t * 1e3:8.3f} ms {wbytes / t / 1e9:6.2f} GB/s | "
-                  f"q8 {t_q8 * 1e3:8.3f} ms {wbytes / t_q8 / 1e9:6.2f} GB/s x{t / t_q8:4.2f} | "
+            print(f"{name:5s} {n:6d}x{k:<5d} M={m:<3d} gguf {t * 1e3:8.3f} ms {wbytes / t / 1e9:6.2f} GB/s | {q8}"
                   f"dequant+mm x{t_dq / t:6.2f}  fp32 mm x{t_fp32 / t:5.2f}  bf16 linear x{t_bf16 / t:5.2f} "
                   f"({n * k * 2 / t_bf16 / 1e9:5.2f} GB/s)", flush=True)
         del weights, dense, bf16
+    if cuda:
+        return {"device": "cuda", "gpu": torch.cuda.get_device_name(), "hbm_gbps": hbm / 1e9,
+                "cache_bytes": cache_bytes, "rows": rows}
     return {"device": "cpu", "isa": g.cpu_isa(), "q8_isa": g.q8_cpu_isa(), "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cache_bytes": cache_bytes, "rows": rows}
 
@@ -124,15 +144,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--cache-mib", type=int, default=64, help="last-level cache to defeat, MiB")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gguf.json"))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--out", default=None, help="default bench/results/gguf.json (gguf_cuda.json on CUDA)")
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    result = run(args.quick, args.cache_mib << 20, args.repeats)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_gguf.py --device cuda: no CUDA device here")
+    if args.out is None:
+        name = "gguf_cuda.json" if args.device == "cuda" else "gguf.json"
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+    result = run(args.quick, args.cache_mib << 20, args.repeats, args.device)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"wrote {args.out} (isa {result['isa']}, {result['threads']} threads)")
+    where = f"isa {result['isa']}, {result['threads']} threads" if args.device == "cpu" else result["gpu"]
+    print(f"wrote {args.out} ({where})")
 
 
 if __name__ == "__main__":

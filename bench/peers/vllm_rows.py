@@ -3,7 +3,8 @@
 The runner (``vllm_peer.py``) runs in the private environment ``.venv-vllm`` (``make vllm-env``),
 one engine per process; this module runs in the project's and imports nothing of it. On the bf16 HF
 folders this engine reads (the target, and the draft for ``draft:K``) and the same prompt token
-ids, vLLM decodes greedily at batch 1 in each mode of ``MODES``, one subprocess per mode; each
+ids, vLLM decodes at batch 1 in each mode of ``MODES`` at each temperature asked (greedy by
+default; sampled rows with a fixed seed per prompt), one subprocess per mode and temperature; each
 becomes a bench row: tokens/s (the generate calls' wall time, the engine's start-up excluded and
 reported as ``startup_seconds``), its ratio to this engine's autoregressive row, and the share of
 positions where its tokens equal that row's (different numerics: a figure to read, not a check).
@@ -98,24 +99,29 @@ def run_peer(job: dict, venv: Path | None = None, timeout: float | None = None) 
         return parse_result(out_path.read_text(), job["mode"])
 
 
-def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]], engine_ar: dict[str, dict],
+def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]], engine_ar: dict[tuple[str, float], dict],
                draft_label: str = "") -> tuple[list[dict], dict[str, str]]:
-    """Rows in bench/bench_real.py's shape from the runner results (one per mode) on the concatenated
-    ``workloads``, and {row name: error} for the modes that failed.
+    """Rows in bench/bench_real.py's shape from the runner results (one per mode and temperature) on
+    the concatenated ``workloads``, and {row name: error} for the runs that failed.
 
-    ``engine_ar``: per workload, this engine's autoregressive result at batch 1, greedy (its
-    ``tokens_per_s`` and ``outputs``). ``identical``: whether the row's tokens are vLLM plain's (its
-    own baseline; None without a plain result); ``agreement``: see ``llama_cpp_rows.agreement``,
-    against this engine's autoregressive tokens. ``tau``: vLLM's mean acceptance length (tokens per
-    verify step that carried a proposal).
+    ``engine_ar``: per (workload, temperature), this engine's autoregressive result at batch 1 (its
+    ``tokens_per_s`` and ``outputs``). Greedy rows only: ``identical``, whether the row's tokens are
+    vLLM plain's (its own baseline; None without a plain result), and ``agreement`` (see
+    ``llama_cpp_rows.agreement``) against this engine's autoregressive tokens; sampled rows have
+    neither (a speculative run consumes its random numbers differently). ``lossless`` is False for
+    vLLM's speculative rows when sampled: on the CPU build their rejection sampler runs without the
+    request's temperature / top-p (vllm #55005, which the project's plugin mends). ``tau``: vLLM's
+    mean acceptance length (tokens per verify step that carried a proposal).
     """
     rows, failed = [], {}
-    plain_result = next((r for r in results if r.get("mode") == "plain" and "error" not in r), None)
     for result in results:
+        t = float(result.get("temperature", 0.0))
         name = row_name(result["mode"], draft_label)
         if "error" in result:
-            failed[name] = result["error"]
+            failed[name + (f" (T={t:g})" if t else "")] = result["error"]
             continue
+        plain_result = next((r for r in results if r.get("mode") == "plain" and "error" not in r
+                             and float(r.get("temperature", 0.0)) == t), None) if t == 0 else None
         start = 0
         for w, prompts in workloads.items():
             stop = start + len(prompts)
@@ -128,28 +134,33 @@ def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]], engin
             prefill = [p.get("prefill_seconds") for p in part]
             per_row = [a == b for a, b in zip(outputs, plain)] if plain is not None else None
             tps = tokens / seconds if seconds > 0 else 0.0
-            rows.append(dict(workload=w, split=w, batch=1, temperature=0.0, system="vllm", method=name,
-                             lossless=True, baseline=BASELINE, tokens=tokens, seconds=seconds, tokens_per_s=tps,
-                             startup_seconds=result.get("startup_seconds"),
+            ar = engine_ar.get((w, t))
+            rows.append(dict(workload=w, split=w, batch=1, temperature=t, system="vllm", method=name,
+                             lossless=t == 0 or result["mode"] == "plain", baseline=BASELINE, tokens=tokens,
+                             seconds=seconds, tokens_per_s=tps, startup_seconds=result.get("startup_seconds"),
                              prefill_seconds=sum(prefill) if all(x is not None for x in prefill) else None,
                              tau=1 + accepted / drafts if drafts else None,
                              acceptance=accepted / draft_tokens if draft_tokens else None, drafted=draft_tokens,
-                             vs_engine_ar=tps / engine_ar[w]["tokens_per_s"] if w in engine_ar else None,
+                             vs_engine_ar=tps / ar["tokens_per_s"] if ar else None,
                              identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
-                             agreement=agreement(outputs, engine_ar[w]["outputs"]) if w in engine_ar else None))
+                             agreement=agreement(outputs, ar["outputs"]) if ar and t == 0 else None))
             start = stop
     return rows, failed
 
 
 def measure(target_dir: Path, draft_dir: Path | None, workloads: dict[str, list[list[int]]], max_new_tokens: int,
-            eos_token_ids: list[int], threads: int, engine_ar: dict[str, dict], dtype: str = "bfloat16",
-            modes=MODES, timeout: float | None = 1800) -> tuple[list[dict], dict[str, str], list[dict]]:
-    """Every mode on every workload's prompts, one engine (process) per mode: (rows, failed, raw results)."""
+            eos_token_ids: list[int], threads: int, engine_ar: dict[tuple[str, float], dict], dtype: str = "bfloat16",
+            modes=MODES, timeout: float | None = 1800, temperatures=(0.0,),
+            seed: int = 0) -> tuple[list[dict], dict[str, str], list[dict]]:
+    """Every mode at every temperature on every workload's prompts, one engine (process) per mode and
+    temperature: (rows, failed, raw results). ``engine_ar``: see ``bench_rows``."""
     prompts = [ids for w in workloads for ids in workloads[w]]
     results = []
-    for job in jobs(target_dir, draft_dir, prompts, max_new_tokens, eos_token_ids, threads, dtype, modes):
-        print(f"[vllm peer] {job['mode']} ...", file=sys.stderr, flush=True)
-        results.append(run_peer(job, timeout=timeout))
+    for t in temperatures:
+        for job in jobs(target_dir, draft_dir, prompts, max_new_tokens, eos_token_ids, threads, dtype, modes,
+                        temperature=float(t), seed=seed):
+            print(f"[vllm peer] {job['mode']}, T={t:g} ...", file=sys.stderr, flush=True)
+            results.append(run_peer(job, timeout=timeout))
     rows, failed = bench_rows(results, workloads, engine_ar, size_label(draft_dir) if draft_dir else "")
     return rows, failed, results
 
@@ -158,8 +169,8 @@ def print_rows(rows: list[dict], failed: dict[str, str], header: str = "") -> No
     """The peer rows with what the bench's table has no column for: start-up and agreement with this engine."""
     names = [r["method"] for r in rows] + list(failed)
     width = max(map(len, names)) if names else 10
-    head = (f"{'workload':10s} {'method':{width}s} {'tokens/s':>9s} {'tau':>5s} {'vs AR':>6s} {'start-up':>8s} "
-            f"{'= plain':>7s} {'= engine AR (positions / prefix)':>33s}")
+    head = (f"{'workload':10s} {'method':{width}s} {'T':>4s} {'tokens/s':>9s} {'tau':>5s} {'vs AR':>6s} "
+            f"{'start-up':>8s} {'= plain':>7s} {'= engine AR (positions / prefix)':>33s}")
     print(("\n" + header if header else "") + "\n" + head + "\n" + "-" * len(head))
     for r in rows:
         tau = f"{r['tau']:.2f}" if r.get("tau") else "-"
@@ -168,8 +179,8 @@ def print_rows(rows: list[dict], failed: dict[str, str], header: str = "") -> No
         same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
         agree = (f"{100 * r['agreement']['positions']:.0f}% / {100 * r['agreement']['prefix']:.0f}%"
                  if r.get("agreement") else "-")
-        print(f"{r['workload']:10s} {r['method']:{width}s} {r['tokens_per_s']:9.1f} {tau:>5s} {vs:>6s} {up:>8s} "
-              f"{same:>7s} {agree:>33s}")
+        print(f"{r['workload']:10s} {r['method']:{width}s} {r['temperature']:4g} {r['tokens_per_s']:9.1f} "
+              f"{tau:>5s} {vs:>6s} {up:>8s} {same:>7s} {agree:>33s}")
     for name, error in failed.items():
         print(f"not benched: {name}: {error}")
 
@@ -178,11 +189,12 @@ def main(argv=None) -> int:
     """Measure vLLM alone on HumanEval prompts of the real pair (no engine rows: no vs AR)."""
     p = standalone_parser(main.__doc__, "a model cache name (its HF folder)")
     p.add_argument("--modes", nargs="+", default=list(MODES))
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
     p.add_argument("--out", help="also write the runner results (JSON list) here")
     args = p.parse_args(argv)
     target_dir, draft_dir, eos, prompts = standalone_prompts(args)
     rows, failed, results = measure(target_dir, draft_dir, {args.split: prompts}, args.max_new_tokens, eos,
-                                    args.threads, {}, modes=args.modes)
+                                    args.threads, {}, modes=args.modes, temperatures=args.temperatures)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     version = next((r.get("vllm") for r in results if r.get("vllm")), "?")

@@ -22,6 +22,13 @@ agrees with the full model's over the prompt, against what each pass costs (weig
 the LM head included). The choice is then kept for the proposer's life, so every later request,
 and a seeded sampled run repeated with the same proposer, drafts the same way.
 
+Draft vocabulary (``draft_vocab=``, FR-Spec, as for ``method="draft"``): the draft passes run the
+LM head over a subset of the vocabulary only (an int ``n``: ids ``0 .. n - 1``, or token ids);
+every other token gets probability 0 in the draft, so it is never drafted but still emitted when the
+target chooses it (lossless). The head is a large share of a small model's forward (Qwen2.5-1.5B:
+15% of its weight bytes, so of every draft pass), and the calibration counts the subset's cost and
+its agreement.
+
 What it does not do: trees, a trained exit adapter (Kangaroo), and verification that reuses the
 draft's work. Only the layers before the first skipped one see the inputs the full model sees;
 an early exit's draft K/V and layer-L inputs for those layers are the target's own, and a
@@ -39,6 +46,7 @@ import torch
 from ..contract import (SAMPLED_VERIFICATION_OPTION, Draft, Outcome, PrefillContext, Proposer, StepState,
                         check_sampled_verification, sampled_draft_kind)
 from ..methods import MethodSpec, register
+from ..models.draft_vocab import VocabSubset
 from ..models.llama import LlamaModel
 from .self_chain import self_draft_chain
 
@@ -120,18 +128,23 @@ def candidate_paths(influence: torch.Tensor) -> list[tuple[str, tuple[int, ...]]
     return paths
 
 
-def choose_layers(model: LlamaModel, tokens: torch.Tensor, k: int) -> tuple[LayerChoice, list[LayerChoice]]:
+def choose_layers(model: LlamaModel, tokens: torch.Tensor, k: int,
+                  vocab: VocabSubset | None = None) -> tuple[LayerChoice, list[LayerChoice]]:
     """(the chosen draft path, every candidate measured) on calibration ``tokens`` [1, n]; see the
-    module docstring. Costs one full forward and one subset forward per candidate, of n tokens each."""
+    module docstring. Costs one full forward and one subset forward per candidate, of n tokens each.
+    ``vocab``: the draft passes' head runs over this subset (its cost and its argmax are measured)."""
     influence, full_logits = block_influence(model, tokens)
     reference = full_logits.argmax(-1)  # [1, n]
     layer_share, head_share = layer_cost_shares(model)
+    if vocab is not None:
+        head_share *= len(vocab) / model.vocab_size
     n = tokens.shape[1]
     positions = torch.arange(n, device=tokens.device)[None]
     measured = []
     for label, run in candidate_paths(influence):
-        logits = model.forward(tokens, positions, model.new_cache(1, n), layers=run).logits
-        agreement = float((logits.argmax(-1) == reference).float().mean())
+        logits = model.forward(tokens, positions, model.new_cache(1, n), layers=run, vocab=vocab).logits
+        guess = logits.argmax(-1) if vocab is None else vocab.ids.to(logits.device)[logits.argmax(-1)]
+        agreement = float((guess == reference).float().mean())
         cost = len(run) * layer_share + head_share
         measured.append(LayerChoice(run, agreement, cost, estimated_speedup(agreement, cost, k), label))
     return max(measured, key=lambda c: c.speedup), measured
@@ -142,7 +155,7 @@ class LayerSkipProposer(Proposer):
     module docstring); ``layers`` is the subset, set from the options or at the first prefill."""
 
     def __init__(self, target: LlamaModel, k: int = 4, skip=None, exit_layer: int | None = None,
-                 verification: str = "coupled") -> None:
+                 verification: str = "coupled", draft_vocab=None) -> None:
         if not isinstance(target, LlamaModel):
             raise TypeError("method 'layer_skip' drafts through a subset of the target's decoder layers, which the "
                             "built-in model runs (models.load / models.load_gguf: LlamaModel.forward(layers=...)); "
@@ -157,6 +170,8 @@ class LayerSkipProposer(Proposer):
         self.layers: tuple[int, ...] | None = None
         self.choice: LayerChoice | None = None  # what the calibration chose, when it did
         self.candidates: list[LayerChoice] = []
+        # The draft passes' head over part of the vocabulary (made now: the model is as it will run).
+        self.vocab = None if draft_vocab is None else target.vocab_subset(draft_vocab)
         if exit_layer is not None:
             if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 0 <= exit_layer < num_layers:
                 raise ValueError(f"exit_layer must be an int in [0, {num_layers}) (the layers run before the "
@@ -173,14 +188,18 @@ class LayerSkipProposer(Proposer):
         if self.layers is None:
             p = int(ctx.prompt_lens[0])
             row = torch.cat([ctx.prompts[0, :p], ctx.first_tokens[:1]])[-CALIBRATION_TOKENS:]
-            self.choice, self.candidates = choose_layers(self.target, row[None], self.k)
+            self.choice, self.candidates = choose_layers(self.target, row[None], self.k, self.vocab)
             self.layers = self.choice.layers
         self.kind = sampled_draft_kind(self.verification, bool((ctx.params.temperature == 0).all()))
 
+    def _draft_logits(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The draft pass's logits [B, V] (``MASKED`` outside a draft vocabulary)."""
+        out = self.target.forward(tokens, positions, self.cache, layers=self.layers, vocab=self.vocab).logits[:, 0]
+        return out if self.vocab is None else self.vocab.expand(out)
+
     def propose(self, state: StepState) -> Draft | None:
-        return self_draft_chain(
-            lambda tokens, positions: self.target.forward(tokens, positions, self.cache, layers=self.layers).logits[:, 0],
-            self.cache, state, self.params, self.k, self.kind, coupled=self.verification == "coupled")
+        return self_draft_chain(self._draft_logits, self.cache, state, self.params, self.k, self.kind,
+                                coupled=self.verification == "coupled")
 
     def matches_samples(self) -> bool:
         return self.verification == "coupled"
@@ -190,9 +209,10 @@ class LayerSkipProposer(Proposer):
 
 
 def make_layer_skip_proposer(target, k: int = 4, skip=None, exit_layer: int | None = None,
-                             verification: str = "coupled") -> LayerSkipProposer:
+                             verification: str = "coupled", draft_vocab=None) -> LayerSkipProposer:
     """The ``method="layer_skip"`` proposer; ``target`` is a built-in ``models.LlamaModel``."""
-    return LayerSkipProposer(target, k=k, skip=skip, exit_layer=exit_layer, verification=verification)
+    return LayerSkipProposer(target, k=k, skip=skip, exit_layer=exit_layer, verification=verification,
+                             draft_vocab=draft_vocab)
 
 
 register(MethodSpec(
@@ -209,5 +229,7 @@ register(MethodSpec(
                 "and measured agreement against cost)",
         "exit_layer": "draft with the first L layers only (an early exit), instead of skip",
         "verification": SAMPLED_VERIFICATION_OPTION,
+        "draft_vocab": "the draft passes' LM head over part of the vocabulary (FR-Spec, as for method draft): an "
+                       "int n (ids 0 .. n-1) or token ids; lossless (default: the whole vocabulary)",
     },
 ))
