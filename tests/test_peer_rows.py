@@ -1,6 +1,7 @@
 """The bench side of the vLLM and transformers peers (bench/peers/vllm_rows.py, transformers_rows.py),
 without vLLM: jobs, the runner's JSON, rows and their agreement, the failure paths (no environment,
-a runner that dies, an engine that cannot run), and transformers' rows on a tiny random pair."""
+a runner that dies, an engine that cannot run), transformers' rows on a tiny random pair, and the
+llama.cpp runner's retry without extra buffer types (bench/peers/llama_cpp_rows.py)."""
 
 from __future__ import annotations
 
@@ -153,3 +154,19 @@ def test_transformers_rows_on_a_tiny_pair(tmp_path):
     assert all(r["tokens"] == 4 and r["tokens_per_s"] > 0 and r["dtype"] == "float32" for r in rows)
     assert all(r["identical"] for r in rows)  # float32 greedy: transformers' speculation keeps its tokens
     assert all(r["vs_engine_ar"] is None and r["agreement"] is None for r in rows)
+
+
+def test_llama_cpp_run_peer_retries_a_crash_without_extra_buffers(tmp_path, monkeypatch):
+    from bench.peers import llama_cpp_rows
+
+    runner = tmp_path / "runner.py"  # dies of SIGSEGV unless told to load without extra buffer types
+    runner.write_text("import json, os, signal, sys\njob = json.load(open(sys.argv[1]))\n"
+                      "if job.get('extra_buffers', True):\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+                      "open(sys.argv[3], 'w').write(json.dumps(dict(peer='llama.cpp', "
+                      "extra_buffers=job['extra_buffers'], modes={})))\n")
+    monkeypatch.setattr(llama_cpp_rows, "RUNNER", runner)
+    result = llama_cpp_rows.run_peer(dict(modes=["plain"]), venv=_fake_venv(tmp_path), timeout=60)
+    assert result["extra_buffers"] is False and "signal 11" in result["retried"]
+    runner.write_text("import sys\nsys.exit(3)\n")  # an ordinary failure is not retried
+    with pytest.raises(RuntimeError, match="exit 3"):
+        llama_cpp_rows.run_peer(dict(modes=["plain"]), venv=tmp_path / "venv", timeout=60)
