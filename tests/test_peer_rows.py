@@ -154,6 +154,14 @@ def test_transformers_rows_on_a_tiny_pair(tmp_path):
     assert all(r["tokens"] == 4 and r["tokens_per_s"] > 0 and r["dtype"] == "float32" for r in rows)
     assert all(r["identical"] for r in rows)  # float32 greedy: transformers' speculation keeps its tokens
     assert all(r["vs_engine_ar"] is None and r["agreement"] is None for r in rows)
+    # Sampled: one row per configuration and temperature, against the engine's row at that temperature.
+    engine = {(w, t): dict(tokens_per_s=2.0, outputs=[[1]]) for w in workloads for t in (0.0, 0.8)}
+    rows = transformers_rows.measure(pair / "target", pair / "draft", {"heldout": workloads["heldout"]}, 4, None,
+                                     engine, dtype="float32", threads=1, temperatures=(0.0, 0.8), seed=3)
+    assert [(r["method"], r["temperature"]) for r in rows] == [(n, t) for t in (0.0, 0.8) for n in names]
+    sampled = [r for r in rows if r["temperature"] == 0.8]
+    assert all(r["identical"] is None and r["agreement"] is None and r["tokens"] == 4 for r in sampled)
+    assert all(r["vs_engine_ar"] == pytest.approx(r["tokens_per_s"] / 2.0) for r in rows)
 
 
 def test_llama_cpp_run_peer_retries_a_crash_without_extra_buffers(tmp_path, monkeypatch):

@@ -1,14 +1,17 @@
 """transformers ``generate`` as a peer of the real bench, in the bench's own process.
 
 On the same HF folders (``dtype=`` the bench's ``--dtype``: the bf16 checkpoints as stored, or
-float32), the same prompt token ids, ``max_new_tokens``, EOS and torch thread count, batch 1 and
-greedy (``do_sample=False``), three configurations (``CONFIGS``): plain ``generate``,
-``assistant_model=`` the draft (transformers' assisted generation) and
-``prompt_lookup_num_tokens=`` (its prompt lookup). Prompts are interleaved: every configuration
-decodes prompt i before any decodes prompt i + 1, after one untimed warm-up call each. Each
-becomes a bench row: tokens/s (``generate``'s wall time, prefill included, as this engine's rows),
-its ratio to this engine's autoregressive row, and the share of positions where its tokens equal
-that row's (``llama_cpp_rows.agreement``; different numerics: a figure to read, not a check).
+float32), the same prompt token ids, ``max_new_tokens``, EOS and torch thread count, batch 1,
+greedy (``do_sample=False``) or sampled at each temperature asked (top-k and top-p off,
+``torch.manual_seed(seed + i)`` before prompt i), three configurations (``configs``): plain
+``generate``, ``assistant_model=`` the draft (transformers' assisted generation; speculative
+sampling when sampled) and ``prompt_lookup_num_tokens=`` (its prompt lookup; its candidates are
+kept while they match the target's own samples). Prompts are interleaved: every configuration
+decodes prompt i before any decodes prompt i + 1, after one untimed warm-up call each. Each becomes
+a bench row: tokens/s (``generate``'s wall time, prefill included, as this engine's rows), its ratio
+to this engine's autoregressive row at the same temperature, and, greedy only, the share of
+positions where its tokens equal that row's (``llama_cpp_rows.agreement``; different numerics: a
+figure to read, not a check).
 """
 
 from __future__ import annotations
@@ -35,35 +38,39 @@ def configs(draft, prompt_lookup: int = PROMPT_LOOKUP, draft_label: str = "") ->
     return out
 
 
-def bench_rows(per_config: dict[str, list[dict]], workloads: dict[str, list[list[int]]],
-               engine_ar: dict[str, dict], dtype: str) -> list[dict]:
-    """Rows in bench/bench_real.py's shape from ``{row name: [hf_group result per prompt, in the
-    concatenated workloads' order]}``; ``identical``: the row's tokens are transformers plain's."""
+def bench_rows(per_config: dict[tuple[str, float], list[dict]], workloads: dict[str, list[list[int]]],
+               engine_ar: dict[tuple[str, float], dict], dtype: str) -> list[dict]:
+    """Rows in bench/bench_real.py's shape from ``{(row name, temperature): [hf_group result per
+    prompt, in the concatenated workloads' order]}``; ``engine_ar`` per (workload, temperature);
+    ``identical`` (greedy rows): the row's tokens are transformers plain's."""
     rows, start = [], 0
     for w, prompts in workloads.items():
         stop = start + len(prompts)
-        plain = [p["outputs"][0] for p in per_config[BASELINE][start:stop]] if BASELINE in per_config else None
-        for name, parts in per_config.items():
+        for (name, t), parts in per_config.items():
+            baseline = per_config.get((BASELINE, t)) if t == 0 else None
+            plain = [p["outputs"][0] for p in baseline[start:stop]] if baseline is not None else None
             part = parts[start:stop]
             outputs = [p["outputs"][0] for p in part]
             tokens, seconds = sum(map(len, outputs)), sum(p["seconds"] for p in part)
             per_row = [a == b for a, b in zip(outputs, plain)] if plain is not None else None
             tps = tokens / seconds if seconds > 0 else 0.0
-            rows.append(dict(workload=w, split=w, batch=1, temperature=0.0, system="transformers", method=name,
+            ar = engine_ar.get((w, t))
+            rows.append(dict(workload=w, split=w, batch=1, temperature=t, system="transformers", method=name,
                              dtype=dtype, lossless=True, baseline=BASELINE, tokens=tokens, seconds=seconds,
                              tokens_per_s=tps, tau=None, acceptance=None,
-                             vs_engine_ar=tps / engine_ar[w]["tokens_per_s"] if w in engine_ar else None,
+                             vs_engine_ar=tps / ar["tokens_per_s"] if ar else None,
                              identical=all(per_row) if per_row is not None else None, identical_rows=per_row,
-                             agreement=agreement(outputs, engine_ar[w]["outputs"]) if w in engine_ar else None))
+                             agreement=agreement(outputs, ar["outputs"]) if ar and t == 0 else None))
         start = stop
     return rows
 
 
 def measure(target_dir: Path, draft_dir: Path | None, workloads: dict[str, list[list[int]]], max_new_tokens: int,
-            eos: int | None, engine_ar: dict[str, dict], dtype: str = "bfloat16", threads: int | None = None,
-            prompt_lookup: int = PROMPT_LOOKUP) -> list[dict]:
-    """Load the folders with ``AutoModelForCausalLM`` in ``dtype``, run every configuration on every
-    prompt (interleaved, batch 1, greedy), free the models; the rows."""
+            eos: int | None, engine_ar: dict[tuple[str, float], dict], dtype: str = "bfloat16",
+            threads: int | None = None, prompt_lookup: int = PROMPT_LOOKUP, temperatures=(0.0,),
+            seed: int = 0) -> list[dict]:
+    """Load the folders with ``AutoModelForCausalLM`` in ``dtype``, run every configuration at every
+    temperature on every prompt (interleaved, batch 1), free the models; the rows."""
     from transformers import AutoModelForCausalLM
 
     if threads is not None:
@@ -79,10 +86,12 @@ def measure(target_dir: Path, draft_dir: Path | None, workloads: dict[str, list[
     prompts = [ids for w in workloads for ids in workloads[w]]
     for name, options in chosen:  # first calls allocate, pick kernels; untimed
         hf_group(target, prompts[:1], 8, eos, **options)
-    per_config = {name: [] for name, _ in chosen}
-    for i, prompt in enumerate(prompts):
-        for name, options in chosen:
-            per_config[name].append(hf_group(target, [prompt], max_new_tokens, eos, **options))
-        print(f"[transformers peer] prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    per_config = {(name, float(t)): [] for t in temperatures for name, _ in chosen}
+    for t in temperatures:
+        for i, prompt in enumerate(prompts):
+            for name, options in chosen:
+                per_config[name, float(t)].append(hf_group(target, [prompt], max_new_tokens, eos, temperature=t,
+                                                           seed=seed + i, **options))
+            print(f"[transformers peer] T={t:g}, prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
     del target, draft
     return bench_rows(per_config, workloads, engine_ar, dtype)
