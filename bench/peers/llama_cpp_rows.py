@@ -146,7 +146,7 @@ def bench_rows(result: dict, workloads: dict[str, list[list[int]]], engine_ar: d
 def print_rows(rows: list[dict], header: str = "") -> None:
     """The peer rows with what the bench's table has no column for: agreement with this engine."""
     width = max(len(r["method"]) for r in rows)
-    head = (f"{'workload':10s} {'method':{width}s} {'tokens/s':>9s} {'tau':>5s} {'vs AR':>6s} "
+    head = (f"{'workload':10s} {'method':{width}s} {'T':>4s} {'tokens/s':>9s} {'tau':>5s} {'vs AR':>6s} "
             f"{'= plain':>7s} {'= engine AR (positions / prefix)':>33s}")
     print(("\n" + header if header else "") + "\n" + head + "\n" + "-" * len(head))
     for r in rows:
@@ -154,8 +154,9 @@ def print_rows(rows: list[dict], header: str = "") -> None:
         vs = f"{r['vs_engine_ar']:5.2f}x" if r.get("vs_engine_ar") is not None else "-"
         agree = (f"{100 * r['agreement']['positions']:.0f}% / {100 * r['agreement']['prefix']:.0f}%"
                  if r.get("agreement") else "-")
-        print(f"{r['workload']:10s} {r['method']:{width}s} {r['tokens_per_s']:9.1f} {tau:>5s} {vs:>6s} "
-              f"{'yes' if r['identical'] else 'NO':>7s} {agree:>33s}")
+        same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]  # None: a sampled row
+        print(f"{r['workload']:10s} {r['method']:{width}s} {r.get('temperature', 0.0):4g} {r['tokens_per_s']:9.1f} "
+              f"{tau:>5s} {vs:>6s} {same:>7s} {agree:>33s}")
 
 
 def standalone_parser(description: str, target_help: str) -> argparse.ArgumentParser:
