@@ -12,7 +12,8 @@
 #
 # Families add their tests / benchmarks in their own section below (copy the sampling block).
 # Step limits add up to about 27 minutes in the worst case (steps usually end far sooner; a device
-# call may last 10 minutes, so split a run that could pass that): with GPU_CHECK_ONLY=tests,bench_quant (a comma-separated list of step names) only those steps run
+# call may last 10 minutes, so split a run that could pass that): with
+# GPU_CHECK_ONLY=tests,bench_quant (a comma-separated list of step names) only those steps run
 # after the build and the HBM measurement. The compute-sanitizer steps (sanitize_memcheck,
 # sanitize_racecheck, up to 9 more minutes) run only with GPU_CHECK_SANITIZE=1 or when named there.
 set -u
@@ -144,11 +145,12 @@ step bench_quant 150 "$PY" bench/bench_quant.py --device cuda --quick --tune --o
 step bench_kv_quant 30 "$PY" bench/bench_kv_quant.py --device cuda --out "$OUT/kv_quant.json"
 # ==== end family: kv_quant ========================================================================
 
+# ==== family: mtp ===============================================================================
 # Fused MTP-head op (norm + LM head + top-k) against the unfused torch sequence, zoo and Llama-3-8B
 # shapes; the H200 target is >= 70% of HBM bandwidth for the LM-head read (lm_head_GBps).
 step bench_mtp 90 "$PY" bench/bench_mtp.py --device cuda --quick --part kernel --out "$OUT/mtp.json"
 # ==== end family: mtp =============================================================================
-=======
+
 # ==== family: quantspec ===========================================================================
 # The quant_kv_attention CUDA tests (CUDA equals CPU) run in the `tests` step above. Here: the
 # kernel against dequantise + SDPA at 4k context, and speed on the GPU-shaped model (bf16) at 4k,
@@ -157,7 +159,6 @@ step bench_mtp 90 "$PY" bench/bench_mtp.py --device cuda --quick --part kernel -
 step bench_quantspec 150 "$PY" bench/bench_quantspec.py --device cuda --quick --parts kernel,kv_bytes,speed --out "$OUT/quantspec.json"
 # ==== end family: quantspec =======================================================================
 
-# ==== family: mtp ==========================================================================
 # ==== family: gguf / real models ==================================================================
 # The real bench's models cannot travel to the device; its kernels can. gguf_matmul's CUDA kernel on
 # Qwen2.5-Coder-1.5B's shapes (Q4_K attention / MLP, every format at 8960 x 1536, the Q6_K LM head;
