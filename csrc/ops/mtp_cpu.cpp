@@ -4,6 +4,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/status.h"
@@ -215,9 +217,13 @@ void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight
   if (M == 0) return;
   at::Tensor xn = at::empty({M, H}, values.options());
   normalize_to_float<float>(x, norm_weight, eps, xn);
-  const bool bf16 = panels.scalar_type() == at::kBFloat16;
+  // bfloat16 panels: xn prepared once for every vocabulary range (see head_logits_packed_range)
+  std::vector<uint16_t> split;
+  std::optional<skinny::PreparedRowsBf16> bf16_rows;
+  if (panels.scalar_type() == at::kBFloat16) bf16_rows = skinny::prepare_rows_bf16(xn.data_ptr<float>(), M, H, split);
   rank_vocab_ranges(M, V, k, values, indices, logits, status, [&](int64_t v0, int64_t v1, float* block) {
-    mtp::head_logits_packed_range(xn.data_ptr<float>(), M, H, panels.data_ptr(), bf16, V, v0, v1, block);
+    mtp::head_logits_packed_range(xn.data_ptr<float>(), M, H, panels.data_ptr(), bf16_rows ? &*bf16_rows : nullptr, V,
+                                  v0, v1, block);
   });
 }
 

@@ -135,12 +135,13 @@ void head_logits_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* 
                                 scratch, width, 0, t1 - t0);
 }
 
-void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void* panels, bool bf16, int64_t V,
-                              int64_t v_begin, int64_t v_end, float* scratch) {
+void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void* panels,
+                              const skinny::PreparedRowsBf16* bf16_rows, int64_t V, int64_t v_begin, int64_t v_end,
+                              float* scratch) {
   constexpr int64_t panel = skinny::kPanel;
   const int64_t p0 = v_begin / panel, p1 = (v_end + panel - 1) / panel, width = v_end - v_begin;
-  if (bf16)
-    skinny::packed_linear_cpu_panels_into_bf16(xn, M, H, static_cast<const uint16_t*>(panels), scratch, width, V, p0,
+  if (bf16_rows != nullptr)
+    skinny::packed_linear_cpu_panels_into_bf16(*bf16_rows, static_cast<const uint16_t*>(panels), scratch, width, V, p0,
                                                p1);
   else
     skinny::packed_linear_cpu_panels_into(xn, M, H, static_cast<const float*>(panels), scratch, width, V, p0, p1);

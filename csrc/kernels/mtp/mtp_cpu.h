@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "kernels/skinny_linear/packed_cpu.h"
+
 namespace specdec::mtp {
 
 // xn [M, H] = rms_norm(x [M, H]) * weight [H], in Acc.
@@ -42,9 +44,12 @@ void head_logits_w4_range(const float* xn, int64_t M, int64_t H, const uint8_t* 
 
 // The same from an LM head packed in column panels for the CPU decoding path (the layout of
 // kernels/skinny_linear/packed_cpu.h: [ceil(V/64), H, 64], float32, or bfloat16 raw bits when
-// `bf16`) through the packed kernel. v_begin must be a multiple of the 64-row panel.
-void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void* panels, bool bf16, int64_t V,
-                              int64_t v_begin, int64_t v_end, float* scratch);
+// `bf16_rows` is given: xn prepared once for every range by skinny::prepare_rows_bf16, which on the
+// AMX tier splits it, instead of in each of the ~600 ranges of a 151,936-id head) through the
+// packed kernel. v_begin must be a multiple of the 64-row panel.
+void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void* panels,
+                              const skinny::PreparedRowsBf16* bf16_rows, int64_t V, int64_t v_begin, int64_t v_end,
+                              float* scratch);
 
 // The epilogue over a block of logits, scores [M, width] for vocabulary ids v0 .. v0 + width - 1:
 // flags non-finite rows in nonfinite [M], copies into logits [M, V] when not null, and keeps each

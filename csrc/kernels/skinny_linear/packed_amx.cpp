@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/skinny_linear/packed_cpu.h"
@@ -260,15 +259,6 @@ void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, c
   _tile_release();
 }
 
-void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, float* y,
-                            int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
-  if (M <= 0 || p_end <= p_begin) return;
-  thread_local std::vector<uint16_t> parts;
-  parts.resize(static_cast<size_t>(packed_amx_split_size(M, K)));
-  packed_amx_split(x, M, K, parts.data());
-  packed_panels_amx_bf16_split(parts.data(), M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
-}
-
 }  // namespace specdec::skinny
 #pragma GCC pop_options
 
@@ -279,7 +269,5 @@ int64_t packed_amx_split_size(int64_t, int64_t) { return 0; }
 void packed_amx_split(const float*, int64_t, int64_t, uint16_t*) {}
 void packed_panels_amx_bf16_split(const uint16_t*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,
                                   int64_t, int64_t, int64_t, int64_t) {}
-void packed_panels_amx_bf16(const float*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t,
-                            int64_t, int64_t, int64_t) {}
 }  // namespace specdec::skinny
 #endif

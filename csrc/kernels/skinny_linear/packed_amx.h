@@ -25,15 +25,13 @@ namespace specdec::skinny {
 // arch_prctl(ARCH_REQ_XCOMP_PERM)). Read once, at load.
 bool packed_amx_enabled();
 
-// The same contract as packed_cpu.cpp's tiers for bfloat16 panels [ceil(N / 64), K, 64]: output
-// panels [p_begin, p_end) of y[m * ldy + n - y_col0] (+ bias[n] when bias is not null).
-void packed_panels_amx_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, float* y,
-                            int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end);
-
-// The same in two halves, for a caller that runs one x over many panel ranges (one per claimed
-// chunk of threads): x's split, [ceil(M / 16)][3][16][Kp] bfloat16 bits (Kp = K rounded up to 32;
-// packed_amx_split_size elements), made once, then read by every range. Splitting in each range's
-// call instead cost as much as the tile products at 96 rows (gate|up: 28 ranges).
+// The same contract as packed_cpu.cpp's tiers for bfloat16 panels [ceil(N / 64), K, 64], in two
+// halves, since callers run one x over many panel ranges (one per claimed chunk of threads, or per
+// vocabulary range): x's split, [ceil(M / 16)][3][16][Kp] bfloat16 bits (Kp = K rounded up to 32;
+// packed_amx_split_size elements), made once (packed_amx_split), then read by every range's call,
+// which writes output panels [p_begin, p_end) of y[m * ldy + n - y_col0] (+ bias[n] when bias is not
+// null). Splitting in each range's call instead cost as much as the tile products at 96 rows
+// (gate|up: 28 ranges). packed_cpu.h's prepare_rows_bf16 is the entry.
 int64_t packed_amx_split_size(int64_t M, int64_t K);
 void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts);
 void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, const uint16_t* packed,

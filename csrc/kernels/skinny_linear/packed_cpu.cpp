@@ -344,12 +344,7 @@ template <typename W>
 void panels(const float* x, int64_t M, int64_t K, const W* packed, const float* bias, float* y, int64_t ldy,
             int64_t y_col0, int64_t N, int64_t p_begin, int64_t p_end) {
 #ifdef SPECDEC_PACKED_X86
-  if constexpr (sizeof(W) == 2) {
-    if (kAmx) {  // bfloat16 panels: the AMX tier (its own numeric contract, packed_amx.h)
-      packed_panels_amx_bf16(x, M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
-      return;
-    }
-  }
+  // (bfloat16 panels on the AMX tier do not come here: see prepare_rows_bf16)
   if (kAvx512) {
     panels_avx512(x, M, K, packed, bias, y, ldy, y_col0, N, p_begin, p_end);
     return;
@@ -389,9 +384,13 @@ void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const f
   panels(x, M, K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin, p_end);
 }
 
-void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, float* y,
-                                        int64_t ldy, int64_t N, int64_t p_begin, int64_t p_end) {
-  panels(x, M, K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin, p_end);
+void packed_linear_cpu_panels_into_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, float* y, int64_t ldy,
+                                        int64_t N, int64_t p_begin, int64_t p_end) {
+  if (rows.amx_parts != nullptr)
+    packed_panels_amx_bf16_split(rows.amx_parts, rows.M, rows.K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin,
+                                 p_end);
+  else
+    panels(rows.x, rows.M, rows.K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin, p_end);
 }
 
 const char* packed_linear_cpu_isa() { return kAvx512 ? "avx512" : kAvx2 ? "avx2" : "portable"; }

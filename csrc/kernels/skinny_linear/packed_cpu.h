@@ -30,9 +30,10 @@ inline constexpr int64_t kPanel = 64;  // outputs per panel: four 16-lane regist
 void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float* packed, const float* bias,
                               float* y, int64_t N, int64_t p_begin, int64_t p_end);
 
-// One x [M, K] prepared for several calls over ranges of bfloat16 panels (threads claiming chunks
-// of panels): on the AMX tier, x's bfloat16 split (packed_amx.h) made once into `scratch` instead
-// of in every range's call; on the FMA tiers x as it is. Valid while x and scratch are.
+// bfloat16 panels take x prepared once for all the calls over their ranges (threads claiming chunks
+// of panels, or vocabulary ranges): on the AMX tier, x's bfloat16 split (packed_amx.h) made into
+// `scratch` instead of in every range's call; on the FMA tiers x as it is. Valid while x and scratch
+// are.
 struct PreparedRowsBf16 {
   const float* x;
   int64_t M, K;
@@ -46,8 +47,8 @@ void packed_linear_cpu_panels_bf16(const PreparedRowsBf16& rows, const uint16_t*
 // of panels [p_begin, p_end) (a caller ranking a vocabulary range keeps [M, range] in cache).
 void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const float* packed, float* y, int64_t ldy,
                                    int64_t N, int64_t p_begin, int64_t p_end);
-void packed_linear_cpu_panels_into_bf16(const float* x, int64_t M, int64_t K, const uint16_t* packed, float* y,
-                                        int64_t ldy, int64_t N, int64_t p_begin, int64_t p_end);
+void packed_linear_cpu_panels_into_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, float* y, int64_t ldy,
+                                        int64_t N, int64_t p_begin, int64_t p_end);
 
 // "avx512" or "avx2" when a vector kernel runs on this machine, else "portable" (std::fma per
 // output: the same bits, far slower; callers use BLAS instead).
