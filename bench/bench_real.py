@@ -236,8 +236,9 @@ def transformers_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], r
                       eos: int | None) -> list[dict]:
     """``--peers transformers``: ``generate`` on the pair's HF folders in ``--dtype`` (the bf16 folders
     when ``--weights gguf``: transformers does not run the GGUF blocks as stored), same prompt token ids,
-    batch 1, at each ``--temperatures`` value, same ``--max-new-tokens`` and ``--threads``: plain, ``assistant_model=`` the draft,
-    ``prompt_lookup_num_tokens=10``; rows named ``transformers ...`` (bench/peers/transformers_rows.py)."""
+    batch 1, at each ``--temperatures`` value, same ``--max-new-tokens`` and ``--threads``: plain,
+    ``assistant_model=`` the draft, ``prompt_lookup_num_tokens=10``; rows named ``transformers ...``
+    (bench/peers/transformers_rows.py)."""
     from bench.peers import transformers_rows as peer
 
     dtype = "bfloat16" if getattr(args, "weights", "safetensors") == "gguf" else args.dtype

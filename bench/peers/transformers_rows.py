@@ -44,11 +44,12 @@ def bench_rows(per_config: dict[tuple[str, float], list[dict]], workloads: dict[
     prompt, in the concatenated workloads' order]}``; ``engine_ar`` per (workload, temperature);
     ``identical`` (greedy rows): the row's tokens are transformers plain's."""
     rows, start = [], 0
+    baseline = per_config.get((BASELINE, 0.0))  # greedy rows are compared with it
     for w, prompts in workloads.items():
         stop = start + len(prompts)
+        greedy_plain = [p["outputs"][0] for p in baseline[start:stop]] if baseline is not None else None
         for (name, t), parts in per_config.items():
-            baseline = per_config.get((BASELINE, t)) if t == 0 else None
-            plain = [p["outputs"][0] for p in baseline[start:stop]] if baseline is not None else None
+            plain = greedy_plain if t == 0 else None
             part = parts[start:stop]
             outputs = [p["outputs"][0] for p in part]
             tokens, seconds = sum(map(len, outputs)), sum(p["seconds"] for p in part)

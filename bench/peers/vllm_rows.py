@@ -99,8 +99,8 @@ def run_peer(job: dict, venv: Path | None = None, timeout: float | None = None) 
         return parse_result(out_path.read_text(), job["mode"])
 
 
-def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]], engine_ar: dict[tuple[str, float], dict],
-               draft_label: str = "") -> tuple[list[dict], dict[str, str]]:
+def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]],
+               engine_ar: dict[tuple[str, float], dict], draft_label: str = "") -> tuple[list[dict], dict[str, str]]:
     """Rows in bench/bench_real.py's shape from the runner results (one per mode and temperature) on
     the concatenated ``workloads``, and {row name: error} for the runs that failed.
 
@@ -114,14 +114,15 @@ def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]], engin
     mean acceptance length (tokens per verify step that carried a proposal).
     """
     rows, failed = [], {}
+    greedy_plain = next((r for r in results if r.get("mode") == "plain" and "error" not in r
+                         and float(r.get("temperature", 0.0)) == 0), None)
     for result in results:
         t = float(result.get("temperature", 0.0))
         name = row_name(result["mode"], draft_label)
         if "error" in result:
             failed[name + (f" (T={t:g})" if t else "")] = result["error"]
             continue
-        plain_result = next((r for r in results if r.get("mode") == "plain" and "error" not in r
-                             and float(r.get("temperature", 0.0)) == t), None) if t == 0 else None
+        plain_result = greedy_plain if t == 0 else None
         start = 0
         for w, prompts in workloads.items():
             stop = start + len(prompts)
@@ -149,8 +150,8 @@ def bench_rows(results: list[dict], workloads: dict[str, list[list[int]]], engin
 
 
 def measure(target_dir: Path, draft_dir: Path | None, workloads: dict[str, list[list[int]]], max_new_tokens: int,
-            eos_token_ids: list[int], threads: int, engine_ar: dict[tuple[str, float], dict], dtype: str = "bfloat16",
-            modes=MODES, timeout: float | None = 1800, temperatures=(0.0,),
+            eos_token_ids: list[int], threads: int, engine_ar: dict[tuple[str, float], dict],
+            dtype: str = "bfloat16", modes=MODES, timeout: float | None = 1800, temperatures=(0.0,),
             seed: int = 0) -> tuple[list[dict], dict[str, str], list[dict]]:
     """Every mode at every temperature on every workload's prompts, one engine (process) per mode and
     temperature: (rows, failed, raw results). ``engine_ar``: see ``bench_rows``."""
