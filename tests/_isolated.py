@@ -60,9 +60,10 @@ def run_isolated(script: str, timeout: float = 300) -> list[dict]:
     return [r for r in records if "case" in r]
 
 
-def run_capped(cap: str, code: str, payload=None, timeout: float = 120):
+def run_capped(cap: str, code: str, payload=None, timeout: float = 120, env: dict | None = None):
     """Run ``python -c code`` in a fresh process with ``SPECDEC_CPU_ISA=cap`` (the kernels read it
-    once, at load) and the checkout's ``python/`` first on its path; a non-zero exit fails the test.
+    once, at load), the checkout's ``python/`` first on its path and ``env``'s variables besides; a
+    non-zero exit fails the test.
 
     With ``payload``: it is ``torch.save``d to a file whose path the child gets as ``sys.argv[1]``;
     the child writes its result over it, and that result is returned.
@@ -71,7 +72,7 @@ def run_capped(cap: str, code: str, payload=None, timeout: float = 120):
 
     import torch
 
-    env = dict(os.environ, SPECDEC_CPU_ISA=cap,
+    env = dict(os.environ, **(env or {}), SPECDEC_CPU_ISA=cap,
                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
     if payload is None:
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=timeout)

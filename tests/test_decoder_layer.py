@@ -4,11 +4,10 @@ writes, its batch invariance, and the model's fused path against its torch path.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from _isolated import run_capped
 
 from specdec_cuda.ops.decoder_layer import decoder_layer
 from specdec_cuda.ops.skinny_linear import pack_weight, packed_bf16_tier
@@ -196,15 +195,13 @@ def test_narrower_tiers_match_reference(cap):
     # SPECDEC_CPU_ISA picks a narrower tier than the machine's widest (read once at load: a fresh
     # process): "baseline" the portable loops, "avx2" the AVX2 kernels where the CPU has AVX2.
     isa = "avx2" if cap == "avx2" and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "portable"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_decoder_layer as t; "
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    code = ("import sys; sys.path.insert(0, %r); import test_decoder_layer as t; "
             f"from specdec_cuda._native import _C; assert _C.skinny_linear_packed_isa() == {isa!r}; "
             "t.test_matches_reference_and_writes_the_cache(4, 2, 16, True, True, 3, True); "
             "t.test_matches_reference_and_writes_the_cache(2, 2, 24, False, True, 6, True); "
             "t.test_longer_caches_match_reference(40, 9, True); "
             "t.test_an_mlp_width_off_the_vector_width_matches_reference(); "
             "t.test_a_token_gets_the_same_bits_alone_or_verified_with_others(); "
-            "t.test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain()")
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, SPECDEC_CPU_ISA=cap,
-               PYTHONPATH=os.pathsep.join([os.path.join(tests_dir, "..", "python"), os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, "-c", code, tests_dir], env=env, check=True, timeout=120)
+            "t.test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain()") % tests_dir
+    run_capped(cap, code)

@@ -3,15 +3,11 @@ bit for bit (quantize_q8, matmul_q8), across ISA tiers, batch sizes and row spli
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-
 import pytest
 import torch
 
 from _gguf_testlib import random_blocks as random_block_bytes
+from _isolated import run_capped
 from specdec_cuda.ops import gguf as g
 from specdec_cuda.reference import gguf as ref
 
@@ -164,7 +160,7 @@ def test_16_bit_activations_and_leading_dims():
 
 
 _TIER_CODE = ("import sys, torch; from specdec_cuda.ops import gguf as g; "
-              "assert g.q8_cpu_isa() == sys.argv[2], g.q8_cpu_isa(); "
+              "assert g.q8_cpu_isa() == ISA, g.q8_cpu_isa(); "
               "cases = torch.load(sys.argv[1]); "
               "out = [(g.quantize_q8(x), [g.gguf_matmul(x[:m], g.gguf_weight(raw, q, (n, k)), activations='q8') "
               "for m in (1, 3, 8, 9)]) for q, raw, n, k, x in cases]; "
@@ -172,14 +168,7 @@ _TIER_CODE = ("import sys, torch; from specdec_cuda.ops import gguf as g; "
 
 
 def _run_tier(cap: str, isa: str, cases) -> list:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "io.pt")
-        torch.save(cases, path)
-        python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-        env = dict(os.environ, SPECDEC_CPU_ISA=cap, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-        subprocess.run([sys.executable, "-c", _TIER_CODE, path, isa], env=env, check=True, timeout=300)
-        return torch.load(path)
+    return run_capped(cap, f"ISA = {isa!r}; " + _TIER_CODE, cases, timeout=300, env=dict(OMP_NUM_THREADS="1"))
 
 
 _TIERS = ("portable", "avx2", "avx512", "avx512-vnni")  # narrowest first

@@ -153,15 +153,12 @@ def test_portable_kernel_matches_reference_on_an_avx512_machine():
     # SPECDEC_CPU_ISA=baseline picks the portable kernel (read once at load: a fresh process); the
     # default run above takes the AVX-512 one where the CPU has it.
     import os
-    import subprocess
-    import sys
+
+    from _isolated import run_capped
 
     code = ("import sys; sys.path.insert(0, %r); import test_quant_attention as t; "
             "c = t.make_case(B=2, Hq=8, Hkv=2, n=5, D=128, capacity=192, key_group=64, value_group=32, F=96, "
             "lengths=(150, 130)); import torch; "
             "torch.testing.assert_close(t.run_kernel(c, True), t.run_reference(c, True), rtol=1e-5, atol=1e-5)"
             % os.path.dirname(os.path.abspath(__file__)))
-    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-    env = dict(os.environ, SPECDEC_CPU_ISA="baseline",
-               PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    run_capped("baseline", code, timeout=300)
