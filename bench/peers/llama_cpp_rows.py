@@ -102,21 +102,28 @@ def agreement(peer: list[list[int]], engine: list[list[int]]) -> dict:
 
 
 def job(target_gguf: Path, draft_gguf: Path | None, prompts: list[list[int]], max_new_tokens: int,
-        eos_token_ids: list[int], threads: int) -> dict:
-    """The runner's job: every mode of ``MODES`` (the draft one only with a draft GGUF)."""
+        eos_token_ids: list[int], threads: int, temperature: float = 0.0, seed: int = 0) -> dict:
+    """The runner's job: every mode of ``MODES`` (the draft one only with a draft GGUF), greedy or
+    sampled at ``temperature`` (seed ``seed + i`` for prompt i)."""
     modes = [m for m in MODES if draft_gguf is not None or not m.startswith("draft:")]
     return dict(model=str(target_gguf), draft_model=str(draft_gguf) if draft_gguf else None, prompts=prompts,
-                max_new_tokens=max_new_tokens, eos_token_ids=list(eos_token_ids), n_threads=threads, modes=modes)
+                max_new_tokens=max_new_tokens, eos_token_ids=list(eos_token_ids), n_threads=threads, modes=modes,
+                temperature=float(temperature), seed=int(seed))
 
 
 def bench_rows(result: dict, workloads: dict[str, list[list[int]]], engine_ar: dict[str, dict],
                draft_label: str = "") -> list[dict]:
     """Rows in bench/bench_real.py's shape from one runner result on the concatenated ``workloads``.
 
-    ``engine_ar``: per workload, this engine's autoregressive result at batch 1, greedy (its
-    ``tokens_per_s`` and ``outputs``). ``identical``: whether the row's tokens are llama.cpp plain's
-    (its own baseline); ``agreement``: see ``agreement``, against this engine's autoregressive tokens.
+    ``engine_ar``: per workload, this engine's autoregressive result at batch 1 and the run's
+    temperature (its ``tokens_per_s`` and ``outputs``). Greedy runs only: ``identical``, whether the
+    row's tokens are llama.cpp plain's (its own baseline), and ``agreement`` (see ``agreement``)
+    with this engine's autoregressive tokens; a sampled run's rows have None for both (different
+    draws), and ``lossless`` None (llama-cpp-python's sample-and-match keeps the distribution by
+    construction; not checked here).
     """
+    temperature = float(result.get("temperature", 0.0))
+    greedy = temperature == 0
     rows, start = [], 0
     for w, prompts in workloads.items():
         stop = start + len(prompts)
@@ -129,15 +136,17 @@ def bench_rows(result: dict, workloads: dict[str, list[list[int]]], engine_ar: d
             drafted = sum(p.get("drafted", 0) for p in part)
             per_row = [a == b for a, b in zip(outputs, plain)]
             tps = tokens / seconds if seconds > 0 else 0.0
-            rows.append(dict(workload=w, split=w, batch=1, temperature=0.0, system="llama.cpp",
+            rows.append(dict(workload=w, split=w, batch=1, temperature=temperature, system="llama.cpp",
                              method=row_name(mode, draft_label),
-                             lossless=True, baseline=BASELINE, tokens=tokens, seconds=seconds, tokens_per_s=tps,
+                             lossless=True if greedy else None, baseline=BASELINE, tokens=tokens, seconds=seconds,
+                             tokens_per_s=tps,
                              prefill_seconds=sum(p["prefill_seconds"] for p in part),
                              tau=(tokens - len(part)) / forwards if forwards else None,
                              acceptance=None, drafted=drafted,
                              vs_engine_ar=tps / engine_ar[w]["tokens_per_s"] if w in engine_ar else None,
-                             identical=all(per_row), identical_rows=per_row,
-                             agreement=agreement(outputs, engine_ar[w]["outputs"]) if w in engine_ar else None,
+                             identical=all(per_row) if greedy else None, identical_rows=per_row if greedy else None,
+                             agreement=(agreement(outputs, engine_ar[w]["outputs"]) if greedy and w in engine_ar
+                                        else None),
                              extra_buffers=result.get("extra_buffers", True), retried=result.get("retried")))
         start = stop
     return rows

@@ -16,7 +16,10 @@
 // Activations: float32 (kernels/gguf/gguf_cpu.h: x as it is, float FMAs), or Q8
 // (kernels/gguf/q8.h: each row of x quantised once per call to int8 blocks of 32 with a float32
 // scale, integer dot products; ~3x the float kernel's speed on Q4_K, and llama.cpp's numerics).
-// Either way a row's result is a function of that row alone.
+// Either way a row's result is a function of that row alone. Or, on AMX CPUs, bfloat16 tiles
+// (kernels/gguf/bf16_amx.h: x and W rounded to bfloat16, tile products): a contract of its own,
+// also row-independent, for a prompt's prefill only (never mixed with the other two within one
+// sequence's verification rows).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gguf/bf16_amx.h"
 #include "kernels/gguf/blocks.h"
 #include "kernels/gguf/gguf_cpu.h"
 #include "kernels/gguf/q8.h"
@@ -33,10 +37,13 @@
 
 namespace specdec::ops {
 
-enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1 };
+enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1, kBf16Amx = 2 };
 
 inline GgufActivations gguf_activations(const char* op, int64_t code) {
-  TORCH_CHECK(code == 0 || code == 1, op, ": activations must be 0 (float32) or 1 (Q8); got ", code);
+  TORCH_CHECK(code >= 0 && code <= 2, op, ": activations must be 0 (float32), 1 (Q8) or 2 (bfloat16 AMX tiles); got ",
+              code);
+  TORCH_CHECK(code != 2 || gguf::bf16_amx_enabled(), op,
+              ": activations 2 (bfloat16 AMX tiles) needs a CPU with AMX-BF16 that SPECDEC_CPU_ISA allows");
   return static_cast<GgufActivations>(code);
 }
 
@@ -69,15 +76,17 @@ inline std::vector<GgufPart> check_gguf_parts(const char* op, const char* name, 
 }
 
 // Rows [begin, end) of the concatenated weight: y[m * N + n] for every m. x is the float32 rows,
-// or (xq != nullptr) their Q8 form.
-inline void gguf_linear_rows(const float* x, const uint8_t* xq, int64_t M, int64_t K,
+// or (xq != nullptr) their Q8 form, or (xv != nullptr) their bfloat16 tile form.
+inline void gguf_linear_rows(const float* x, const uint8_t* xq, const uint16_t* xv, int64_t M, int64_t K,
                              const std::vector<GgufPart>& parts, const float* bias, float* y, int64_t N, int64_t begin,
                              int64_t end) {
   int64_t offset = 0;
   for (const GgufPart& part : parts) {
     const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + part.rows);
     if (lo < hi) {
-      if (xq != nullptr)
+      if (xv != nullptr)
+        gguf::matmul_bf16_amx_rows(part.type, xv, M, K, part.data, y + offset, N, lo - offset, hi - offset);
+      else if (xq != nullptr)
         gguf::matmul_q8_cpu_rows(part.type, xq, M, K, part.data, y + offset, N, lo - offset, hi - offset);
       else
         gguf::matmul_cpu_rows(part.type, x, M, K, part.data, y + offset, N, lo - offset, hi - offset);
@@ -92,19 +101,31 @@ inline void gguf_linear_rows(const float* x, const uint8_t* xq, int64_t M, int64
 inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<GgufPart>& parts, const float* bias,
                         float* y, int64_t N, GgufActivations activations) {
   if (M == 0 || N == 0) return;
-  std::vector<uint8_t> xq;
+  // x's Q8 or tile form, made once per call on the calling thread (M rows of K values, little next
+  // to the weights), in buffers kept per thread: a prefill's would otherwise be fresh pages per call.
+  static thread_local std::vector<uint8_t> xq_buf;
+  static thread_local std::vector<uint16_t> xv_buf;
+  const uint8_t* q = nullptr;
+  const uint16_t* v = nullptr;
   if (activations == GgufActivations::kQ8) {
-    // Once per call, on the calling thread: M rows of K values, microseconds next to the weights.
-    xq.resize(M * gguf::q8_row_bytes(K));
-    gguf::quantize_rows_q8(x, M, K, xq.data());
+    const size_t need = static_cast<size_t>(M * gguf::q8_row_bytes(K));
+    if (xq_buf.size() < need) xq_buf.resize(need);
+    gguf::quantize_rows_q8(x, M, K, xq_buf.data());
+    q = xq_buf.data();
+  } else if (activations == GgufActivations::kBf16Amx) {
+    const size_t need = static_cast<size_t>(gguf::bf16_amx_rows_size(M, K));
+    if (xv_buf.size() < need) xv_buf.resize(need);
+    gguf::bf16_amx_prepare(x, M, K, xv_buf.data());
+    v = xv_buf.data();
   }
-  // Rows claimed in chunks of 256 KiB .. 2 MiB of blocks (streaming_grain, at the parts' mean row size).
+  // Rows claimed in chunks of 256 KiB .. 2 MiB of blocks (streaming_grain, at the parts' mean row size);
+  // the tile kernel decodes W 32 rows at a time, so its chunks are whole groups of 32.
   int64_t bytes = 0;
   for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
-  const int64_t grain = streaming_grain(N, bytes / N);
-  const uint8_t* q = xq.empty() ? nullptr : xq.data();
+  int64_t grain = streaming_grain(N, bytes / N);
+  if (v != nullptr) grain = (grain + 31) / 32 * 32;
   claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {
-    gguf_linear_rows(x, q, M, K, parts, bias, y, N, begin, end);
+    gguf_linear_rows(x, q, v, M, K, parts, bias, y, N, begin, end);
   });
 }
 

@@ -31,7 +31,7 @@ import torch
 
 from . import ops
 from .contract import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, Proposer, SamplingParams, StepState
-from .models.protocol import batch_invariant
+from .models.protocol import batch_invariant, prefill_kwargs
 from .ops.status import raise_for
 from .outputs import GenerationResult, Metrics, RowOutputs, StreamCallback
 
@@ -140,7 +140,7 @@ def prefill(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Sampli
     # Logits of each prompt's last token only: the LM head over the whole prompt would cost
     # about a seventh of the zoo target's prefill.
     out = target.forward(padded, torch.arange(width, device=device).expand(batch, width), cache,
-                         hidden_layers=hidden_layers, logits_at=prompt_lens - 1)
+                         hidden_layers=hidden_layers, logits_at=prompt_lens - 1, **prefill_kwargs(target))
     cache.commit(prompt_lens)
     first = ops.sample(out.logits[:, 0], **params.kwargs(), position=prompt_lens)
     raise_for(first.status.tolist(), "sampling the first token", exc=RuntimeError)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.gguf import ACTIVATIONS, GgufLinear, gguf_dequantize, gguf_linear
+from ..ops.gguf import LINEAR_ACTIVATIONS, GgufLinear, bf16_tiles_available, gguf_dequantize, gguf_linear
 from ..ops.skinny_linear import PANEL as PACKED_PANEL  # outputs per panel of a packed weight
 from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available, unpack_weight
 from .config import LlamaConfig
@@ -324,7 +324,7 @@ class DecoderLayer(nn.Module):
             weights = [p.data for name in self.PROJECTIONS for p in self._panels[name].parts]
             types = [p.qtype for name in self.PROJECTIONS for p in self._panels[name].parts]
             parts = [len(self._panels[name].parts) for name in self.PROJECTIONS]
-            mode = ACTIVATIONS.index(self._panels["qkv"].activations)
+            mode = LINEAR_ACTIVATIONS.index(self._panels["qkv"].activations)
             self._gguf_args = (_f32(n1.weight), _f32(n2.weight), n1.eps, weights, types, parts, mode, _f32(attn_w[1]),
                                _f32(attn_w[3]), _f32(mlp_w[1]), _f32(mlp_w[3]), _f32(attn_w[4]), _f32(attn_w[5]))
         elif pack or self._panels is not None:
@@ -336,18 +336,28 @@ class DecoderLayer(nn.Module):
     def unbind(self) -> None:
         self._bound = self._packed_args = self._gguf_args = None
 
-    def forward_packed(self, x, cos, sin, k_cache, v_cache, lengths, tree_mask) -> torch.Tensor:
+    def prefill_on_tiles(self) -> bool:
+        """Whether a prompt's prefill of this layer runs on bfloat16 AMX tiles (``gguf_linear``'s
+        ``activations="bf16"``): a GGUF layer on a CPU with AMX-BF16. Its bits are not those of the
+        layer's decoding kernels, which every verification row keeps."""
+        return self.gguf and bf16_tiles_available()
+
+    def forward_packed(self, x, cos, sin, k_cache, v_cache, lengths, tree_mask, prefill: bool = False) -> torch.Tensor:
         """The layer as one ``decoder_layer`` op (bound with ``pack=True`` or packed). x [B, n,
         hidden] float32; cos / sin [B, n, head_dim] float32 (``rope_cos_sin``'s, heads dim dropped);
         k_cache / v_cache [B, H_kv, T_max, D] float32; lengths [B] int64; tree_mask [B, n, n] bool
         or None (causal). The new tokens' K/V go to slots ``lengths[b] + i``. One eps serves every
-        norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead."""
+        norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead, and a
+        ``prefill`` (a prompt's) on bfloat16 AMX tiles where ``prefill_on_tiles()``."""
         if self._packed_args is None and self._gguf_args is None:
             self.bind(pack=True)
         attn = self.self_attn
         out = torch.empty_like(x)
         if self._gguf_args is not None:
-            torch.ops.specdec.decoder_layer_gguf(x, *self._gguf_args, cos, sin, k_cache, v_cache, lengths, tree_mask,
+            args = self._gguf_args
+            if prefill and self.prefill_on_tiles():
+                args = args[:6] + (LINEAR_ACTIVATIONS.index("bf16"),) + args[7:]  # the activations mode
+            torch.ops.specdec.decoder_layer_gguf(x, *args, cos, sin, k_cache, v_cache, lengths, tree_mask,
                                                  attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
             return out
         torch.ops.specdec.decoder_layer(x, *self._packed_args, cos, sin, k_cache, v_cache, lengths, tree_mask,

@@ -23,6 +23,15 @@ from .protocol import ModelOutput, check_forward_args, logits_rows
 from .quant_cache import QuantKVCache, quantized_forward
 from .rope import inverse_frequencies, rope_cos_sin
 
+# Rows per chunk of a prefill on AMX tiles (DecoderLayer.prefill_on_tiles): each chunk decodes every
+# weight of the model once (~0.15 s for the 1.5B at 2 threads), but past ~256 rows x's tile form
+# outgrows L2 (the down projection's: 256 x 8960 bfloat16 = 4.6 MB) and each row costs more:
+# 2.6 ms per row at 256, 3.5 at 512 (a 2-core Xeon).
+TILE_PREFILL_ROWS = 256
+# Fewer rows than this prefill on the decoding kernels: decoding every weight for the tiles costs
+# about two one-row steps, which a prompt of a few tokens would not earn back.
+TILE_PREFILL_MIN_ROWS = 32
+
 
 def decoder_layer_hf_layout(layer: DecoderLayer, c: LlamaConfig, prefix: str) -> dict[str, tuple[torch.Tensor, int, int]]:
     """Where a Hugging Face decoder layer's tensors (``{prefix}self_attn.q_proj.weight``, ...) go in
@@ -119,6 +128,9 @@ class LlamaModel(nn.Module):
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self._steps: dict[tuple[int, torch.device], torch.Tensor] = {}  # arange(n) per (n, device)
         self.packed_linear = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
+        # forward(prefill=True) may take a prompt's own kernels (GGUF blocks on AMX tiles); False: the
+        # decoding kernels for prompts too (a prompt's K/V then have a one-row forward's bits).
+        self.fast_prefill = True
         # Packed storage (pack()): the LM head's panels (also the embedding of a tied model), the
         # dropped weights' stand-ins (an in-place write to one moves its version: an error), and
         # float32 copies of the final norm (bf16 models; norms and biases of the layers likewise).
@@ -366,6 +378,7 @@ class LlamaModel(nn.Module):
         logits_at: torch.Tensor | None = None,
         layers: Sequence[int] | None = None,
         vocab: VocabSubset | None = None,
+        prefill: bool = False,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache`` (see ``CausalLM.forward``).
 
@@ -383,10 +396,18 @@ class LlamaModel(nn.Module):
         ``vocab`` (an extension for drafters, ``draft_vocab=``): a ``VocabSubset`` of this model
         (``vocab_subset``); the LM head then runs over its rows only and logits are [B, n, N] in
         the subset's id order (``VocabSubset.expand`` maps them back to the vocabulary).
+
+        ``prefill`` (an extension, ``protocol.prefill_kwargs``): these tokens are a prompt, which
+        every decoding method prefills alike, so they may run on kernels of another numeric contract
+        than decoding's: a GGUF model on an AMX CPU runs them on bfloat16 tiles (``gguf_linear``'s
+        ``activations="bf16"``, ~4x faster than its decoding kernels over a prompt). Never set it on
+        rows whose bits must equal a one-row forward's (a verification). ``fast_prefill = False``
+        turns it off for a model.
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():
-                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at, layers, vocab)
+                return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at, layers, vocab,
+                                    prefill)
         plan = self._layer_plan(layers, hidden_layers)
         if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
             if layers is not None or vocab is not None:
@@ -404,7 +425,8 @@ class LlamaModel(nn.Module):
                              f"({vocab.form}); the model has changed since (.to(), packed_linear: now "
                              f"{self._head_form()}): make it again with vocab_subset()")
         if self._packed:
-            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan, vocab)
+            return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan, vocab,
+                                        prefill and self.fast_prefill)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
@@ -452,18 +474,22 @@ class LlamaModel(nn.Module):
         return [(i, self.layers[i]) for i in chosen]
 
     def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan,
-                        vocab=None) -> ModelOutput:
+                        vocab=None, prefill: bool = False) -> ModelOutput:
         """``forward`` of a packed model on the CPU: each layer one ``decoder_layer`` op over packed
         weights, the LM head through ``skinny_linear_packed``, all in float32. A causal forward of
         more than ``PACKED_MAX_ROWS`` rows (a prefill) runs in chunks of new tokens, each chunk on
         top of the slots the previous ones wrote (lengths + its offset): the same bits, since each
-        row's arithmetic does not depend on the other rows. A tree forward runs in one call."""
+        row's arithmetic does not depend on the other rows. A tree forward runs in one call. A
+        ``prefill`` on tiles (``DecoderLayer.prefill_on_tiles``; at least ``TILE_PREFILL_MIN_ROWS``
+        rows) runs in chunks of up to ``TILE_PREFILL_ROWS`` rows: each chunk decodes every weight
+        once, so fewer are cheaper."""
         if cache.keys[0].dtype != torch.float32:
             raise ValueError(f"this model runs the packed CPU path, whose KV cache is float32; got a "
                              f"{cache.keys[0].dtype} cache (make it with model.new_cache)")
         B, n = tokens.shape
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
-        step = n if mask is not None else max(1, PACKED_MAX_ROWS // B)
+        tiles = prefill and B * n >= TILE_PREFILL_MIN_ROWS and all(layer.prefill_on_tiles() for _, layer in plan)
+        step = n if mask is not None else max(1, (TILE_PREFILL_ROWS if tiles else PACKED_MAX_ROWS) // B)
         wanted = set(hidden_layers)
         chunks: dict[int, list[torch.Tensor]] = {i: [] for i in wanted if i != -1}
         outputs = []
@@ -474,7 +500,7 @@ class LlamaModel(nn.Module):
             x = self.embed(tokens[:, start:end]).float()
             lengths = cache.lengths if start == 0 else cache.lengths + start
             for i, layer in plan:
-                x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask)
+                x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask, tiles)
                 if i in chunks:
                     chunks[i].append(x)
             outputs.append(x)

@@ -30,6 +30,7 @@ token attends to them, and they are never committed.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -102,6 +103,20 @@ class CausalLM(Protocol):
         Both implementations also expose ``eos_token_ids`` (a tuple, from the checkpoint's config
         and generation config); it is not part of this protocol.
         """
+
+
+def prefill_kwargs(model) -> dict:
+    """The extra ``forward`` argument that marks a forward as a prompt's prefill, for models whose
+    ``forward`` has a ``prefill`` parameter (``{"prefill": True}``: the built-in model, which may
+    then run kernels of another numeric contract, e.g. a GGUF model's bfloat16 AMX tiles), else
+    ``{}`` (a wrapper that forwards only the protocol's arguments gets none). Only for tokens that
+    every decoding method feeds the same way (the prompt; a drafter's own catch-up): a verification
+    must run the decoding kernels so that its rows keep a one-row forward's bits."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin, a C extension)
+        return {}
+    return {"prefill": True} if "prefill" in params else {}
 
 
 def batch_invariant(model) -> bool:

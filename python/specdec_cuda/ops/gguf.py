@@ -18,6 +18,12 @@ dot products: 1.3-2x the float32-activation kernel's weight bandwidth at one row
 1.4-2.6x at 5-64 rows (``bench/bench_gguf.py``; a whole Qwen2.5-1.5B Q4_K_M step 1.8x), at a
 relative error of ~1e-2 of ``max|x|·|W|``. Its order also depends only on K (rows independent, tiers
 agree bit for bit), and ``reference.gguf.matmul_q8`` reproduces it bit for bit. CPU only.
+
+``gguf_linear(x, w, activations="bf16")`` (CPUs with AMX-BF16: ``bf16_tiles_available()``) rounds x
+and the dequantised weight to bfloat16 and multiplies them on AMX tiles with float32 accumulation:
+a prompt's prefill at ~4x the Q8 kernel's speed (``csrc/kernels/gguf/bf16_amx.h``). Rows stay
+independent, but the bits are not those of the other two modes, so a model uses it for prompts only
+(``LlamaModel.forward(prefill=True)``), never for the rows a verification compares with decoding.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from .. import _native  # noqa: F401  (registers the ops)
 from ..reference import gguf as ref
 
 __all__ = ["GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_dequantize", "gguf_rows",
-           "quantize_q8", "q8_row_bytes", "FORMATS", "ACTIVATIONS", "cpu_isa", "q8_cpu_isa"]
+           "quantize_q8", "q8_row_bytes", "FORMATS", "ACTIVATIONS", "LINEAR_ACTIVATIONS", "cpu_isa", "q8_cpu_isa",
+           "bf16_tiles_available"]
 
 FORMATS = ref.FORMATS
 ACTIVATIONS = ("float32", "q8")  # gguf_matmul's activation modes
+LINEAR_ACTIVATIONS = ACTIVATIONS + ("bf16",)  # gguf_linear's (and decoder_layer_gguf's): + AMX tiles
 q8_row_bytes = ref.q8_row_bytes
 _NAMES = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
@@ -81,10 +89,23 @@ class GgufLinear(NamedTuple):
 
 
 def _activation_code(activations: str) -> int:
-    """0 for "float32", 1 for "q8" (the ops' ``activations`` argument)."""
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-    return ACTIVATIONS.index(activations)
+    """0 for "float32", 1 for "q8" (the ops' ``activations`` argument); 2 for "bf16" (AMX tiles),
+    which only ``gguf_linear`` and the GGUF decoder layer take, and only where
+    ``bf16_tiles_available()``."""
+    if activations not in LINEAR_ACTIVATIONS:
+        raise ValueError(f"activations must be one of {LINEAR_ACTIVATIONS}, got {activations!r}")
+    if activations == "bf16" and not bf16_tiles_available():
+        raise ValueError("activations='bf16' runs on AMX tiles; this CPU (or SPECDEC_CPU_ISA) has none "
+                         "(bf16_tiles_available() is False)")
+    return LINEAR_ACTIVATIONS.index(activations)
+
+
+def bf16_tiles_available() -> bool:
+    """Whether ``gguf_linear(..., activations="bf16")`` can run here: a CPU with AMX-BF16 that the
+    process may use and ``SPECDEC_CPU_ISA`` allows (the test of the packed bfloat16 panels' AMX tier)."""
+    from .skinny_linear import packed_bf16_tier
+
+    return packed_bf16_tier() == "amx"
 
 
 def _qtype(qtype) -> int:
@@ -190,7 +211,8 @@ def gguf_linear(x: torch.Tensor, weight: GgufLinear, bias: torch.Tensor | None =
     """``x · Wᵀ + bias`` in float32 with W the concatenation of ``weight.parts`` (CPU): what a GGUF
     model's LM head and fused projections run. Each output is ``gguf_matmul``'s bits for its part
     with the same ``activations`` (default: the weight's own, ``weight.activations``), then + bias:
-    a row of x gets the same result alone or in a batch, on any thread count.
+    a row of x gets the same result alone or in a batch, on any thread count. ``activations="bf16"``
+    (AMX CPUs): x and W rounded to bfloat16, tile products with float32 sums (module docstring).
 
     Shape: x ``[..., K]`` float32; bias ``[N]`` float32 or None; returns ``[..., N]`` float32.
 
@@ -211,8 +233,9 @@ def gguf_linear(x: torch.Tensor, weight: GgufLinear, bias: torch.Tensor | None =
     x2 = x.reshape(-1, weight.in_features).contiguous()
     out = x2.new_empty((x2.shape[0], weight.out_features))
     mode = _activation_code(weight.activations if activations is None else activations)
-    if mode == 1 and weight.in_features % 32:
-        raise ValueError(f"q8 activations need in_features to be a multiple of 32; got {weight.in_features}")
+    if mode >= 1 and weight.in_features % 32:
+        raise ValueError(f"{LINEAR_ACTIVATIONS[mode]} activations need in_features to be a multiple of 32; got "
+                         f"{weight.in_features}")
     torch.ops.specdec.gguf_linear(x2, [p.data for p in weight.parts], [p.qtype for p in weight.parts],
                                   None if bias is None else bias.float().contiguous(), mode, out)
     return out.reshape(*x.shape[:-1], weight.out_features)

@@ -48,6 +48,7 @@ import torch
 from .. import ops
 from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, SamplingParams, StepState
 from ..methods import MethodSpec, register
+from ..models.protocol import prefill_kwargs
 from ..reference.philox import Purpose
 
 VERIFICATION_MODES = ("rejection", "match", "coupled", "typical")
@@ -81,12 +82,16 @@ class DraftModelProposer(Proposer):
                                 f"run over part of the vocabulary; this drafter is a {type(draft).__name__}")
             self.vocab = draft.vocab_subset(draft_vocab)
 
-    def _forward(self, tokens, positions, logits_at=None) -> torch.Tensor:
+    def _forward(self, tokens, positions, logits_at=None, catch_up: bool = False) -> torch.Tensor:
         """The drafter's logits [B, V] at the last (or ``logits_at``) fed token; with a draft
-        vocabulary its head runs over the subset and the rest of the row is ``MASKED``."""
+        vocabulary its head runs over the subset and the rest of the row is ``MASKED``. A
+        ``catch_up`` (the prompt, or text decoded without drafting) may run the drafter's prefill
+        kernels: its bits only steer the drafts, which the target judges either way."""
+        extra = prefill_kwargs(self.draft) if catch_up else {}
         if self.vocab is None:
-            return self.draft.forward(tokens, positions, self.cache, logits_at=logits_at).logits[:, -1]
-        sub = self.draft.forward(tokens, positions, self.cache, logits_at=logits_at, vocab=self.vocab).logits[:, -1]
+            return self.draft.forward(tokens, positions, self.cache, logits_at=logits_at, **extra).logits[:, -1]
+        sub = self.draft.forward(tokens, positions, self.cache, logits_at=logits_at, vocab=self.vocab,
+                                 **extra).logits[:, -1]
         return self.vocab.expand(sub)
 
     def prefill(self, ctx: PrefillContext) -> None:
@@ -138,7 +143,7 @@ class DraftModelProposer(Proposer):
         idx = (self.offset[:, None] + slots).clamp(max=self.seq.shape[1] - 1)
         last = (behind - 1).clamp(min=0)
         started = time.perf_counter()
-        cur = self._forward(self.seq.gather(1, idx), slots, logits_at=last)
+        cur = self._forward(self.seq.gather(1, idx), slots, logits_at=last, catch_up=width > 2)
         self.cache.commit(behind)  # cur [B, V]: the drafter's view of position lengths + 1
         # A steady step feeds 1 or 2 tokens (the last draft, the bonus); more is a catch-up (the
         # prompt, or tokens decoded without drafting), a cost the policy should not expect again.
