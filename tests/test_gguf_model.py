@@ -380,3 +380,15 @@ def test_a_draft_vocabulary_reads_the_heads_own_blocks(written):
                                 draft_vocab=VOCAB // 2, max_new_tokens=16)
     assert out.tokens == expected and out.metrics.drafted[0] > 0
     assert model.batch_invariant and out.metrics.batch_invariant  # GGUF blocks: exact verification
+
+
+def test_the_drafter_cache_fingerprints_a_gguf_model_from_its_blocks(written):
+    # The fingerprint reads a few hundred rows of the embedding and head: from the blocks (the dense
+    # stand-ins hold no data), the same for two loads of the file, and that of the dense model of
+    # the exactly dequantised weights.
+    from specdec_cuda import drafters
+
+    _, path, hf = written
+    model = models.load(path)
+    assert drafters.fingerprint(model) == drafters.fingerprint(models.load(path))
+    assert drafters.fingerprint(model) == drafters.fingerprint(dense_reference(model, hf))

@@ -1,7 +1,8 @@
 """The built-in model on the packed CPU path (models/llama.py: weights held once as panels, every
 forward one decoder_layer op per layer): each row of a forward gets the bits of a one-row
 forward, in float32 and bfloat16 models, whatever the width, the tree, the chunking of a prefill or
-the number of threads; a bf16 model gives the float32 model's bits over the same bf16 weights."""
+the number of threads; a bf16 model gives the float32 model's bits over the same bf16 weights; a
+prompt's prefill (``prefill=True``) of bfloat16 panels on AMX rounds activations to bfloat16."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from _models_testlib import VOCAB, ancestors_mask, make_hf_model, save_checkpoin
 
 from specdec_cuda import models
 from specdec_cuda.models.layers import PACKED_MAX_ROWS
-from specdec_cuda.ops.skinny_linear import pack_weight, packed_kernel_available, skinny_linear_packed
+from specdec_cuda.models.llama import TILE_PREFILL_MIN_ROWS
+from specdec_cuda.ops.skinny_linear import (pack_weight, packed_bf16_tier, packed_kernel_available,
+                                           skinny_linear_packed)
 
 pytestmark = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512 or AVX2: models keep the torch path")
 
@@ -145,3 +148,39 @@ def test_a_tied_embedding_is_read_from_the_head_panels():
     assert torch.equal(model.embedding_weight(), hf.model.embed_tokens.weight.detach())
     with pytest.raises(IndexError, match="vocabulary"):
         model.embed(torch.tensor([[VOCAB]]))
+
+
+@pytest.mark.skipif(packed_bf16_tier() != "amx", reason="no AMX: bfloat16 panels prefill like they decode")
+def test_a_prefill_rounds_activations_to_bf16_on_amx_and_stays_batch_invariant(bf16_folder):
+    # forward(prefill=True) of bf16 panels on the AMX tier: x rounded to bfloat16 (one tile product
+    # per weight, not the exact split's three), rows still independent of each other; short prompts
+    # and fast_prefill = False keep the decoding bits.
+    bf16, f32 = models.load(bf16_folder, dtype=torch.bfloat16), models.load(bf16_folder)
+    n = TILE_PREFILL_MIN_ROWS + 5
+    tokens = torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(6))
+
+    def logits(model, t, prefill):
+        return model.forward(t, torch.arange(t.shape[1]).expand(t.shape), model.new_cache(t.shape[0], 160),
+                             prefill=prefill).logits
+
+    exact, fast = logits(bf16, tokens, False), logits(bf16, tokens, True)
+    assert not torch.equal(exact, fast)
+    assert ((fast - exact).abs().max() / exact.abs().max()).item() < 2e-2  # bf16 rounding of activations
+    assert torch.equal(torch.cat([logits(bf16, tokens[b:b + 1], True) for b in range(2)]), fast)
+    assert torch.equal(logits(f32, tokens, True), fast)  # the float32 model packs these bf16 weights alike
+    short = tokens[:1, : TILE_PREFILL_MIN_ROWS - 1]
+    assert torch.equal(logits(bf16, short, True), logits(bf16, short, False))
+    bf16.fast_prefill = False
+    assert torch.equal(logits(bf16, tokens, True), exact)
+
+
+def test_greedy_speculation_with_a_long_prompt_equals_autoregressive_decoding(bf16_folder):
+    # Where the prompt prefills with rounded activations (AMX), verification still runs the exact
+    # split: prompt lookup emits autoregressive decoding's tokens.
+    import specdec_cuda
+
+    model = models.load(bf16_folder, dtype=torch.bfloat16)
+    base = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(7)).tolist()
+    prompts = [base * 6]
+    expected = specdec_cuda.generate(model, prompts, method="autoregressive", max_new_tokens=16).tokens
+    assert specdec_cuda.generate(model, prompts, method="prompt_lookup", max_new_tokens=16).tokens == expected

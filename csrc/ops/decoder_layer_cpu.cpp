@@ -150,8 +150,12 @@ void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::T
                        const std::optional<at::Tensor>& k_norm, const at::Tensor& cos, const at::Tensor& sin,
                        at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& lengths,
                        const std::optional<at::Tensor>& tree_mask, int64_t num_heads, int64_t num_kv_heads,
-                       double sm_scale, at::Tensor& out) {
+                       double sm_scale, at::Tensor& out, int64_t activations) {
   // Weights packed (see check_packed), biases float32 or None; the rest as check_layer says.
+  // activations: 0 float32 (exact), 1 bfloat16-rounded on the AMX tier (a prompt's prefill; the
+  // FMA tiers and float32 panels ignore it: kernels/skinny_linear/packed_cpu.h).
+  TORCH_CHECK(activations == 0 || activations == 1, kOp, ": activations must be 0 (float32) or 1 (bfloat16-rounded, "
+              "a prefill's); got ", activations);
   const LayerShape s = check_layer(kOp, x, norm1, norm2, q_norm, k_norm, cos, sin, k_cache, v_cache, lengths,
                                    tree_mask, num_heads, num_kv_heads, out);
   const int64_t I = down_w.dim() == 3 ? down_w.size(1) : 0;
@@ -163,7 +167,7 @@ void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::T
   const std::optional<at::Tensor>* biases[4] = {&qkv_b, &o_b, &gate_up_b, &down_b};
   run_layer(s, I, x, norm1, norm2, norm_eps, q_norm, k_norm, cos, sin, k_cache, v_cache, sm_scale, out,
             [&](int p, const float* in, int64_t M, int64_t K, float* y, int64_t N) {
-              packed_linear(in, M, K, *weights[p], data_or_null(*biases[p]), y, N);
+              packed_linear(in, M, K, *weights[p], data_or_null(*biases[p]), y, N, activations == 1);
             });
 }
 

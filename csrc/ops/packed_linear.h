@@ -14,8 +14,9 @@
 
 namespace specdec::ops {
 
+// `rounded`: a prompt's prefill on the AMX tier (packed_cpu.h's prepare_rows_bf16).
 inline void packed_linear(const float* x, int64_t M, int64_t K, const at::Tensor& packed, const float* bias,
-                          float* y, int64_t N) {
+                          float* y, int64_t N, bool rounded = false) {
   // Panels are claimed in chunks of 256 KiB .. 2 MiB of weights (streaming_grain; Qwen2.5-1.5B:
   // o 8 chunks of 3 panels, gate|up 28 of 10, the LM head 2 MiB each). Each output is computed
   // whole by whichever thread claims its panel: the bits do not depend on the thread count.
@@ -25,7 +26,7 @@ inline void packed_linear(const float* x, int64_t M, int64_t K, const at::Tensor
   if (bf16) {
     // x prepared once for every chunk (the AMX tier's split; the caller's buffer, read by all threads)
     thread_local std::vector<uint16_t> scratch;
-    const skinny::PreparedRowsBf16 rows = skinny::prepare_rows_bf16(x, M, K, scratch);
+    const skinny::PreparedRowsBf16 rows = skinny::prepare_rows_bf16(x, M, K, scratch, rounded);
     claim_parallel_range(0, packed.size(0), grain, [&](int64_t begin, int64_t end) {
       skinny::packed_linear_cpu_panels_bf16(rows, static_cast<const uint16_t*>(panels), bias, y, N, begin, end);
     });

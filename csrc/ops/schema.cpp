@@ -110,12 +110,14 @@ TORCH_LIBRARY(specdec, m) {
   // RoPE, K/V to the cache's pending slots lengths[b] + i, attention over the cache with a causal
   // or tree mask among the new tokens, o projection, residual, RMSNorm, SwiGLU with packed
   // projections, residual) over x (B, n, hidden); out is written, the caches' pending slots too
-  // (reference/decoder_layer.py).
+  // (reference/decoder_layer.py). activations 1: bfloat16 panels take x rounded to bfloat16 on the
+  // AMX tier (a prompt's prefill), 0 (default) exactly.
   m.def(
       "decoder_layer(Tensor x, Tensor norm1, Tensor norm2, float norm_eps, Tensor qkv_w, Tensor? qkv_b, "
       "Tensor o_w, Tensor? o_b, Tensor gate_up_w, Tensor? gate_up_b, Tensor down_w, Tensor? down_b, "
       "Tensor? q_norm, Tensor? k_norm, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-      "Tensor lengths, Tensor? tree_mask, int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
+      "Tensor lengths, Tensor? tree_mask, int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out, "
+      "int activations=0) -> ()");
   // decoder_layer_gguf: the same layer with its projections in GGUF blocks as stored in the file:
   // weights lists the parts of q|k|v, o, gate|up and down in order (parts[p] of projection p, each
   // uint8 [rows, row bytes], concatenated along the outputs), types their ggml type ids;

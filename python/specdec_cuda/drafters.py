@@ -64,18 +64,27 @@ def fingerprint(target) -> str:
     if seen is not None and seen[0] is target:
         return seen[1]
     from .models.heads import target_head
+    from .models.llama import LlamaModel
 
-    head = target_head(target)
-    c = head.config
     h = hashlib.sha256()
+    if isinstance(target, LlamaModel):
+        # The sampled rows only: a packed or GGUF model keeps its head (and a tied or GGUF embedding)
+        # as panels or blocks, which target_head would decode whole.
+        c, norm = target.config, target.norm.weight
+        rows = _spread_rows(c.vocab_size).to(target.device)
+        sampled = (("embed", target.embed(rows)), ("lm_head", target.output_rows(rows)))
+    else:
+        head = target_head(target)
+        c, norm = head.config, head.norm_weight
+        sampled = tuple((name, w.detach().index_select(0, _spread_rows(w.shape[0]).to(w.device)))
+                        for name, w in (("embed", head.embed), ("lm_head", head.lm_head)))
     shape = (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
              c.intermediate_size)
     h.update(repr(shape).encode())
-    for name, weight in (("embed", head.embed), ("lm_head", head.lm_head)):
-        rows = _spread_rows(weight.shape[0]).to(weight.device)
+    for name, picked in sampled:
         h.update(name.encode())
-        h.update(weight.detach().index_select(0, rows).float().cpu().contiguous().numpy().tobytes())
-    h.update(head.norm_weight.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(picked.detach().float().cpu().contiguous().numpy().tobytes())
+    h.update(norm.detach().float().cpu().contiguous().numpy().tobytes())
     value = h.hexdigest()[:16]
     _fingerprints[id(target)] = (target, value)
     return value

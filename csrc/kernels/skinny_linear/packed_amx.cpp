@@ -70,6 +70,20 @@ TileConfig config_for(int rows) {
 constexpr int out_index(int g, int c) { return 32 * (g / 2) + 8 * (c / 4) + 4 * (g % 2) + c % 4; }
 static_assert(out_index(1, 0) == 4 && out_index(2, 5) == 41, "store_panel's permutes undo this order");
 
+// x [rows][K] float32 -> [rows][Kp] bfloat16 bits rounded to nearest even (one part: a prefill's).
+void round_rows(const float* x, int rows, int64_t K, int64_t Kp, uint16_t* out) {
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+  for (int m = 0; m < rows; ++m) {
+    const float* xr = x + m * K;
+    for (int64_t k = 0; k < Kp; k += 16) {
+      const __mmask16 in = k + 16 <= K ? __mmask16(0xFFFF) : k < K ? __mmask16((1u << (K - k)) - 1u) : __mmask16(0);
+      const __m512i b = _mm512_castps_si512(_mm512_maskz_loadu_ps(in, xr + k));
+      const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 16), one), half));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * Kp + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+  }
+}
+
 // x [rows][K] float32 -> parts [3][rows][Kp] bfloat16 bits (hi, lo, lo2; Kp = K rounded up to 32,
 // zero past K). Each split is exact (packed_amx.h): clearing the low 16 bits truncates to a
 // bfloat16 number, and the remainder of a float32 after its top 8 significant bits has at most 16.
@@ -129,16 +143,18 @@ inline void stage_chunk(const uint16_t* panel, int64_t K, int64_t k0, uint16_t* 
   }
 }
 
-// One panel against `rows` activation rows whose parts are at `parts` (split_rows); the tile
+// One panel against `rows` activation rows whose parts are at `parts` (split_rows, or round_rows
+// for kParts 1); the tile
 // configuration for `rows` is loaded. C goes to cbuf [4][rows][16] float32. The staging of chunk
 // c + 1 (vector stores) is issued before the tile loads of chunk c, which read the other half of
 // the double buffer: a tile load right behind the stores that wrote its bytes waits for them.
+template <int kParts>
 void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const uint16_t* parts, uint16_t* stage2,
                 float* cbuf, bool prefetch_next) {
   const int64_t stride = Kp * 2;  // bytes per A row
-  const uint16_t* hi = parts;
-  const uint16_t* lo = parts + rows * Kp;
-  const uint16_t* lo2 = parts + 2 * rows * Kp;
+  const uint16_t* hi = parts;  // kParts 1: the rounded x
+  [[maybe_unused]] const uint16_t* lo = parts + rows * Kp;
+  [[maybe_unused]] const uint16_t* lo2 = parts + 2 * rows * Kp;
   constexpr int64_t kStage = kGroups * 16 * kKChunk;  // one chunk's four B tiles
   _tile_zero(0);
   _tile_zero(1);
@@ -150,15 +166,19 @@ void panel_rows(const uint16_t* panel, int64_t K, int64_t Kp, int rows, const ui
     if (k0 + kKChunk < Kp)
       stage_chunk(panel, K, k0 + kKChunk, stage2 + ((c + 1) & 1) * kStage, prefetch_next || k0 + 2 * kKChunk < K);
     _tile_loadd(4, hi + k0, stride);
-    _tile_loadd(5, lo + k0, stride);
-    _tile_loadd(6, lo2 + k0, stride);
-    // B_g, then its three products into C_g (the tile intrinsics take register numbers as
-    // literal tokens: a macro, not a loop).
+    if constexpr (kParts == 3) {
+      _tile_loadd(5, lo + k0, stride);
+      _tile_loadd(6, lo2 + k0, stride);
+    }
+    // B_g, then its products into C_g (the tile intrinsics take register numbers as literal
+    // tokens: a macro, not a loop).
 #define SPECDEC_AMX_GROUP(g)                       \
     _tile_loadd(7, stage + (g) * 512, 64);         \
     _tile_dpbf16ps(g, 4, 7);                       \
-    _tile_dpbf16ps(g, 5, 7);                       \
-    _tile_dpbf16ps(g, 6, 7);
+    if constexpr (kParts == 3) {                   \
+      _tile_dpbf16ps(g, 5, 7);                     \
+      _tile_dpbf16ps(g, 6, 7);                     \
+    }
     SPECDEC_AMX_GROUP(0)
     SPECDEC_AMX_GROUP(1)
     SPECDEC_AMX_GROUP(2)
@@ -215,19 +235,21 @@ bool packed_amx_enabled() {
   return enabled;
 }
 
-int64_t packed_amx_split_size(int64_t M, int64_t K) {
+int64_t packed_amx_split_size(int64_t M, int64_t K, int nparts) {
   const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
-  return (M + kRowsMax - 1) / kRowsMax * 3 * kRowsMax * Kp;
+  return (M + kRowsMax - 1) / kRowsMax * nparts * kRowsMax * Kp;
 }
 
-void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts) {
+void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts, int nparts) {
   const int64_t Kp = (K + kKChunk - 1) / kKChunk * kKChunk;
-  for (int64_t b = 0; b * kRowsMax < M; ++b)
-    split_rows(x + b * kRowsMax * K, static_cast<int>(std::min<int64_t>(kRowsMax, M - b * kRowsMax)), K, Kp,
-               parts + b * 3 * kRowsMax * Kp);
+  for (int64_t b = 0; b * kRowsMax < M; ++b) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRowsMax, M - b * kRowsMax));
+    if (nparts == 1) round_rows(x + b * kRowsMax * K, rows, K, Kp, parts + b * kRowsMax * Kp);
+    else split_rows(x + b * kRowsMax * K, rows, K, Kp, parts + b * 3 * kRowsMax * Kp);
+  }
 }
 
-void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, const uint16_t* packed,
+void packed_panels_amx_bf16_split(const uint16_t* parts, int nparts, int64_t M, int64_t K, const uint16_t* packed,
                                   const float* bias, float* y, int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin,
                                   int64_t p_end) {
   if (M <= 0 || p_end <= p_begin) return;
@@ -236,7 +258,7 @@ void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, c
   alignas(64) static thread_local uint16_t stage[2 * kGroups * 16 * kKChunk];
   alignas(64) static thread_local float cbuf[kGroups * kRowsMax * 16];
   auto rows_of = [&](int64_t b) { return static_cast<int>(std::min<int64_t>(kRowsMax, M - b * kRowsMax)); };
-  auto parts_of = [&](int64_t b) { return parts + b * 3 * kRowsMax * Kp; };
+  auto parts_of = [&](int64_t b) { return parts + b * nparts * kRowsMax * Kp; };
   // Panel by panel, every row block while the panel is in L2 (a 96-row prefill chunk reads the
   // weights from memory once). Measured and not kept (96 rows, 2-core Xeon): staging a panel once
   // for all its row blocks instead of per block; two blocks x two groups per pass (four
@@ -252,7 +274,10 @@ void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, c
         loaded = rows;
       }
       if (Kp == 0) std::memset(cbuf, 0, sizeof(cbuf));
-      else panel_rows(packed + p * K * kPanel, K, Kp, rows, parts_of(b), stage, cbuf, p + 1 < p_end && b + 1 == blocks);
+      else if (nparts == 1)
+        panel_rows<1>(packed + p * K * kPanel, K, Kp, rows, parts_of(b), stage, cbuf, p + 1 < p_end && b + 1 == blocks);
+      else
+        panel_rows<3>(packed + p * K * kPanel, K, Kp, rows, parts_of(b), stage, cbuf, p + 1 < p_end && b + 1 == blocks);
       store_panel(cbuf, rows, bias == nullptr ? nullptr : bias + n0, y + b * kRowsMax * ldy + n0 - y_col0, ldy, width);
     }
   }
@@ -265,9 +290,9 @@ void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, c
 #else
 namespace specdec::skinny {
 bool packed_amx_enabled() { return false; }
-int64_t packed_amx_split_size(int64_t, int64_t) { return 0; }
-void packed_amx_split(const float*, int64_t, int64_t, uint16_t*) {}
-void packed_panels_amx_bf16_split(const uint16_t*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,
-                                  int64_t, int64_t, int64_t, int64_t) {}
+int64_t packed_amx_split_size(int64_t, int64_t, int) { return 0; }
+void packed_amx_split(const float*, int64_t, int64_t, uint16_t*, int) {}
+void packed_panels_amx_bf16_split(const uint16_t*, int, int64_t, int64_t, const uint16_t*, const float*, float*,
+                                  int64_t, int64_t, int64_t, int64_t, int64_t) {}
 }  // namespace specdec::skinny
 #endif

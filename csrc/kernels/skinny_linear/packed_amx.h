@@ -32,9 +32,13 @@ bool packed_amx_enabled();
 // which writes output panels [p_begin, p_end) of y[m * ldy + n - y_col0] (+ bias[n] when bias is not
 // null). Splitting in each range's call instead cost as much as the tile products at 96 rows
 // (gate|up: 28 ranges). packed_cpu.h's prepare_rows_bf16 is the entry.
-int64_t packed_amx_split_size(int64_t M, int64_t K);
-void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts);
-void packed_panels_amx_bf16_split(const uint16_t* parts, int64_t M, int64_t K, const uint16_t* packed,
+//
+// nparts 1 instead (a prompt's prefill only, never a verification: see packed_cpu.h): x rounded to
+// nearest bfloat16, one product per weight, a third of the tile work; the layout as above with one
+// part per row block.
+int64_t packed_amx_split_size(int64_t M, int64_t K, int nparts = 3);
+void packed_amx_split(const float* x, int64_t M, int64_t K, uint16_t* parts, int nparts = 3);
+void packed_panels_amx_bf16_split(const uint16_t* parts, int nparts, int64_t M, int64_t K, const uint16_t* packed,
                                   const float* bias, float* y, int64_t ldy, int64_t y_col0, int64_t N, int64_t p_begin,
                                   int64_t p_end);
 

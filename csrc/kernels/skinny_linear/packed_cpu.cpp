@@ -364,17 +364,20 @@ void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float*
   panels(x, M, K, packed, bias, y, N, 0, N, p_begin, p_end);
 }
 
-PreparedRowsBf16 prepare_rows_bf16(const float* x, int64_t M, int64_t K, std::vector<uint16_t>& scratch) {
-  if (!kAmx || M <= 0) return {x, M, K, nullptr};
-  scratch.resize(static_cast<size_t>(packed_amx_split_size(M, K)));
-  packed_amx_split(x, M, K, scratch.data());
-  return {x, M, K, scratch.data()};
+PreparedRowsBf16 prepare_rows_bf16(const float* x, int64_t M, int64_t K, std::vector<uint16_t>& scratch,
+                                   bool rounded) {
+  if (!kAmx || M <= 0) return {x, M, K, nullptr, 3};
+  const int nparts = rounded ? 1 : 3;
+  scratch.resize(static_cast<size_t>(packed_amx_split_size(M, K, nparts)));
+  packed_amx_split(x, M, K, scratch.data(), nparts);
+  return {x, M, K, scratch.data(), nparts};
 }
 
 void packed_linear_cpu_panels_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, const float* bias, float* y,
                                    int64_t N, int64_t p_begin, int64_t p_end) {
   if (rows.amx_parts != nullptr)
-    packed_panels_amx_bf16_split(rows.amx_parts, rows.M, rows.K, packed, bias, y, N, 0, N, p_begin, p_end);
+    packed_panels_amx_bf16_split(rows.amx_parts, rows.amx_nparts, rows.M, rows.K, packed, bias, y, N, 0, N, p_begin,
+                                 p_end);
   else
     panels(rows.x, rows.M, rows.K, packed, bias, y, N, 0, N, p_begin, p_end);
 }
@@ -387,8 +390,8 @@ void packed_linear_cpu_panels_into(const float* x, int64_t M, int64_t K, const f
 void packed_linear_cpu_panels_into_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, float* y, int64_t ldy,
                                         int64_t N, int64_t p_begin, int64_t p_end) {
   if (rows.amx_parts != nullptr)
-    packed_panels_amx_bf16_split(rows.amx_parts, rows.M, rows.K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin,
-                                 p_end);
+    packed_panels_amx_bf16_split(rows.amx_parts, rows.amx_nparts, rows.M, rows.K, packed, nullptr, y, ldy,
+                                 p_begin * kPanel, N, p_begin, p_end);
   else
     panels(rows.x, rows.M, rows.K, packed, nullptr, y, ldy, p_begin * kPanel, N, p_begin, p_end);
 }

@@ -34,12 +34,19 @@ void packed_linear_cpu_panels(const float* x, int64_t M, int64_t K, const float*
 // of panels, or vocabulary ranges): on the AMX tier, x's bfloat16 split (packed_amx.h) made into
 // `scratch` instead of in every range's call; on the FMA tiers x as it is. Valid while x and scratch
 // are.
+//
+// `rounded` (a prompt's prefill only): on the AMX tier x rounded to nearest bfloat16 instead of
+// split exactly (one tile product per weight instead of three; rows still independent of each
+// other, but not the bits of the exact split, so never for rows a verification compares with
+// decoding); the FMA tiers ignore it.
 struct PreparedRowsBf16 {
   const float* x;
   int64_t M, K;
   const uint16_t* amx_parts;  // null off the AMX tier
+  int amx_nparts;             // 3 (the exact split) or 1 (rounded)
 };
-PreparedRowsBf16 prepare_rows_bf16(const float* x, int64_t M, int64_t K, std::vector<uint16_t>& scratch);
+PreparedRowsBf16 prepare_rows_bf16(const float* x, int64_t M, int64_t K, std::vector<uint16_t>& scratch,
+                                   bool rounded = false);
 void packed_linear_cpu_panels_bf16(const PreparedRowsBf16& rows, const uint16_t* packed, const float* bias, float* y,
                                    int64_t N, int64_t p_begin, int64_t p_end);
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..ops.gguf import LINEAR_ACTIVATIONS, GgufLinear, bf16_tiles_available, gguf_dequantize, gguf_linear
 from ..ops.skinny_linear import PANEL as PACKED_PANEL  # outputs per panel of a packed weight
-from ..ops.skinny_linear import PackedWeight, pack_weight, packed_kernel_available, unpack_weight
+from ..ops.skinny_linear import PackedWeight, pack_weight, packed_bf16_tier, packed_kernel_available, unpack_weight
 from .config import LlamaConfig
 from .rope import apply_rope
 
@@ -337,18 +337,24 @@ class DecoderLayer(nn.Module):
         self._bound = self._packed_args = self._gguf_args = None
 
     def prefill_on_tiles(self) -> bool:
-        """Whether a prompt's prefill of this layer runs on bfloat16 AMX tiles (``gguf_linear``'s
-        ``activations="bf16"``): a GGUF layer on a CPU with AMX-BF16. Its bits are not those of the
-        layer's decoding kernels, which every verification row keeps."""
-        return self.gguf and bf16_tiles_available()
+        """Whether a prompt's prefill of this layer runs on AMX tiles with bfloat16-rounded
+        activations, on a CPU with AMX-BF16: a GGUF layer (``gguf_linear``'s ``activations="bf16"``:
+        its blocks decoded to bfloat16), or one of bfloat16 panels (one tile product per weight
+        instead of the exact three-way split's three). Its bits are not those of the layer's
+        decoding kernels, which every verification row keeps."""
+        if self.gguf:
+            return bf16_tiles_available()
+        packed = self._panels["qkv"].panels if self._panels is not None else (
+            self._packed_args[3] if self._packed_args is not None else None)
+        return packed is not None and packed.dtype == torch.bfloat16 and packed_bf16_tier() == "amx"
 
     def forward_packed(self, x, cos, sin, k_cache, v_cache, lengths, tree_mask, prefill: bool = False) -> torch.Tensor:
         """The layer as one ``decoder_layer`` op (bound with ``pack=True`` or packed). x [B, n,
         hidden] float32; cos / sin [B, n, head_dim] float32 (``rope_cos_sin``'s, heads dim dropped);
         k_cache / v_cache [B, H_kv, T_max, D] float32; lengths [B] int64; tree_mask [B, n, n] bool
         or None (causal). The new tokens' K/V go to slots ``lengths[b] + i``. One eps serves every
-        norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead, and a
-        ``prefill`` (a prompt's) on bfloat16 AMX tiles where ``prefill_on_tiles()``."""
+        norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead. A
+        ``prefill`` (a prompt's) runs with bfloat16-rounded activations where ``prefill_on_tiles()``."""
         if self._packed_args is None and self._gguf_args is None:
             self.bind(pack=True)
         attn = self.self_attn
@@ -361,7 +367,8 @@ class DecoderLayer(nn.Module):
                                                  attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
             return out
         torch.ops.specdec.decoder_layer(x, *self._packed_args, cos, sin, k_cache, v_cache, lengths, tree_mask,
-                                        attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
+                                        attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out,
+                                        1 if prefill and self.prefill_on_tiles() else 0)
         return out
 
     def forward(self, x, cos, sin, k_cache, v_cache, slot_index, span, attn_mask) -> torch.Tensor:

@@ -248,6 +248,20 @@ class LlamaModel(nn.Module):
             return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return dense_of(self._head_packed, self.dtype)
 
+    def output_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` [R] (sorted, unique) of the LM head (the embedding when tied) as [R, H] in
+        the model's dtype, exactly, reading only those rows of panels or GGUF blocks (``output_weight``
+        would decode the whole head: ~1 GB in float32 for a 150k vocabulary)."""
+        from .layers import dense_of
+
+        head = self._head_packed
+        if head is None:
+            return self.output_weight().index_select(0, rows)
+        if isinstance(head, GgufLinear):
+            return torch.cat([gguf_dequantize(p) for p in gguf_rows_of(head, rows).parts]).to(self.dtype)
+        panels = head.panels  # [V / 64, H, 64]: row v is panels[v // 64, :, v % 64]
+        return panels[rows // panels.shape[2], :, rows % panels.shape[2]].to(self.dtype)
+
     def embedding_weight(self) -> torch.Tensor:
         """The token embedding [V, H] as a dense tensor (a copy for a packed tied model or a GGUF one)."""
         if self._embed_gguf is not None:
@@ -399,10 +413,11 @@ class LlamaModel(nn.Module):
 
         ``prefill`` (an extension, ``protocol.prefill_kwargs``): these tokens are a prompt, which
         every decoding method prefills alike, so they may run on kernels of another numeric contract
-        than decoding's: a GGUF model on an AMX CPU runs them on bfloat16 tiles (``gguf_linear``'s
-        ``activations="bf16"``, ~4x faster than its decoding kernels over a prompt). Never set it on
-        rows whose bits must equal a one-row forward's (a verification). ``fast_prefill = False``
-        turns it off for a model.
+        than decoding's, on an AMX CPU and for at least ``TILE_PREFILL_MIN_ROWS`` rows: a GGUF model's
+        blocks decoded to bfloat16 tiles (``gguf_linear``'s ``activations="bf16"``: 3.8x its decoding
+        kernels over a 168-token prompt of the 1.5B), bfloat16 panels with the activations rounded
+        to bfloat16 instead of split exactly into three (1.8x). Never set it on rows whose bits must
+        equal a one-row forward's (a verification). ``fast_prefill = False`` turns it off.
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():

@@ -53,7 +53,7 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
 @torch.library.register_fake("specdec::decoder_layer")
 def _decoder_layer_fake(x, norm1, norm2, norm_eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_up_b, down_w, down_b,
                         q_norm, k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, num_kv_heads,
-                        sm_scale, out):
+                        sm_scale, out, activations=0):
     return None
 
 
