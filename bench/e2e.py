@@ -414,7 +414,7 @@ def print_bench_table(rows: list[dict]) -> None:
         tau = f"{r['tau']:.2f}" if r.get("tau") else "-"
         acc = f"{100 * r['acceptance']:.0f}%" if r.get("acceptance") is not None else "-"
         same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
-        if not r["lossless"]:
+        if r["lossless"] is False:  # None: not known (a peer's sampled row)
             same = "lossy"
         # a step's target forward and a drafted token's propose time, in autoregressive steps
         step = f"{r['step_vs_ar']:.2f}" if r.get("step_vs_ar") is not None else "-"

@@ -1,12 +1,14 @@
 // The AMX prefill kernel of the GGUF matmul (bf16_amx.h).
 //
 // Per call (rows [n_begin, n_end) of W, all M rows of x), for each group of 32 rows of W:
-//   1. decode the group's blocks into wbuf [32][K] bfloat16, row-major (AVX-512: a group of 32
-//      weights is two zmm of float32 made by blocks.h's operations, then rounded);
+//   1. decode the group's blocks into wbuf [K / 32 chunks][32 rows][32 k] bfloat16 (AVX-512: a
+//      group of 32 weights is two zmm of float32 made by blocks.h's operations, then rounded), so
+//      that each A tile below is 1 KiB in a row (a row-major [32][K] buffer read at a stride of 2K
+//      bytes measured the same);
 //   2. for each pair of 16-row blocks of x, the four products of {W rows 0..15, 16..31} x {block b,
 //      b + 1}, K / 32 steps each:
 //
-//        tmm4, tmm5  A: W rows [16][32 k] straight from wbuf (stride 2K bytes)
+//        tmm4, tmm5  A: W rows [16][32 k] of the chunk, from wbuf
 //        tmm6, tmm7  B: x blocks b, b + 1 as [16 k-pairs][16 rows][2] (bf16_amx_prepare's layout)
 //        tmm0..3     C: float32 [16 W rows][16 x rows], C_{2i + j} = A_i B_j
 //

@@ -128,8 +128,9 @@ class LlamaModel(nn.Module):
         self._rope_tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self._steps: dict[tuple[int, torch.device], torch.Tensor] = {}  # arange(n) per (n, device)
         self.packed_linear = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
-        # forward(prefill=True) may take a prompt's own kernels (GGUF blocks on AMX tiles); False: the
-        # decoding kernels for prompts too (a prompt's K/V then have a one-row forward's bits).
+        # forward(prefill=True) may take a prompt's own kernels (GGUF blocks or bf16 panels on AMX
+        # tiles, bf16-rounded activations); False: the decoding kernels for prompts too (a prompt's
+        # K/V then have a one-row forward's bits).
         self.fast_prefill = True
         # Packed storage (pack()): the LM head's panels (also the embedding of a tied model), the
         # dropped weights' stand-ins (an in-place write to one moves its version: an error), and
