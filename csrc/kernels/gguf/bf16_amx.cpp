@@ -25,6 +25,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/amx_tiles.h"
 #include "kernels/gguf/blocks.h"
 
 // The float steps of the decoding must be blocks.h's, each rounded: no contraction into FMAs.
@@ -40,13 +41,6 @@ namespace {
 constexpr int kTile = 16;   // rows of a tile, and x rows per block
 constexpr int kChunk = 32;  // k per tile product (64 bytes of bfloat16 per A row)
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // 16 float32 -> 16 bfloat16 bits, rounded to nearest even (finite values: a GGUF weight's
 // dequantised value, or an activation).
@@ -215,7 +209,7 @@ void matmul_bf16_amx_rows(int32_t type, const uint16_t* xv, int64_t M, int64_t K
   static thread_local std::vector<uint16_t> wbuf;      // [chunks][32 W rows][32 k]
   wbuf.resize(chunks * kGroupTiles);
   alignas(64) float cbuf[4][kTile * kTile];
-  TileConfig cfg;
+  AmxTileConfig cfg;  // every register 16 rows of 64 bytes
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = kTile;
     cfg.colsb[t] = 64;

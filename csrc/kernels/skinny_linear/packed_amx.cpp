@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/common/amx_tiles.h"
 #include "kernels/common/cpu_isa.h"
 #include "kernels/skinny_linear/packed_cpu.h"
 
@@ -45,14 +46,7 @@ constexpr int kGroups = kPanel / 16;
 constexpr int64_t kPrefetchRows = kKChunk;
 static_assert(kPanel == 64, "four 16-output B tiles per panel");
 
-// The tile configuration LDTILECFG reads (palette 1): bytes per row and rows of each register.
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using TileConfig = AmxTileConfig;
 
 TileConfig config_for(int rows) {
   TileConfig c;
