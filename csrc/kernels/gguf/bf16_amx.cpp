@@ -35,6 +35,8 @@
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,f16c")
 #include <immintrin.h>
 
+#include "kernels/common/bf16_avx512.h"
+
 namespace specdec::gguf {
 namespace {
 
@@ -42,18 +44,10 @@ constexpr int kTile = 16;   // rows of a tile, and x rows per block
 constexpr int kChunk = 32;  // k per tile product (64 bytes of bfloat16 per A row)
 
 
-// 16 float32 -> 16 bfloat16 bits, rounded to nearest even (finite values: a GGUF weight's
-// dequantised value, or an activation).
-inline __m256i to_bf16(__m512 f) {
-  const __m512i b = _mm512_castps_si512(f);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
+// 32 float32 (a GGUF weight group's dequantised values, or activations) -> bfloat16, rounded.
 inline void store_group(uint16_t* out, __m512 lo, __m512 hi) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_bf16(lo));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), to_bf16(hi));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), round_bf16_avx512(lo));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), round_bf16_avx512(hi));
 }
 
 inline __m512i bytes_u32(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }

@@ -35,6 +35,8 @@
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")
 #include <immintrin.h>
 
+#include "kernels/common/bf16_avx512.h"
+
 namespace specdec::skinny {
 namespace {
 
@@ -66,14 +68,12 @@ static_assert(out_index(1, 0) == 4 && out_index(2, 5) == 41, "store_panel's perm
 
 // x [rows][K] float32 -> [rows][Kp] bfloat16 bits rounded to nearest even (one part: a prefill's).
 void round_rows(const float* x, int rows, int64_t K, int64_t Kp, uint16_t* out) {
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
   for (int m = 0; m < rows; ++m) {
     const float* xr = x + m * K;
     for (int64_t k = 0; k < Kp; k += 16) {
       const __mmask16 in = k + 16 <= K ? __mmask16(0xFFFF) : k < K ? __mmask16((1u << (K - k)) - 1u) : __mmask16(0);
-      const __m512i b = _mm512_castps_si512(_mm512_maskz_loadu_ps(in, xr + k));
-      const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(b, 16), one), half));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * Kp + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * Kp + k),
+                          round_bf16_avx512(_mm512_maskz_loadu_ps(in, xr + k)));
     }
   }
 }

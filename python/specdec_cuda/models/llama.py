@@ -253,8 +253,6 @@ class LlamaModel(nn.Module):
         """Rows ``rows`` [R] (sorted, unique) of the LM head (the embedding when tied) as [R, H] in
         the model's dtype, exactly, reading only those rows of panels or GGUF blocks (``output_weight``
         would decode the whole head: ~1 GB in float32 for a 150k vocabulary)."""
-        from .layers import dense_of
-
         head = self._head_packed
         if head is None:
             return self.output_weight().index_select(0, rows)
