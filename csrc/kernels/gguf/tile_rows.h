@@ -11,11 +11,13 @@
 #include <cstdint>
 
 // Software prefetch distance in bytes of W: before a tile's rows, the cache lines kPrefetchBytes
-// further on are requested. Tiles walk W's blocks in memory order, yet with the hardware
-// prefetchers alone a one-row step of the real 1.5B ran at ~60% of the measured bandwidth (compute
-// and memory waits serialised); 512 .. 1536 bytes ahead gave 63 -> 55 ms (1 row) and 100 -> 87 ms
-// (5 rows) per step (bench/bench_real_step.py, 2 threads); 4 KiB and more gained less.
-constexpr int64_t kPrefetchBytes = 1024;
+// further on are requested into L2 (locality 2). Tiles walk W's blocks in memory order, yet with
+// the hardware prefetchers alone a one-row step of the real 1.5B ran at ~60% of the measured
+// bandwidth (compute and memory waits serialised): 63 -> 53-55 ms per one-row step, 100 -> 85 ms
+// per 5-row verification; the 0.5B's step (draft vocabulary 32768) 21 -> 17.6 ms
+// (bench/bench_real_step.py, 2 threads, alternating runs). 1 KiB ahead gained less on the 0.5B,
+// whose 896-wide rows are short; 3 KiB and more, or locality 3, no more; locality 0 lost.
+constexpr int64_t kPrefetchBytes = 2048;
 
 template <class T>
 void run_tile(const T& tile, int32_t type) {
@@ -36,7 +38,7 @@ void tile_rows(int32_t type, const Args& a, int64_t M, int64_t n_begin, int64_t 
     // the lines of this tile's rows shifted by kPrefetchBytes, while they lie inside [n_begin, n_end)
     if ((n + V::kRows) * a.row_bytes + kPrefetchBytes <= n_end * a.row_bytes) {
       const uint8_t* ahead = a.weight + n * a.row_bytes + kPrefetchBytes;
-      for (int64_t b = 0; b < V::kRows * a.row_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+      for (int64_t b = 0; b < V::kRows * a.row_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 2);
     }
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) {
       switch (M - m0 >= kMaxMB ? kMaxMB : M - m0) {
