@@ -1,11 +1,14 @@
 // The AVX-512 + VNNI tier of the Q8-activation GGUF matmul: q8_avx512.cpp's kernel with the sums of
-// 4 adjacent u8 x s8 products (Q6_K, Q5_0) in one vpdpbusd instead of vpmaddubsw + vpmaddwd. The
-// integers, hence the bits, are those of the other tiers (q8_vec_avx512.h).
+// 4 adjacent u8 x s8 products (Q6_K, Q5_0) in one vpdpbusd instead of vpmaddubsw + vpmaddwd, and,
+// for Q4_K and Q6_K against 2 or more rows of x, the lane dots (q8_body.h) over x's codes
+// transposed per call. The integers, hence the bits, are those of the other tiers
+// (q8_vec_avx512.h).
 #include "kernels/gguf/q8_tiers.h"
 
 #if defined(__x86_64__)
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/common/dtype.h"
 #include "kernels/gguf/blocks.h"
@@ -23,7 +26,55 @@ namespace {
 #include "kernels/gguf/q8_vec_avx512.h"
 }  // namespace
 
+namespace {
+
+// Rows of x from which Q4_K and Q6_K run their lane dots (q8_body.h, q4_k_lanes / q6_k_lanes): at
+// one row the transpose of the weights' registers costs what the reduce it replaces does (Q4_K
+// 7.6 -> 7.9 ns per super-block); at 5 rows 20.1 -> 16.0 (Q4_K) and 23.4 -> 19.6 (Q6_K), and a
+// 5-row verification of the real 1.5B 89 -> 79 ms (bench/bench_gguf_compute.py,
+// bench/bench_real_step.py).
+constexpr int64_t kLaneDotMinRows = 2;
+
+// xt [M, K] = x's codes with each super-block's 8 x 8 dwords transposed (Q8Args::xt), K a multiple
+// of 256: the weights' transpose8 on two super-blocks at a time, then one on its own.
+void transpose_codes(const Q8Args& a, int64_t M, int8_t* xt) {
+  const int64_t T = a.K / kQK_K;
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* q = a.codes(m);
+    int8_t* out = xt + m * a.K;
+    for (int64_t t = 0; t < T; t += 2) {
+      const bool pair = t + 1 < T;
+      __m512i v[8];
+      for (int j = 0; j < 8; ++j) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 * t + 32 * j));
+        const __m256i hi = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 * (t + 1) + 32 * j))
+                                : _mm256_setzero_si256();
+        v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      }
+      V512Q8<true>::transpose8(v);
+      for (int i = 0; i < 8; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * t + 32 * i), _mm512_castsi512_si256(v[i]));
+        if (pair)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * (t + 1) + 32 * i), _mm512_extracti64x4_epi64(v[i], 1));
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
+  if ((type == 12 || type == 14) && M >= kLaneDotMinRows) {
+    // Per call (a thread's chunk of rows of W): x's few rows are transposed again, a few
+    // microseconds against the chunk's ~100 KiB and more of blocks.
+    static thread_local std::vector<int8_t> xt;
+    xt.resize(static_cast<size_t>(M * a.K));
+    transpose_codes(a, M, xt.data());
+    Q8Args lanes = a;
+    lanes.xt = xt.data();
+    q8_rows_avx512<true>(type, lanes, M, n_begin, n_end);
+    return;
+  }
   q8_rows_avx512<true>(type, a, M, n_begin, n_end);
 }
 

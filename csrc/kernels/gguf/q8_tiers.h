@@ -14,11 +14,16 @@ struct Q8Args {
   int64_t row_bytes;
   float* y;                // y[m * ldy + n]
   int64_t ldy;
+  // Optional (nullptr: absent), the VNNI tier's Q4_K lane dots: row m's codes with each
+  // super-block's 8 x 8 dwords transposed, xt[m * K + 256 t + 32 i + 4 j + b] = code 32 j + 4 i + b
+  // of super-block t (q8_vec_avx512.h, transpose_codes).
+  const int8_t* xt = nullptr;
 
   // Row m's codes [K], scales [8 T] and half sums [16 T] (T = octets, q8.h).
   int64_t octets() const { return (K / 32 + 7) / 8; }
   const int8_t* codes(int64_t m) const { return reinterpret_cast<const int8_t*>(xq + m * xq_row_bytes); }
   const float* scales(int64_t m) const { return reinterpret_cast<const float*>(xq + m * xq_row_bytes + K); }
+  const int8_t* codes_t(int64_t m) const { return xt + m * K; }
   const int16_t* sums(int64_t m) const {
     return reinterpret_cast<const int16_t*>(xq + m * xq_row_bytes + K + 32 * octets());
   }

@@ -94,6 +94,7 @@ SPECDEC_Q8_INLINE __m256i q8_reduce8_i16_256(const __m256i* p, __m256i c) {
 
 struct V256 {
   static constexpr int kRows = 1;
+  static constexpr bool kLaneDots = false;  // no Q4_K lane dots (q8_body.h): the reduce runs
   using F = __m256;
   using I = __m256i;
 

@@ -26,6 +26,9 @@
 template <bool kVnni>
 struct V512Q8 {
   static constexpr int kRows = 2;
+  // Q4_K lane dots (q8_body.h) where vpdpbusd accumulates: lane (row r, sub-block j) sums its 32
+  // products over 8 vpdpbusd, so no per-row reduce runs.
+  static constexpr bool kLaneDots = kVnni;
   using F = __m512;
   using I = __m512i;
 
@@ -76,6 +79,7 @@ struct V512Q8 {
   SPECDEC_Q8_INLINE static I slli16(I a, int n) { return _mm512_slli_epi16(a, static_cast<unsigned>(n)); }
   SPECDEC_Q8_INLINE static I slli32(I a, int n) { return _mm512_slli_epi32(a, static_cast<unsigned>(n)); }
   SPECDEC_Q8_INLINE static I sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
+  SPECDEC_Q8_INLINE static I add32(I a, I b) { return _mm512_add_epi32(a, b); }
   SPECDEC_Q8_INLINE static I maddubs(I u, I s) { return _mm512_maddubs_epi16(u, s); }
   SPECDEC_Q8_INLINE static I madd(I a, I b) { return _mm512_madd_epi16(a, b); }
   SPECDEC_Q8_INLINE static I ones16() { return _mm512_set1_epi16(1); }
@@ -87,6 +91,32 @@ struct V512Q8 {
     }
   }
   SPECDEC_Q8_INLINE static I izero() { return _mm512_setzero_si512(); }
+  SPECDEC_Q8_INLINE static I dpbusd(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  SPECDEC_Q8_INLINE static I mullo32(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  // lane (r, j) = byte j of b[r], as int32
+  SPECDEC_Q8_INLINE static I bytes32(const uint64_t* b) {
+    return _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(b[1]), static_cast<int64_t>(b[0])));
+  }
+  // Per 256-bit half (one row of W), the 8 x 8 dword transpose: on return w[i] lane j = dword i of
+  // the w[j] given (8 unpacks of dwords, 8 of qwords, 8 two-source permutes of 128-bit pairs).
+  SPECDEC_Q8_INLINE static void transpose8(I* w) {
+    I t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+      t[k] = _mm512_unpacklo_epi32(w[k], w[k + 1]);
+      t[k + 1] = _mm512_unpackhi_epi32(w[k], w[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+      u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);      // dwords 0, 4 of w[k .. k + 3]
+      u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);  // 1, 5
+      u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);  // 2, 6
+      u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);  // 3, 7
+    }
+    const I lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm512_permutex2var_epi64(u[k], lo, u[4 + k]);
+      w[k + 4] = _mm512_permutex2var_epi64(u[k], hi, u[4 + k]);
+    }
+  }
   SPECDEC_Q8_INLINE static I abs8(I a) { return _mm512_abs_epi8(a); }
   // Q8_0's sign step: compiled with the body's Q8_0 loop, which q8_rows_avx512 never runs (it
   // sends Q8_0 to V256, where vpsignb is one instruction).
@@ -147,6 +177,14 @@ struct V512Q8 {
     const __m128i b0 = _mm_shuffle_epi8(load128(p), order), b1 = _mm_shuffle_epi8(load128(p + st), order);
     s0123 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(b0, b1));
     s4567 = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(b0, b1));
+  }
+  // Q6_K's lane dots: lo lane (r, j) = scale 2j of row r (its sub-block j's first 16 codes), hi
+  // lane (r, j) = scale 2j + 1, as int32.
+  SPECDEC_Q8_INLINE static void q6_lane_scales(const uint8_t* p, int64_t st, I& lo, I& hi) {
+    const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i b0 = _mm_shuffle_epi8(load128(p), order), b1 = _mm_shuffle_epi8(load128(p + st), order);
+    lo = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(b0, b1));
+    hi = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(b0, b1));
   }
   SPECDEC_Q8_INLINE static F halves8(const uint8_t* p, int64_t step, int64_t st, int cnt) {
     return _mm512_cvtph_ps(_mm256_set_m128i(q8_halves8_bits(p + st, step, cnt), q8_halves8_bits(p, step, cnt)));
