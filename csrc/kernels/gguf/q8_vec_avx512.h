@@ -51,15 +51,11 @@ struct V512Q8 {
     return _mm512_and_si512(_mm512_srlv_epi64(b, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)), _mm512_set1_epi8(15));
   }
   SPECDEC_Q8_INLINE static I wbit5(const uint8_t* p, int64_t st) {
+    // byte i of row r is in mask bit 32 r + i: the two rows' words are the byte mask itself
     uint32_t b0, b1;
     std::memcpy(&b0, p, 4);
     std::memcpy(&b1, p + st, 4);
-    // byte i of each row <- byte i / 8 of its word, then test bit i % 8 (V256::wbit5)
-    const I spread = _mm512_shuffle_epi8(
-        two(_mm256_set1_epi32(static_cast<int32_t>(b0)), _mm256_set1_epi32(static_cast<int32_t>(b1))),
-        _mm512_set_epi64(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0,
-                         0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-    const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi64(static_cast<int64_t>(0x8040201008040201ULL)));
+    const __mmask64 set = _cvtu64_mask64(static_cast<uint64_t>(b0) | static_cast<uint64_t>(b1) << 32);
     return _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(16));
   }
 
