@@ -71,55 +71,22 @@ struct Q8Tile {
   // ---- Q4_K: 144 bytes: d @0, dmin @2, scales[12] @4, qs[128] @16 ---------------------------
   // maddubs pairs <= 2 * 15 * 127, so the reduce runs in int16 (reduce8_i16); lane s of the dot =
   // sc_s * Σ w q (exact in int32).
+  //
+  // Lane dots (kLanes: V::kLaneDots and x's codes transposed, Q8Args::xt): the weight registers
+  // w[s] (sub-block s of rows n, n + 1, 32 codes each) are transposed once per super-block so that
+  // w[i] lane (r, j) holds codes 4i .. 4i + 3 of sub-block j of row r; against the transposed codes
+  // of x, 8 vpdpbusd leave lane (r, j) = Σ w q over sub-block j, the very integer the reduce forms,
+  // so the bits are the same. Per row of x this replaces 8 vpmaddubsw and the ~20-step reduce8_i16
+  // with 8 vpdpbusd and one vpmulld; the transpose is paid once per tile.
   SPECDEC_Q8_INLINE void q4_k() const {
     if constexpr (V::kLaneDots) {
-      if (a.xt != nullptr) return q4_k_lanes();
+      if (a.xt != nullptr) return q4_k_body<true>();
     }
-    F A[MB];
-    SPECDEC_Q8_UNROLL
-    for (int m = 0; m < MB; ++m) A[m] = V::zero();
-    const int64_t T = a.K / kQK_K;
-    for (int64_t t = 0; t < T; ++t) {
-      const uint8_t* blk = wrow() + t * sizeof(BlockQ4_K);
-      float d[R], dmin[R];
-      uint64_t sc[R], mn[R];
-      for (int r = 0; r < R; ++r) {
-        d[r] = V::h2f(u16(blk, r));
-        dmin[r] = V::h2f(u16(blk + 2, r));
-        q4k_scales_mins_bytes(blk + r * a.row_bytes + 4, sc[r], mn[r]);
-      }
-      const F dv = V::rows_f(d), dmv = V::rows_f(dmin);
-      I w[8];
-      SPECDEC_Q8_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const I raw = V::wload(blk + 16 + 32 * c, a.row_bytes);
-        w[2 * c] = V::and8(raw, 15);
-        w[2 * c + 1] = V::and8(V::srli16(raw, 4), 15);
-      }
-      const I scv = V::pairs16(sc), mnv = V::pairs16(mn);
-      SPECDEC_Q8_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        const int8_t* q = a.codes(m0 + m) + kQK_K * t;
-        I p[8];
-        SPECDEC_Q8_UNROLL
-        for (int s = 0; s < 8; ++s) p[s] = V::maddubs(w[s], V::xload(q + 32 * s));
-        const I dot = V::reduce8_i16(p, scv);
-        const I mins = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), mnv);  // lane s: m_s * Σ q
-        const F dx = V::xf(a.scales(m0 + m) + 8 * t);
-        A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
-        A[m] = V::fnma(V::cvt(mins), V::mul(dmv, dx), A[m]);
-      }
-    }
-    store(A);
+    q4_k_body<false>();
   }
 
-  // Q4_K with lane dots (V::kLaneDots, x's codes transposed: Q8Args::xt): the weight registers
-  // w[s] (sub-block s of rows n, n + 1, 32 codes each) are transposed once per super-block so
-  // that w[i] lane (r, j) holds codes 4i .. 4i + 3 of sub-block j of row r; against the transposed
-  // codes of x, 8 vpdpbusd leave lane (r, j) = Σ w q over sub-block j, the very integer the
-  // reduce of q4_k() forms, so the bits are the same. Per row of x this replaces 8 vpmaddubsw and
-  // the ~20-step reduce8_i16 with 8 vpdpbusd and one vpmulld; the transpose is paid once per tile.
-  SPECDEC_Q8_INLINE void q4_k_lanes() const {
+  template <bool kLanes>
+  SPECDEC_Q8_INLINE void q4_k_body() const {
     F A[MB];
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) A[m] = V::zero();
@@ -141,15 +108,30 @@ struct Q8Tile {
         w[2 * c] = V::and8(raw, 15);
         w[2 * c + 1] = V::and8(V::srli16(raw, 4), 15);
       }
-      V::transpose8(w);
-      const I sc32 = V::bytes32(sc), mnv = V::pairs16(mn);
+      I scv;  // the scales: int16 pairs for the reduce, int32 lanes for the lane dots
+      if constexpr (kLanes) {
+        V::transpose8(w);
+        scv = V::bytes32(sc);
+      } else {
+        scv = V::pairs16(sc);
+      }
+      const I mnv = V::pairs16(mn);
       SPECDEC_Q8_UNROLL
       for (int m = 0; m < MB; ++m) {
-        const int8_t* q = a.codes_t(m0 + m) + kQK_K * t;
-        I acc = V::izero();
-        SPECDEC_Q8_UNROLL
-        for (int i = 0; i < 8; ++i) acc = V::dpbusd(acc, w[i], V::xload(q + 32 * i));
-        const I dot = V::mullo32(acc, sc32);
+        I dot;
+        if constexpr (kLanes) {
+          const int8_t* q = a.codes_t(m0 + m) + kQK_K * t;
+          I acc = V::izero();
+          SPECDEC_Q8_UNROLL
+          for (int i = 0; i < 8; ++i) acc = V::dpbusd(acc, w[i], V::xload(q + 32 * i));
+          dot = V::mullo32(acc, scv);
+        } else {
+          const int8_t* q = a.codes(m0 + m) + kQK_K * t;
+          I p[8];
+          SPECDEC_Q8_UNROLL
+          for (int s = 0; s < 8; ++s) p[s] = V::maddubs(w[s], V::xload(q + 32 * s));
+          dot = V::reduce8_i16(p, scv);
+        }
         const I mins = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), mnv);  // lane s: m_s * Σ q
         const F dx = V::xf(a.scales(m0 + m) + 8 * t);
         A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
@@ -162,10 +144,18 @@ struct Q8Tile {
   // ---- Q6_K: 210 bytes: ql[128] @0, qh[64] @128, scales[16] @192, d @208 --------------------
   // Codes w + 32 in 0..63 (maddubs pairs <= 2 * 63 * 127); the 32 comes off through the half
   // sums: lane g -= 32 * (sc_2g s_2g + sc_2g+1 s_2g+1).
+  //
+  // Lane dots (as Q4_K's): after the transpose registers i < 4 hold codes 0 .. 15 of each
+  // sub-block, the rest codes 16 .. 31, so two accumulators take the two scales of a sub-block.
   SPECDEC_Q8_INLINE void q6_k() const {
     if constexpr (V::kLaneDots) {
-      if (a.xt != nullptr) return q6_k_lanes();
+      if (a.xt != nullptr) return q6_k_body<true>();
     }
+    q6_k_body<false>();
+  }
+
+  template <bool kLanes>
+  SPECDEC_Q8_INLINE void q6_k_body() const {
     F A[MB];
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) A[m] = V::zero();
@@ -188,61 +178,35 @@ struct Q8Tile {
         w[4 * h + 3] = V::or_(V::and8(V::srli16(ql1, 4), 15), V::srli16(V::and8(qh, 0xc0), 2));
       }
       const I sc16 = V::q6_scales(blk + 192, a.row_bytes);
-      I s0123, s4567;  // the scales of the groups' first / last 16 values, applied after the half sums
-      V::q6_half_scales(blk + 192, a.row_bytes, s0123, s4567);
+      // the scales of the groups' first / last 16 values: in the reduce's lane order, or per lane
+      I s_first, s_last;
+      if constexpr (kLanes) {
+        V::transpose8(w);
+        V::q6_lane_scales(blk + 192, a.row_bytes, s_first, s_last);
+      } else {
+        V::q6_half_scales(blk + 192, a.row_bytes, s_first, s_last);
+      }
       SPECDEC_Q8_UNROLL
       for (int m = 0; m < MB; ++m) {
-        const int8_t* q = a.codes(m0 + m) + kQK_K * t;
-        I p[8];
-        SPECDEC_Q8_UNROLL
-        for (int g = 0; g < 8; ++g) p[g] = V::dot4(w[g], V::xload(q + 32 * g));
-        const I off = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), sc16);
-        const I dot = V::sub32(V::reduce8_halves(p, s0123, s4567), V::slli32(off, 5));
-        const F dx = V::xf(a.scales(m0 + m) + 8 * t);
-        A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
-      }
-    }
-    store(A);
-  }
-
-  // Q6_K with lane dots (as q4_k_lanes): registers i < 4 hold codes 0 .. 15 of each sub-block, the
-  // rest codes 16 .. 31, so two accumulators take the two scales of a sub-block; lane (r, j) =
-  // sc_2j Σ_lo16 w q + sc_2j+1 Σ_hi16 w q, then the 32 off, the integers of q6_k().
-  SPECDEC_Q8_INLINE void q6_k_lanes() const {
-    F A[MB];
-    SPECDEC_Q8_UNROLL
-    for (int m = 0; m < MB; ++m) A[m] = V::zero();
-    const int64_t T = a.K / kQK_K;
-    for (int64_t t = 0; t < T; ++t) {
-      const uint8_t* blk = wrow() + t * sizeof(BlockQ6_K);
-      float d[R];
-      for (int r = 0; r < R; ++r) d[r] = V::h2f(u16(blk + 208, r));
-      const F dv = V::rows_f(d);
-      I w[8];
-      SPECDEC_Q8_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const I ql0 = V::wload(blk + 64 * h, a.row_bytes), ql1 = V::wload(blk + 64 * h + 32, a.row_bytes);
-        const I qh = V::wload(blk + 128 + 32 * h, a.row_bytes);
-        w[4 * h + 0] = V::or_(V::and8(ql0, 15), V::slli16(V::and8(qh, 0x03), 4));
-        w[4 * h + 1] = V::or_(V::and8(ql1, 15), V::slli16(V::and8(qh, 0x0c), 2));
-        w[4 * h + 2] = V::or_(V::and8(V::srli16(ql0, 4), 15), V::and8(qh, 0x30));
-        w[4 * h + 3] = V::or_(V::and8(V::srli16(ql1, 4), 15), V::srli16(V::and8(qh, 0xc0), 2));
-      }
-      V::transpose8(w);
-      const I sc16 = V::q6_scales(blk + 192, a.row_bytes);
-      I s_lo, s_hi;
-      V::q6_lane_scales(blk + 192, a.row_bytes, s_lo, s_hi);
-      SPECDEC_Q8_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        const int8_t* q = a.codes_t(m0 + m) + kQK_K * t;
-        I lo = V::izero(), hi = V::izero();
-        SPECDEC_Q8_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          lo = V::dpbusd(lo, w[i], V::xload(q + 32 * i));
-          hi = V::dpbusd(hi, w[4 + i], V::xload(q + 32 * (4 + i)));
+        I sums;  // lane g: sc_2g Σ_lo16 (w + 32) q + sc_2g+1 Σ_hi16 (w + 32) q
+        if constexpr (kLanes) {
+          const int8_t* q = a.codes_t(m0 + m) + kQK_K * t;
+          I lo = V::izero(), hi = V::izero();
+          SPECDEC_Q8_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            lo = V::dpbusd(lo, w[i], V::xload(q + 32 * i));
+            hi = V::dpbusd(hi, w[4 + i], V::xload(q + 32 * (4 + i)));
+          }
+          sums = V::add32(V::mullo32(lo, s_first), V::mullo32(hi, s_last));
+        } else {
+          const int8_t* q = a.codes(m0 + m) + kQK_K * t;
+          I p[8];
+          SPECDEC_Q8_UNROLL
+          for (int g = 0; g < 8; ++g) p[g] = V::dot4(w[g], V::xload(q + 32 * g));
+          sums = V::reduce8_halves(p, s_first, s_last);
         }
         const I off = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), sc16);
-        const I dot = V::sub32(V::add32(V::mullo32(lo, s_lo), V::mullo32(hi, s_hi)), V::slli32(off, 5));
+        const I dot = V::sub32(sums, V::slli32(off, 5));
         const F dx = V::xf(a.scales(m0 + m) + 8 * t);
         A[m] = V::fma(V::cvt(dot), V::mul(dv, dx), A[m]);
       }
