@@ -28,7 +28,7 @@ namespace {
 
 namespace {
 
-// Rows of x from which Q4_K and Q6_K run their lane dots (q8_body.h, q4_k_lanes / q6_k_lanes): at
+// Rows of x from which Q4_K and Q6_K run their lane dots (q8_body.h: q4_k_body<true>, q6_k_body<true>): at
 // one row the transpose of the weights' registers costs what the reduce it replaces does (Q4_K
 // 7.6 -> 7.9 ns per super-block); at 5 rows 20.1 -> 16.0 (Q4_K) and 23.4 -> 19.6 (Q6_K), and a
 // 5-row verification of the real 1.5B 89 -> 79 ms (bench/bench_gguf_compute.py,

@@ -14,9 +14,9 @@ struct Q8Args {
   int64_t row_bytes;
   float* y;                // y[m * ldy + n]
   int64_t ldy;
-  // Optional (nullptr: absent), the VNNI tier's Q4_K lane dots: row m's codes with each
-  // super-block's 8 x 8 dwords transposed, xt[m * K + 256 t + 32 i + 4 j + b] = code 32 j + 4 i + b
-  // of super-block t (q8_vec_avx512.h, transpose_codes).
+  // Optional (nullptr: absent), for the VNNI tier's Q4_K / Q6_K lane dots (q8_body.h): row m's
+  // codes with each super-block's 8 x 8 dwords transposed, xt[m * K + 256 t + 32 i + 4 j + b] =
+  // code 32 j + 4 i + b of super-block t (transpose_codes in q8_avx512_vnni.cpp).
   const int8_t* xt = nullptr;
 
   // Row m's codes [K], scales [8 T] and half sums [16 T] (T = octets, q8.h).
