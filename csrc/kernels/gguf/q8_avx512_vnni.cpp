@@ -54,8 +54,10 @@ void transpose_codes(const Q8Args& a, int64_t M, int8_t* xt) {
       V512Q8<true>::transpose8(v);
       for (int i = 0; i < 8; ++i) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * t + 32 * i), _mm512_castsi512_si256(v[i]));
-        if (pair)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * (t + 1) + 32 * i), _mm512_extracti64x4_epi64(v[i], 1));
+        if (pair) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * (t + 1) + 32 * i),
+                              _mm512_extracti64x4_epi64(v[i], 1));
+        }
       }
     }
   }

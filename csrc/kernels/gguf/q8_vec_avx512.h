@@ -26,8 +26,8 @@
 template <bool kVnni>
 struct V512Q8 {
   static constexpr int kRows = 2;
-  // Q4_K / Q6_K lane dots (q8_body.h) where vpdpbusd accumulates: lane (row r, sub-block j) sums its 32
-  // products over 8 vpdpbusd, so no per-row reduce runs.
+  // Q4_K / Q6_K lane dots (q8_body.h) where vpdpbusd accumulates: lane (row r, sub-block j)
+  // sums its 32 products over 8 vpdpbusd, so no per-row reduce runs.
   static constexpr bool kLaneDots = kVnni;
   using F = __m512;
   using I = __m512i;
