@@ -168,3 +168,29 @@ def test_a_draft_models_catch_up_is_left_out_of_the_step_cost(tmp_path):
     steady = proposer.propose(StepState(torch.tensor([7]), torch.tensor([21]), torch.tensor([True]),
                                         torch.tensor([3]), params))
     assert steady.one_time_seconds == 0.0
+
+
+def test_lookahead_draft_passes_its_drafters_catch_up_on(tmp_path):
+    # lookahead+draft merges the drafter's chain into its own tree: the chain's one-time catch-up
+    # must travel with the merged draft, or the policy books the drafter's prefill as the cost of
+    # the draft length the run first drafted at (and remembers it across runs).
+    import torch
+
+    from decoding_models import make_checkpoint
+    from specdec_cuda import models
+    from specdec_cuda.contract import PrefillContext, SamplingParams, StepState
+    from specdec_cuda.proposers.draft_model import DraftModelProposer
+    from specdec_cuda.proposers.lookahead import LookaheadProposer
+
+    draft = models.load(make_checkpoint(tmp_path / "d", seed=1))
+    proposer = LookaheadProposer(drafter=DraftModelProposer(draft, k=3, verification="match"))
+    prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams.make(1)
+    ctx = PrefillContext(target=None, cache=None, prompts=prompt, prompt_lens=torch.tensor([20]),
+                         first_tokens=torch.tensor([5]), params=params, max_length=64)
+    proposer.prefill(ctx)
+    state = StepState(torch.tensor([5]), torch.tensor([20]), torch.tensor([True]), torch.tensor([3]), params)
+    first = proposer.propose(state)
+    assert first.one_time_seconds > 0.0 and first.one_time_seconds == first.context.one_time_seconds
+    proposer.arm = "lookahead"  # an arm without the drafter's chain: nothing one-time
+    assert proposer.propose(state).one_time_seconds == 0.0

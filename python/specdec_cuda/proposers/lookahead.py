@@ -228,8 +228,13 @@ class LookaheadProposer(Proposer):
         num_nodes = torch.tensor([len(t) for t, _ in rows], dtype=torch.int64)
         is_chain = all(p == list(range(len(p))) for _, p in rows)
         context = chain  # the drafter's own proposal, for its accept()
+        # The drafter's catch-up with the prompt (or with tokens decoded plainly) is a one-time
+        # cost: the loop leaves it out of the step time the cost policy learns from, or every
+        # run's first drafted step would raise that draft length's remembered cost.
+        one_time = chain.one_time_seconds if chain is not None else 0.0
         return Draft(tokens.to(device), num_nodes.to(device), DraftKind.GUESS,
-                     parents=None if is_chain else parents.to(device), context=context)
+                     parents=None if is_chain else parents.to(device), context=context,
+                     one_time_seconds=one_time)
 
     def _window_layout(self, lengths: torch.Tensor):
         no_guesses = torch.zeros(lengths.shape[0], 0, dtype=torch.int64, device=lengths.device)
