@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from specdec_cuda.policy import CostAwarePolicy, FixedPolicy, make_policy
@@ -192,5 +194,11 @@ def test_lookahead_draft_passes_its_drafters_catch_up_on(tmp_path):
     state = StepState(torch.tensor([5]), torch.tensor([20]), torch.tensor([True]), torch.tensor([3]), params)
     first = proposer.propose(state)
     assert first.one_time_seconds > 0.0 and first.one_time_seconds == first.context.one_time_seconds
+    # ... and it is left out of the step time the arms are chosen by (arms outlive a request, so
+    # every request's first chain step would otherwise count a drafter prefill against its arm)
+    started = proposer._step_start
+    proposer._choose_arm(2)
+    seconds = proposer.arm_steps["all"][-1][1]
+    assert 0.0 <= seconds and seconds + first.one_time_seconds <= time.perf_counter() - started
     proposer.arm = "lookahead"  # an arm without the drafter's chain: nothing one-time
     assert proposer.propose(state).one_time_seconds == 0.0
