@@ -144,6 +144,29 @@ def test_make_policy():
         make_policy("fastest")
 
 
+def _first_proposal(proposer):
+    """``proposer`` prefilled with one 20-token prompt, then its first proposal: (state, draft)."""
+    import torch
+
+    from specdec_cuda.contract import PrefillContext, SamplingParams, StepState
+
+    params = SamplingParams.make(1)
+    prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    ctx = PrefillContext(target=None, cache=None, prompts=prompt, prompt_lens=torch.tensor([20]),
+                         first_tokens=torch.tensor([5]), params=params, max_length=64)
+    proposer.prefill(ctx)
+    state = StepState(torch.tensor([5]), torch.tensor([20]), torch.tensor([True]), torch.tensor([3]), params)
+    return state, proposer.propose(state)
+
+
+def _tiny_draft(tmp_path):
+    """The decoding tests' small checkpoint, written under ``tmp_path`` and loaded."""
+    from decoding_models import make_checkpoint
+    from specdec_cuda import models
+
+    return models.load(make_checkpoint(tmp_path / "d", seed=1))
+
+
 def test_a_draft_models_catch_up_is_left_out_of_the_step_cost(tmp_path):
     # The drafter's cache starts empty (a run that never drafts never pays for it): its first
     # proposal feeds the whole prompt, and a proposal after plain steps feeds what they decoded.
@@ -151,24 +174,15 @@ def test_a_draft_models_catch_up_is_left_out_of_the_step_cost(tmp_path):
     # step time it reports to the policy; a steady proposal (1 or 2 tokens fed) reports none.
     import torch
 
-    from decoding_models import make_checkpoint
-    from specdec_cuda import models
-    from specdec_cuda.contract import PrefillContext, SamplingParams, StepState
+    from specdec_cuda.contract import StepState
     from specdec_cuda.proposers.draft_model import DraftModelProposer
 
-    draft = models.load(make_checkpoint(tmp_path / "d", seed=1))
-    proposer = DraftModelProposer(draft, k=3)
-    prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
-    params = SamplingParams.make(1)
-    ctx = PrefillContext(target=None, cache=None, prompts=prompt, prompt_lens=torch.tensor([20]),
-                         first_tokens=torch.tensor([5]), params=params, max_length=64)
-    proposer.prefill(ctx)
-    state = StepState(torch.tensor([5]), torch.tensor([20]), torch.tensor([True]), torch.tensor([3]), params)
-    first = proposer.propose(state)
+    proposer = DraftModelProposer(_tiny_draft(tmp_path), k=3)
+    state, first = _first_proposal(proposer)
     assert first.one_time_seconds > 0.0
     proposer.cache.truncate(torch.tensor([21]))  # as if the step accepted no draft
     steady = proposer.propose(StepState(torch.tensor([7]), torch.tensor([21]), torch.tensor([True]),
-                                        torch.tensor([3]), params))
+                                        torch.tensor([3]), state.params))
     assert steady.one_time_seconds == 0.0
 
 
@@ -176,27 +190,15 @@ def test_lookahead_draft_passes_its_drafters_catch_up_on(tmp_path):
     # lookahead+draft merges the drafter's chain into its own tree: the chain's one-time catch-up
     # must travel with the merged draft, or the policy books the drafter's prefill as the cost of
     # the draft length the run first drafted at (and remembers it across runs).
-    import torch
-
-    from decoding_models import make_checkpoint
-    from specdec_cuda import models
-    from specdec_cuda.contract import PrefillContext, SamplingParams, StepState
     from specdec_cuda.proposers.draft_model import DraftModelProposer
     from specdec_cuda.proposers.lookahead import LookaheadProposer
 
-    draft = models.load(make_checkpoint(tmp_path / "d", seed=1))
-    proposer = LookaheadProposer(drafter=DraftModelProposer(draft, k=3, verification="match"))
-    prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
-    params = SamplingParams.make(1)
-    ctx = PrefillContext(target=None, cache=None, prompts=prompt, prompt_lens=torch.tensor([20]),
-                         first_tokens=torch.tensor([5]), params=params, max_length=64)
-    proposer.prefill(ctx)
-    state = StepState(torch.tensor([5]), torch.tensor([20]), torch.tensor([True]), torch.tensor([3]), params)
-    first = proposer.propose(state)
+    proposer = LookaheadProposer(drafter=DraftModelProposer(_tiny_draft(tmp_path), k=3, verification="match"))
+    state, first = _first_proposal(proposer)
+    started = proposer._step_start  # set by prefill
     assert first.one_time_seconds > 0.0 and first.one_time_seconds == first.context.one_time_seconds
     # ... and it is left out of the step time the arms are chosen by (arms outlive a request, so
     # every request's first chain step would otherwise count a drafter prefill against its arm)
-    started = proposer._step_start
     proposer._choose_arm(2)
     seconds = proposer.arm_steps["all"][-1][1]
     assert 0.0 <= seconds and seconds + first.one_time_seconds <= time.perf_counter() - started
