@@ -240,7 +240,7 @@ def test_arms_follow_measured_throughput_and_keep_exploring(pair, monkeypatch):
     for _ in range(60):
         used.append(proposer.arm)
         clock[0] += seconds[proposer.arm]
-        proposer._choose_arm(2)
+        proposer._choose_arm(2, 0.0)  # no catch-up in these steps
     assert used[:8] == ["all", "all", "lookahead", "lookahead", "draft", "draft", "ngram", "ngram"]
     tail = used[8:]
     assert tail.count("lookahead") >= 0.6 * len(tail)

@@ -190,6 +190,9 @@ def test_lookahead_draft_passes_its_drafters_catch_up_on(tmp_path):
     # lookahead+draft merges the drafter's chain into its own tree: the chain's one-time catch-up
     # must travel with the merged draft, or the policy books the drafter's prefill as the cost of
     # the draft length the run first drafted at (and remembers it across runs).
+    import torch
+
+    from specdec_cuda.contract import Outcome
     from specdec_cuda.proposers.draft_model import DraftModelProposer
     from specdec_cuda.proposers.lookahead import LookaheadProposer
 
@@ -199,7 +202,10 @@ def test_lookahead_draft_passes_its_drafters_catch_up_on(tmp_path):
     assert first.one_time_seconds > 0.0 and first.one_time_seconds == first.context.one_time_seconds
     # ... and it is left out of the step time the arms are chosen by (arms outlive a request, so
     # every request's first chain step would otherwise count a drafter prefill against its arm)
-    proposer._choose_arm(2)
+    # (the step accepted no draft and committed token 9; the window's logits are all zero)
+    proposer.accept(first, Outcome(torch.zeros(1, dtype=torch.int64), torch.tensor([[0, -1]]),
+                                   torch.tensor([[9, -1]]), torch.tensor([9]), torch.tensor([True]),
+                                   torch.tensor([20]), extra_logits=torch.zeros(1, proposer.window, 64)))
     seconds = proposer.arm_steps["all"][-1][1]
     assert 0.0 <= seconds and seconds + first.one_time_seconds <= time.perf_counter() - started
     proposer.arm = "lookahead"  # an arm without the drafter's chain: nothing one-time

@@ -148,7 +148,6 @@ class LookaheadProposer(Proposer):
         self.arm_steps = {arm: collections.deque(maxlen=32) for arm in self.ARMS}  # (tokens, seconds)
         self.steps_taken = 0
         self._step_start: float | None = None
-        self._one_time = 0.0  # seconds of this step's drafter catch-up, left out of its arm's time
 
     def max_pending_tokens(self) -> int:
         return self.max_nodes + self.window * self.levels
@@ -232,10 +231,9 @@ class LookaheadProposer(Proposer):
         # The drafter's catch-up with the prompt (or with tokens decoded plainly) is a one-time
         # cost: the loop leaves it out of the step time the cost policy learns from, or every
         # run's first drafted step would raise that draft length's remembered cost.
-        one_time = self._one_time = chain.one_time_seconds if chain is not None else 0.0
         return Draft(tokens.to(device), num_nodes.to(device), DraftKind.GUESS,
                      parents=None if is_chain else parents.to(device), context=context,
-                     one_time_seconds=one_time)
+                     one_time_seconds=chain.one_time_seconds if chain is not None else 0.0)
 
     def _window_layout(self, lengths: torch.Tensor):
         no_guesses = torch.zeros(lengths.shape[0], 0, dtype=torch.int64, device=lengths.device)
@@ -266,13 +264,14 @@ class LookaheadProposer(Proposer):
         if self.adaptive and draft is None:
             self._step_start = None  # a plain step (the policy's): no arm ran, none is measured
         elif self.adaptive:
-            self._choose_arm(int(committed_host.sum()))
+            self._choose_arm(int(committed_host.sum()), draft.one_time_seconds)
 
-    def _choose_arm(self, committed: int) -> None:
-        """Record the step just finished under its arm; pick the next step's arm."""
+    def _choose_arm(self, committed: int, one_time: float) -> None:
+        """Record the step just finished under its arm, less its ``one_time`` seconds (a chain
+        arm's drafter catch-up is not what the arm costs per step); pick the next step's arm."""
         now = time.perf_counter()
-        if self._step_start is not None:  # (a chain arm's catch-up is not what the arm costs per step)
-            self.arm_steps[self.arm].append((committed, max(0.0, now - self._step_start - self._one_time)))
+        if self._step_start is not None:
+            self.arm_steps[self.arm].append((committed, max(0.0, now - self._step_start - one_time)))
         self._step_start = now
         self.steps_taken += 1
 
