@@ -43,6 +43,7 @@ struct GgufTile {
   using F = typename V::F;
   using I = typename V::I;
   static constexpr int R = V::kRows;
+  static constexpr bool kPrefetchInLoop = false;  // tile_rows prefetches ahead of each tile
 
   const MatmulArgs& a;
   int64_t n;   // first row of W

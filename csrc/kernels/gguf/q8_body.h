@@ -47,6 +47,7 @@ struct Q8Tile {
   using F = typename V::F;
   using I = typename V::I;
   static constexpr int R = V::kRows;
+  static constexpr bool kPrefetchInLoop = true;  // long tiles: prefetch() in the block loops
 
   const Q8Args& a;
   int64_t n;   // first row of W
@@ -57,6 +58,12 @@ struct Q8Tile {
     uint16_t v;
     std::memcpy(&v, p + r * a.row_bytes, sizeof(v));
     return v;
+  }
+
+  // Where the tile is long (tile_rows.h), W's bytes kPrefetchBytes ahead of the `bytes` at offset
+  // off of each of its rows, which the loop is about to read.
+  SPECDEC_Q8_INLINE void prefetch(bool in_loop, int64_t off, int64_t bytes) const {
+    if (in_loop) prefetch_ahead(wrow(), R, a.row_bytes, off, bytes);
   }
 
   SPECDEC_Q8_INLINE void store(const F* A) const {
@@ -91,8 +98,10 @@ struct Q8Tile {
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) A[m] = V::zero();
     const int64_t T = a.K / kQK_K;
+    const bool in_loop = prefetch_in_loop(R, a.row_bytes);
     for (int64_t t = 0; t < T; ++t) {
       const uint8_t* blk = wrow() + t * sizeof(BlockQ4_K);
+      prefetch(in_loop, t * sizeof(BlockQ4_K), sizeof(BlockQ4_K));
       float d[R], dmin[R];
       uint64_t sc[R], mn[R];
       for (int r = 0; r < R; ++r) {
@@ -160,8 +169,10 @@ struct Q8Tile {
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) A[m] = V::zero();
     const int64_t T = a.K / kQK_K;
+    const bool in_loop = prefetch_in_loop(R, a.row_bytes);
     for (int64_t t = 0; t < T; ++t) {
       const uint8_t* blk = wrow() + t * sizeof(BlockQ6_K);
+      prefetch(in_loop, t * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
       float d[R];
       for (int r = 0; r < R; ++r) d[r] = V::h2f(u16(blk + 208, r));
       const F dv = V::rows_f(d);
@@ -217,9 +228,10 @@ struct Q8Tile {
   // ---- Q8_0 / Q5_0 / Q4_1: one octet = blocks 8t .. 8t + cnt - 1 -----------------------------
   // Q8_0: |w| x ±q, pairs <= 2 * 128 * 127; Q5_0: w in 0..31 (16 off through the sums); Q4_1: 0..15.
   template <int kType>
-  SPECDEC_Q8_INLINE void octet(int64_t t, int cnt, F* A) const {
+  SPECDEC_Q8_INLINE void octet(int64_t t, int cnt, bool in_loop, F* A) const {
     constexpr int64_t kBytes = kType == 8 ? sizeof(BlockQ8_0) : kType == 6 ? sizeof(BlockQ5_0) : sizeof(BlockQ4_1);
     const uint8_t* blk = wrow() + 8 * t * kBytes;
+    prefetch(in_loop, 8 * t * kBytes, 8 * kBytes);
     I w[8];
     SPECDEC_Q8_UNROLL
     for (int j = 0; j < 8; ++j) {
@@ -281,8 +293,9 @@ struct Q8Tile {
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) A[m] = V::zero();
     const int64_t G = a.K / kQK, full = G / 8;
-    for (int64_t t = 0; t < full; ++t) octet<kType>(t, 8, A);
-    if (G % 8) octet<kType>(full, static_cast<int>(G % 8), A);
+    const bool in_loop = prefetch_in_loop(R, a.row_bytes);
+    for (int64_t t = 0; t < full; ++t) octet<kType>(t, 8, in_loop, A);
+    if (G % 8) octet<kType>(full, static_cast<int>(G % 8), in_loop, A);
     store(A);
   }
 };
