@@ -392,3 +392,28 @@ def test_the_drafter_cache_fingerprints_a_gguf_model_from_its_blocks(written):
     model = models.load(path)
     assert drafters.fingerprint(model) == drafters.fingerprint(models.load(path))
     assert drafters.fingerprint(model) == drafters.fingerprint(dense_reference(model, hf))
+
+
+def test_q4_k_projections_repacked_for_the_int8_kernel_keep_the_bits(written, monkeypatch):
+    # load_gguf repacks Q4_K projections into the VNNI kernel's lane order where ops.gguf.lanes_pay()
+    # (forced both ways here, so any CPU runs both): the same logits, bit for bit, and the same
+    # dense weights on unpack().
+    import specdec_cuda.models.llama as llama
+
+    _, path, hf = written
+
+    def parts(model) -> list[int]:
+        return [p.qtype for layer in model.layers for name in layer.PROJECTIONS for p in layer._panels[name].parts]
+
+    def load(repack: bool):
+        monkeypatch.setattr(llama, "lanes_pay", lambda: repack)
+        return models.load(path)
+
+    plain, lanes = load(False), load(True)
+    assert g.Q4_K_LANES_ID not in parts(plain) and g.Q4_K_LANES_ID in parts(lanes)
+    assert [12 if q == g.Q4_K_LANES_ID else q for q in parts(lanes)] == parts(plain)
+    tokens = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(logits(lanes, tokens).view(torch.int32), logits(plain, tokens).view(torch.int32))
+    lanes.unpack()
+    assert torch.equal(lanes.layers[0].self_attn.qkv_proj.weight,
+                       torch.cat([hf[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]))

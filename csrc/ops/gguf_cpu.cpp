@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,28 @@ void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out
   });
 }
 
+void gguf_repack_lanes_cpu(const at::Tensor& weight, int64_t K, at::Tensor& out) {
+  // weight: Q4_K blocks of W (N, K); out: the same shape and dtype, Q4_K_LANES
+  TORCH_CHECK(weight.dim() == 2, "gguf_repack_lanes: weight must be the [N, row bytes] uint8 blocks of a Q4_K weight; got ",
+              weight.sizes());
+  const int64_t N = weight.size(0);
+  check_gguf_weight("gguf_repack_lanes", weight, 12, N, K);
+  TORCH_CHECK(out.sizes() == weight.sizes() && out.scalar_type() == at::kByte && out.is_contiguous() &&
+                  out.device().is_cpu() && out.data_ptr() != weight.data_ptr(),
+              "gguf_repack_lanes: out must be a contiguous uint8 CPU tensor shaped like weight ", weight.sizes(),
+              " (not weight itself); got ", out.scalar_type(), " ", out.sizes());
+  if (N == 0) return;
+  const int64_t row_bytes = weight.size(1);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  parallel_range(0, N, row_grain(row_bytes), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin * row_bytes; b < end * row_bytes; b += sizeof(gguf::BlockQ4_K)) {
+      std::memcpy(o + b, w + b, 16);  // d, dmin, scales
+      gguf::q4k_qs_to_lanes(w + b + 16, o + b + 16);
+    }
+  });
+}
+
 void gguf_cpu_isa(at::Tensor& code) {
   // code: (1,) int32
   TORCH_CHECK(code.numel() == 1 && code.scalar_type() == at::kInt, "_gguf_cpu_isa: code must be one int32; got ",
@@ -163,6 +186,7 @@ void gguf_q8_cpu_isa(at::Tensor& code) {
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("gguf_matmul", &gguf_matmul_cpu);
   m.impl("gguf_dequantize", &gguf_dequantize_cpu);
+  m.impl("gguf_repack_lanes", &gguf_repack_lanes_cpu);
   m.impl("gguf_linear", &gguf_linear_cpu);
   m.impl("_gguf_cpu_isa", &gguf_cpu_isa);
   m.impl("gguf_matmul_q8", &gguf_matmul_q8_cpu);

@@ -21,6 +21,12 @@
 //           byte 0..3   sc_0..3 in bits 0..5, the top 2 bits of sc_4..7 in bits 6..7
 //           byte 4..7   m_0..3 in bits 0..5, the top 2 bits of m_4..7 in bits 6..7
 //           byte 8..11  low 4 bits of sc_4..7 (bits 0..3) and of m_4..7 (bits 4..7)
+//   Q4_K_LANES (type 268, not a ggml type: this project's repacking of a Q4_K weight at load, for
+//         the VNNI kernel's lane dots, kernels/gguf/q8_body.h): the same 144-byte blocks, d, dmin
+//         and scales in place, the 256 codes permuted within qs so that a 32-byte chunk's nibbles
+//         split straight into the lane-dot registers (no transpose per block): qs[32c + 4j + b]
+//         holds code 8c + b of sub-block j (low nibble) and code 8c + 4 + b of sub-block j (high),
+//         c = 0..3, j = 0..7, b = 0..3 (q4k_lanes_code). Values and results are Q4_K's, bit for bit.
 //   Q6_K: two halves h of 128 weights; in half h, weight 32i + l (i = 0..3, l = 0..31) has
 //           low 4 bits  ql[64h + l + 32 (i & 1)] >> 4 (i >> 1)     (i = 0, 1 low nibble; 2, 3 high)
 //           high 2 bits (qh[32h + l] >> 2i) & 3
@@ -44,6 +50,8 @@ namespace specdec::gguf {
 
 // ggml type ids (GGMLQuantizationType) of the supported formats.
 enum class Type : int32_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+// The project's own layouts (not in a file): Q4_K with its codes in lane-dot order.
+inline constexpr int32_t kQ4_K_Lanes = 268;
 
 inline constexpr int kQK = 32;     // weights per block of the legacy formats
 inline constexpr int kQK_K = 256;  // weights per k-quant super-block
@@ -86,7 +94,7 @@ static_assert(alignof(BlockQ4_1) == 2 && alignof(BlockQ5_0) == 2 && alignof(Bloc
 SPECDEC_HD int block_weights(int32_t type) {
   switch (type) {
     case 3: case 6: case 8: return kQK;
-    case 12: case 14: return kQK_K;
+    case 12: case 14: case kQ4_K_Lanes: return kQK_K;
     default: return 0;
   }
 }
@@ -95,7 +103,7 @@ SPECDEC_HD int block_bytes(int32_t type) {
     case 3: return sizeof(BlockQ4_1);
     case 6: return sizeof(BlockQ5_0);
     case 8: return sizeof(BlockQ8_0);
-    case 12: return sizeof(BlockQ4_K);
+    case 12: case kQ4_K_Lanes: return sizeof(BlockQ4_K);
     case 14: return sizeof(BlockQ6_K);
     default: return 0;
   }
@@ -167,6 +175,47 @@ SPECDEC_HD void dequantize_group(const BlockQ4_K& b, int s, float* out) {
   for (int l = 0; l < 32; ++l) out[l] = add_rn(mul_rn(ds, static_cast<float>((q[l] >> shift) & 15)), -dm);
 }
 
+// Code k (0..31) of sub-block s of a Q4_K_LANES block's qs (layout in the file comment).
+SPECDEC_HD int q4k_lanes_code(const uint8_t* qs, int s, int k) {
+  return (qs[32 * (k >> 3) + 4 * s + (k & 3)] >> (4 * ((k >> 2) & 1))) & 15;
+}
+
+// A Q4_K block's 128 code bytes -> the same codes in Q4_K_LANES order (`lanes`, 128 bytes).
+SPECDEC_HD void q4k_qs_to_lanes(const uint8_t* qs, uint8_t* lanes) {
+  for (int c = 0; c < 4; ++c)
+    for (int j = 0; j < 8; ++j)
+      for (int b = 0; b < 4; ++b) {
+        const int lo = (qs[32 * (j >> 1) + 8 * c + b] >> (4 * (j & 1))) & 15;
+        const int hi = (qs[32 * (j >> 1) + 8 * c + 4 + b] >> (4 * (j & 1))) & 15;
+        lanes[32 * c + 4 * j + b] = static_cast<uint8_t>(lo | hi << 4);
+      }
+}
+
+// The inverse: Q4_K_LANES code bytes -> the file's Q4_K order.
+SPECDEC_HD void q4k_qs_from_lanes(const uint8_t* lanes, uint8_t* qs) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l)
+      qs[32 * c + l] = static_cast<uint8_t>(q4k_lanes_code(lanes, 2 * c, l) | q4k_lanes_code(lanes, 2 * c + 1, l) << 4);
+}
+
+// `bytes` (whole blocks) of Q4_K_LANES at src -> the same blocks in the file's Q4_K order at dst:
+// where a kernel without a lane-order loop meets a repacked weight (scalar; not a decoding path).
+SPECDEC_HD void q4k_blocks_from_lanes(const uint8_t* src, int64_t bytes, uint8_t* dst) {
+  for (int64_t b = 0; b < bytes; b += sizeof(BlockQ4_K)) {
+    for (int i = 0; i < 16; ++i) dst[b + i] = src[b + i];  // d, dmin, scales
+    q4k_qs_from_lanes(src + b + 16, dst + b + 16);
+  }
+}
+
+// Sub-block s (0..7) of a Q4_K_LANES block: Q4_K's values, the codes read through the permutation.
+SPECDEC_HD void dequantize_group_lanes(const BlockQ4_K& b, int s, float* out) {
+  int sc, m;
+  q4k_scale_min(b.scales, s, sc, m);
+  const float ds = mul_rn(half_to_float(b.d), static_cast<float>(sc));
+  const float dm = mul_rn(half_to_float(b.dmin), static_cast<float>(m));
+  for (int l = 0; l < 32; ++l) out[l] = add_rn(mul_rn(ds, static_cast<float>(q4k_lanes_code(b.qs, s, l))), -dm);
+}
+
 // Code of weight 32i + l of half h of a Q6_K block, already minus 32 (-32..31).
 SPECDEC_HD int q6k_code(const BlockQ6_K& b, int h, int i, int l) {
   const int low = (b.ql[64 * h + l + 32 * (i & 1)] >> (4 * (i >> 1))) & 15;
@@ -191,6 +240,9 @@ SPECDEC_HD void dequantize_group32(int32_t type, const uint8_t* row, int64_t g, 
     case 6: dequantize_group(reinterpret_cast<const BlockQ5_0*>(row)[g], out); break;
     case 8: dequantize_group(reinterpret_cast<const BlockQ8_0*>(row)[g], out); break;
     case 12: dequantize_group(reinterpret_cast<const BlockQ4_K*>(row)[g / 8], static_cast<int>(g % 8), out); break;
+    case kQ4_K_Lanes:
+      dequantize_group_lanes(reinterpret_cast<const BlockQ4_K*>(row)[g / 8], static_cast<int>(g % 8), out);
+      break;
     default: dequantize_group(reinterpret_cast<const BlockQ6_K*>(row)[g / 8], static_cast<int>(g % 8), out); break;
   }
 }

@@ -84,7 +84,8 @@ struct Q8Tile {
   // w[i] lane (r, j) holds codes 4i .. 4i + 3 of sub-block j of row r; against the transposed codes
   // of x, 8 vpdpbusd leave lane (r, j) = Σ w q over sub-block j, the very integer the reduce forms,
   // so the bits are the same. Per row of x this replaces 8 vpmaddubsw and the ~20-step reduce8_i16
-  // with 8 vpdpbusd and one vpmulld; the transpose is paid once per tile.
+  // with 8 vpdpbusd and one vpmulld; the transpose is paid once per tile, or never where the
+  // weight was repacked at load into that order (Q4_K_LANES, Q8Args::w_lanes).
   SPECDEC_Q8_INLINE void q4_k() const {
     if constexpr (V::kLaneDots) {
       if (a.xt != nullptr) return q4_k_body<true>();
@@ -119,7 +120,7 @@ struct Q8Tile {
       }
       I scv;  // the scales: int16 pairs for the reduce, int32 lanes for the lane dots
       if constexpr (kLanes) {
-        V::transpose8(w);
+        if (!a.w_lanes) V::transpose8(w);  // Q4_K_LANES blocks split into lane order as loaded
         scv = V::bytes32(sc);
       } else {
         scv = V::pairs16(sc);

@@ -82,13 +82,15 @@ void portable_output(int32_t type, const Q8Args& a, int64_t m, int64_t n) {
           A[j] = std::fma(static_cast<float>(qsum), half_to_float(b.m) * dx[g], A[j]);
           break;
         }
-        case 12: {
+        case 12:
+        case kQ4_K_Lanes: {
           const auto& b = reinterpret_cast<const BlockQ4_K*>(row)[t];
           int sc, mn;
           q4k_scale_min(b.scales, j, sc, mn);
           const uint8_t* qs = b.qs + 32 * (j >> 1);
           int32_t dot = 0;
-          for (int l = 0; l < 32; ++l) dot += ((qs[l] >> (4 * (j & 1))) & 15) * qg[l];
+          for (int l = 0; l < 32; ++l)
+            dot += (type == 12 ? (qs[l] >> (4 * (j & 1))) & 15 : q4k_lanes_code(b.qs, j, l)) * qg[l];
           A[j] = std::fma(static_cast<float>(sc * dot), half_to_float(b.d) * dx[g], A[j]);
           A[j] = std::fma(-static_cast<float>(mn * qsum), half_to_float(b.dmin) * dx[g], A[j]);
           break;
@@ -154,7 +156,10 @@ void matmul_q8_cpu_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, c
                         int64_t ldy, int64_t n_begin, int64_t n_end) {
   if (M <= 0 || n_end <= n_begin) return;
   const Q8Args args{xq, q8_row_bytes(K), K, weight, K / block_weights(type) * block_bytes(type), y, ldy};
-  if (kVnni) {
+  if (type == kQ4_K_Lanes && !kVnni) {
+    // Repacked for a VNNI CPU, run under a narrower SPECDEC_CPU_ISA: the portable loop reads it.
+    matmul_q8_rows_portable(type, args, M, n_begin, n_end);
+  } else if (kVnni) {
     matmul_q8_rows_avx512_vnni(type, args, M, n_begin, n_end);
   } else if (kAvx512) {
     matmul_q8_rows_avx512(type, args, M, n_begin, n_end);

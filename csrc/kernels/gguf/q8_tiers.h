@@ -18,6 +18,9 @@ struct Q8Args {
   // codes with each super-block's 8 x 8 dwords transposed, xt[m * K + 256 t + 32 i + 4 j + b] =
   // code 32 j + 4 i + b of super-block t (transpose_codes in q8_avx512_vnni.cpp).
   const int8_t* xt = nullptr;
+  // With xt: W's Q4_K codes are already in lane order (Q4_K_LANES, blocks.h), so the lane dots
+  // skip the per-block transpose. Only the VNNI tier's two-row tiles read it.
+  bool w_lanes = false;
 
   // Row m's codes [K], scales [8 T] and half sums [16 T] (T = octets, q8.h).
   int64_t octets() const { return (K / 32 + 7) / 8; }

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..ops.gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_rows
+from ..ops.gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_repack_lanes, gguf_rows, lanes_pay
 from ..ops.skinny_linear import pack_weight
 from .cache import StaticKVCache
 from .config import LlamaConfig
@@ -582,7 +582,11 @@ class LlamaModel(nn.Module):
         products, as llama.cpp does (Qwen2.5-Coder-1.5B Q4_K_M, 2 threads: a one-token step in
         57 ms against 104 ms); "float32" multiplies the activations as they are (closer to the
         dequantised weights' float model, slower). Either is a fixed function of each row,
-        so speculative decoding is exact under both."""
+        so speculative decoding is exact under both.
+
+        With "q8" on an AVX-512 VNNI CPU without AMX (``ops.gguf.lanes_pay()``), the Q4_K
+        projections are repacked once here into the kernel's lane order (``gguf_repack_lanes``:
+        the same values and bits, a faster one-token step)."""
         from .layers import dropped
 
         if self.dtype != torch.float32 or not self._packable():
@@ -594,12 +598,14 @@ class LlamaModel(nn.Module):
         q_dim, kv_dim, hidden, inter = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim,
                                         c.hidden_size, c.intermediate_size)
 
+        lanes = activations == "q8" and lanes_pay()
+
         def quantised(name: str, shape: tuple[int, int]) -> GgufWeight:
             w = ck.weight(name, shape)
             if not isinstance(w, GgufWeight):
                 raise ValueError(f"{ck.path}: {name} is a float tensor; this loader keeps projections as GGUF "
                                  f"blocks (load the Hugging Face folder for float weights)")
-            return w
+            return gguf_repack_lanes(w) if lanes else w
 
         def copy(param: torch.Tensor, name: str) -> None:
             param.copy_(ck.weight(name, tuple(param.shape)))

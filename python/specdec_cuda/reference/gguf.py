@@ -27,6 +27,11 @@ products first), which is also ggml's and gguf-py's: ``dequantize`` here equals
 ``gguf_matmul(x, W) = x · dequant(W)ᵀ``: the kernels accumulate in float32 in an order of their
 own (see ``csrc/kernels/gguf/gguf_cpu.h``), so they agree with ``matmul`` below to rounding only.
 
+``Q4_K_LANES`` (type 268) is not a file format but the CPU's repacking of a Q4_K weight for its
+int8 kernel (``ops.gguf.gguf_repack_lanes``): the same blocks with each one's 256 codes permuted
+(``to_lanes`` / ``from_lanes`` below, ``csrc/kernels/gguf/blocks.h``); it dequantises, and
+multiplies, exactly as the Q4_K weight it came from.
+
 ``gguf_matmul(x, W, activations="q8")`` multiplies int8 activations (``quantize_q8``) with integer
 dot products; ``matmul_q8`` below is its specification, bit for bit (float order in
 ``csrc/kernels/gguf/q8.h``).
@@ -48,10 +53,46 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 }
 
 
+Q4_K_LANES = 268  # not a GGML type: Q4_K repacked for the CPU's lane dots (to_lanes)
+LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144)}
+
+
 def row_bytes(qtype: int, in_features: int) -> int:
     """Bytes of one row of ``in_features`` weights (a multiple of the block size)."""
-    _, qk, nbytes = FORMATS[qtype]
+    _, qk, nbytes = LAYOUTS[qtype]
     return in_features // qk * nbytes
+
+
+def _q4_k_codes(qs: torch.Tensor) -> torch.Tensor:
+    """[B, 128] Q4_K code bytes -> [B, 8, 32] codes (sub-block s, weight k)."""
+    q = qs.reshape(-1, 4, 32).to(torch.int32)
+    return torch.stack([q & 15, q >> 4], dim=2).reshape(-1, 8, 32)  # chunk c: sub-blocks 2c, 2c + 1
+
+
+def to_lanes(data: torch.Tensor) -> torch.Tensor:
+    """Q4_K blocks -> Q4_K_LANES: in each 144-byte block, byte 16 + 32c + 4j + b holds code 8c + b of
+    sub-block j (low nibble) and code 8c + 4 + b (high nibble), c < 4, j < 8, b < 4; the first 16
+    bytes (d, dmin, scales) stay. A 32-byte chunk's nibbles are then 8 registers of 4-code dwords,
+    one lane per sub-block: what the VNNI lane dots multiply without a transpose.
+
+    Shape: uint8 ``[..., blocks * 144]`` -> the same shape.
+    """
+    b = data.reshape(-1, 144)
+    codes = _q4_k_codes(b[:, 16:]).reshape(-1, 8, 4, 2, 4)  # [block, j, c, nibble h, b]: code 8c + 4h + b
+    lanes = codes.permute(0, 2, 1, 4, 3)                      # [block, c, j, b, h]
+    qs = (lanes[..., 0] | lanes[..., 1] << 4).to(torch.uint8).reshape(-1, 128)
+    return torch.cat([b[:, :16], qs], dim=1).reshape(data.shape)
+
+
+def from_lanes(data: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``to_lanes``: Q4_K_LANES blocks -> the file's Q4_K blocks."""
+    b = data.reshape(-1, 144)
+    q = b[:, 16:].reshape(-1, 4, 8, 4).to(torch.int32)        # [block, c, j, b]
+    lanes = torch.stack([q & 15, q >> 4], dim=-1)             # [block, c, j, b, h]
+    codes = lanes.permute(0, 2, 1, 4, 3).reshape(-1, 8, 32)   # [block, s = j, k = 8c + 4h + b]
+    chunks = codes.reshape(-1, 4, 2, 32)                      # sub-block 2c + h -> chunk c, nibble h
+    qs = (chunks[:, :, 0] | chunks[:, :, 1] << 4).to(torch.uint8).reshape(-1, 128)
+    return torch.cat([b[:, :16], qs], dim=1).reshape(data.shape)
 
 
 def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
@@ -70,6 +111,8 @@ def dequantize(data: torch.Tensor, qtype: int, out_features: int, in_features: i
 
     Shape: ``data`` uint8 ``[N, K / QK * bytes]`` (or flat); returns ``[N, K]`` float32.
     """
+    if qtype == Q4_K_LANES:
+        return dequantize(from_lanes(data), Q4_K, out_features, in_features)
     name, qk, nbytes = FORMATS[qtype]
     n, k = out_features, in_features
     b = data.reshape(n, k // qk, nbytes)
@@ -193,6 +236,8 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
 
     Shape: ``x`` ``[M, K]``, ``data`` uint8 blocks of W ``[N, K]``; returns float32 ``[M, N]``.
     """
+    if qtype == Q4_K_LANES:
+        return matmul_q8(x, from_lanes(data), Q4_K, out_features)
     name, qk, nbytes = FORMATS[qtype]
     m, k = x.shape
     n, g = out_features, k // 32
