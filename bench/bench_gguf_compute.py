@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from specdec_cuda.ops import gguf as g  # noqa: E402
 
-FORMATS = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q4_1": 3}
+FORMATS = {"Q4_K": 12, "Q4_K_LANES": 268, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q4_1": 3}  # 268: gguf_repack_lanes's
 N, K = 4096, 1536  # 3.4 .. 5 MB of blocks: in the last-level cache, the per-call overhead (~20 us) < 1 ns per super-block
 
 
@@ -39,6 +39,8 @@ HALF_FIELDS = {12: (0, 2), 14: (208,), 8: (0,), 6: (0,), 3: (0, 2)}
 
 def random_weight(qtype: int, seed: int = 0) -> g.GgufWeight:
     """Random codes with small finite fp16 scales (only the work per block matters here)."""
+    if qtype == g.Q4_K_LANES_ID:
+        return g.gguf_repack_lanes(random_weight(12, seed))
     _, qk, nbytes = g.FORMATS[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(N * K // qk, nbytes), dtype=np.uint8)

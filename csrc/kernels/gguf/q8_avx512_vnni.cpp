@@ -42,7 +42,7 @@ void transpose_codes(const Q8Args& a, int64_t M, int8_t* xt) {
   const int64_t T = a.K / kQK_K;
   for (int64_t m = 0; m < M; ++m) {
     const int8_t* q = a.codes(m);
-    int8_t* out = xt + m * a.K;
+    int8_t* out = xt + m * 2 * a.K;
     for (int64_t t = 0; t < T; t += 2) {
       const bool pair = t + 1 < T;
       __m512i v[8];
@@ -53,12 +53,9 @@ void transpose_codes(const Q8Args& a, int64_t M, int8_t* xt) {
         v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       }
       V512Q8<true>::transpose8(v);
-      for (int i = 0; i < 8; ++i) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * t + 32 * i), _mm512_castsi512_si256(v[i]));
-        if (pair) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 256 * (t + 1) + 32 * i),
-                              _mm512_extracti64x4_epi64(v[i], 1));
-        }
+      for (int i = 0; i < 8; ++i) {  // each super-block's 32-byte chunk i, twice over
+        _mm512_storeu_si512(out + 512 * t + 64 * i, _mm512_shuffle_i64x2(v[i], v[i], 0x44));
+        if (pair) _mm512_storeu_si512(out + 512 * (t + 1) + 64 * i, _mm512_shuffle_i64x2(v[i], v[i], 0xee));
       }
     }
   }
@@ -90,7 +87,7 @@ void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_
     // Per call (a thread's chunk of rows of W): x's few rows are transposed again, a few
     // microseconds against the chunk's ~100 KiB and more of blocks.
     static thread_local std::vector<int8_t> xt;
-    xt.resize(static_cast<size_t>(M * a.K));
+    xt.resize(static_cast<size_t>(M * 2 * a.K));
     transpose_codes(a, M, xt.data());
     Q8Args lanes = a;
     lanes.xt = xt.data();

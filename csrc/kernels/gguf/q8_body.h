@@ -130,10 +130,10 @@ struct Q8Tile {
       for (int m = 0; m < MB; ++m) {
         I dot;
         if constexpr (kLanes) {
-          const int8_t* q = a.codes_t(m0 + m) + kQK_K * t;
+          const int8_t* q = a.codes_t(m0 + m) + 2 * kQK_K * t;
           I acc = V::izero();
           SPECDEC_Q8_UNROLL
-          for (int i = 0; i < 8; ++i) acc = V::dpbusd(acc, w[i], V::xload(q + 32 * i));
+          for (int i = 0; i < 8; ++i) acc = V::dpbusd(acc, w[i], V::xtload(q + 64 * i));
           dot = V::mullo32(acc, scv);
         } else {
           const int8_t* q = a.codes(m0 + m) + kQK_K * t;
@@ -202,12 +202,12 @@ struct Q8Tile {
       for (int m = 0; m < MB; ++m) {
         I sums;  // lane g: sc_2g Σ_lo16 (w + 32) q + sc_2g+1 Σ_hi16 (w + 32) q
         if constexpr (kLanes) {
-          const int8_t* q = a.codes_t(m0 + m) + kQK_K * t;
+          const int8_t* q = a.codes_t(m0 + m) + 2 * kQK_K * t;
           I lo = V::izero(), hi = V::izero();
           SPECDEC_Q8_UNROLL
           for (int i = 0; i < 4; ++i) {
-            lo = V::dpbusd(lo, w[i], V::xload(q + 32 * i));
-            hi = V::dpbusd(hi, w[4 + i], V::xload(q + 32 * (4 + i)));
+            lo = V::dpbusd(lo, w[i], V::xtload(q + 64 * i));
+            hi = V::dpbusd(hi, w[4 + i], V::xtload(q + 64 * (4 + i)));
           }
           sums = V::add32(V::mullo32(lo, s_first), V::mullo32(hi, s_last));
         } else {
