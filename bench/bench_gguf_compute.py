@@ -5,8 +5,8 @@ row, per activation row, with the weights resident in the caches.
 
 A decoding step streams each weight once, so the matmul's speed at one row is the smaller of the
 memory's and the kernel's own; on a CPU without VNNI the kernel's is the lower (bench/bench_gguf.py
-measures the mix). This bench isolates it: a [4096, 1536] weight of each format (inside the last-level cache),
-one thread, CPU time (``time.thread_time``, so a busy machine's preemptions do not count; the
+measures the mix). This bench isolates it: a [4096, 1536] weight of each format (inside the last-level cache;
+Q4_K and Q6_K also as ``gguf_repack_lanes`` repacks them, *_LANES), one thread, CPU time (``time.thread_time``, so a busy machine's preemptions do not count; the
 minimum over ``--repeats`` calls). Per format and row count M it reports ns per super-block (256
 weights of one output row: a k-quant super-block, 8 legacy blocks) for the whole call, and per
 super-block and row; the difference between M = 1 and the per-row cost at large M is the decode
@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from specdec_cuda.ops import gguf as g  # noqa: E402
 
-FORMATS = {"Q4_K": 12, "Q4_K_LANES": 268, "Q6_K": 14, "Q8_0": 8, "Q5_0": 6, "Q4_1": 3}  # 268: gguf_repack_lanes's
+# 268, 270: Q4_K and Q6_K as gguf_repack_lanes repacks them
+FORMATS = {"Q4_K": 12, "Q4_K_LANES": 268, "Q6_K": 14, "Q6_K_LANES": 270, "Q8_0": 8, "Q5_0": 6, "Q4_1": 3}
 N, K = 4096, 1536  # 3.4 .. 5 MB of blocks: in the last-level cache, the per-call overhead (~20 us) < 1 ns per super-block
 
 
@@ -39,8 +40,8 @@ HALF_FIELDS = {12: (0, 2), 14: (208,), 8: (0,), 6: (0,), 3: (0, 2)}
 
 def random_weight(qtype: int, seed: int = 0) -> g.GgufWeight:
     """Random codes with small finite fp16 scales (only the work per block matters here)."""
-    if qtype == g.Q4_K_LANES_ID:
-        return g.gguf_repack_lanes(random_weight(12, seed))
+    if qtype in (g.Q4_K_LANES_ID, g.Q6_K_LANES_ID):
+        return g.gguf_repack_lanes(random_weight(12 if qtype == g.Q4_K_LANES_ID else 14, seed))
     _, qk, nbytes = g.FORMATS[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(N * K // qk, nbytes), dtype=np.uint8)

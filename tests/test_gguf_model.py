@@ -395,7 +395,7 @@ def test_the_drafter_cache_fingerprints_a_gguf_model_from_its_blocks(written):
 
 
 def test_q4_k_projections_repacked_for_the_int8_kernel_keep_the_bits(written, monkeypatch):
-    # load_gguf repacks Q4_K projections into the VNNI kernel's lane order where ops.gguf.lanes_pay()
+    # load_gguf repacks Q4_K / Q6_K weights into the VNNI kernel's lane order where ops.gguf.lanes_pay()
     # (forced both ways here, so any CPU runs both): the same logits, bit for bit, and the same
     # dense weights on unpack().
     import specdec_cuda.models.llama as llama
@@ -410,8 +410,9 @@ def test_q4_k_projections_repacked_for_the_int8_kernel_keep_the_bits(written, mo
         return models.load(path)
 
     plain, lanes = load(False), load(True)
-    assert g.Q4_K_LANES_ID not in parts(plain) and g.Q4_K_LANES_ID in parts(lanes)
-    assert [12 if q == g.Q4_K_LANES_ID else q for q in parts(lanes)] == parts(plain)
+    file_type = {g.Q4_K_LANES_ID: 12, g.Q6_K_LANES_ID: 14}
+    assert not set(file_type) & set(parts(plain)) and set(file_type) <= set(parts(lanes))
+    assert [file_type.get(q, q) for q in parts(lanes)] == parts(plain)
     tokens = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(7))
     assert torch.equal(logits(lanes, tokens).view(torch.int32), logits(plain, tokens).view(torch.int32))
     lanes.unpack()

@@ -19,6 +19,7 @@ inline const char* gguf_type_name(int64_t type) {
     case 12: return "Q4_K";
     case 14: return "Q6_K";
     case gguf::kQ4_K_Lanes: return "Q4_K_LANES";
+    case gguf::kQ6_K_Lanes: return "Q6_K_LANES";
     default: return "unsupported";
   }
 }
@@ -28,7 +29,7 @@ inline const char* gguf_type_name(int64_t type) {
 inline void check_gguf_weight(const char* op, const at::Tensor& weight, int64_t type, int64_t N, int64_t K) {
   const int qk = gguf::block_weights(static_cast<int32_t>(type));
   TORCH_CHECK(qk > 0, op, ": type must be a GGML type id of Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12) or Q6_K (14), or ",
-              gguf::kQ4_K_Lanes, " (Q4_K_LANES, a Q4_K weight repacked by gguf_repack_lanes); got ", type);
+              gguf::kQ4_K_Lanes, " / ", gguf::kQ6_K_Lanes, " (Q4_K_LANES / Q6_K_LANES: gguf_repack_lanes's); got ", type);
   const int64_t bytes = gguf::block_bytes(static_cast<int32_t>(type));
   TORCH_CHECK(N >= 0 && K > 0 && K % qk == 0, op, ": in_features K must be a positive multiple of ", gguf_type_name(type),
               "'s ", qk, "-weight block; got weight shape [", N, ", ", K, "]");

@@ -143,12 +143,13 @@ void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out
   });
 }
 
-void gguf_repack_lanes_cpu(const at::Tensor& weight, int64_t K, at::Tensor& out) {
-  // weight: Q4_K blocks of W (N, K); out: the same shape and dtype, Q4_K_LANES
-  TORCH_CHECK(weight.dim() == 2, "gguf_repack_lanes: weight must be the [N, row bytes] uint8 blocks of a Q4_K weight; got ",
-              weight.sizes());
+void gguf_repack_lanes_cpu(const at::Tensor& weight, int64_t type, int64_t K, at::Tensor& out) {
+  // weight: Q4_K or Q6_K blocks of W (N, K); out: the same shape and dtype, Q4_K_LANES / Q6_K_LANES
+  TORCH_CHECK(type == 12 || type == 14, "gguf_repack_lanes: type must be Q4_K (12) or Q6_K (14); got ", type);
+  TORCH_CHECK(weight.dim() == 2, "gguf_repack_lanes: weight must be the [N, row bytes] uint8 blocks of a ",
+              gguf_type_name(type), " weight; got ", weight.sizes());
   const int64_t N = weight.size(0);
-  check_gguf_weight("gguf_repack_lanes", weight, 12, N, K);
+  check_gguf_weight("gguf_repack_lanes", weight, type, N, K);
   TORCH_CHECK(out.sizes() == weight.sizes() && out.scalar_type() == at::kByte && out.is_contiguous() &&
                   out.device().is_cpu() && out.data_ptr() != weight.data_ptr(),
               "gguf_repack_lanes: out must be a contiguous uint8 CPU tensor shaped like weight ", weight.sizes(),
@@ -158,9 +159,18 @@ void gguf_repack_lanes_cpu(const at::Tensor& weight, int64_t K, at::Tensor& out)
   const uint8_t* w = weight.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
   parallel_range(0, N, row_grain(row_bytes), [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin * row_bytes; b < end * row_bytes; b += sizeof(gguf::BlockQ4_K)) {
-      std::memcpy(o + b, w + b, 16);  // d, dmin, scales
-      gguf::q4k_qs_to_lanes(w + b + 16, o + b + 16);
+    if (type == 12) {
+      for (int64_t b = begin * row_bytes; b < end * row_bytes; b += sizeof(gguf::BlockQ4_K)) {
+        std::memcpy(o + b, w + b, 16);  // d, dmin, scales
+        gguf::q4k_qs_to_lanes(w + b + 16, o + b + 16);
+      }
+    } else {
+      for (int64_t b = begin * row_bytes; b < end * row_bytes; b += sizeof(gguf::BlockQ6_K)) {
+        gguf::BlockQ6_K in, lanes;
+        std::memcpy(&in, w + b, sizeof(in));
+        gguf::q6k_recode(in, lanes, false);
+        std::memcpy(o + b, &lanes, sizeof(lanes));
+      }
     }
   });
 }

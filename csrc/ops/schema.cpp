@@ -201,10 +201,10 @@ TORCH_LIBRARY(specdec, m) {
   m.def("gguf_quantize_q8(Tensor x, Tensor(a!) out) -> ()");
   // _gguf_q8_cpu_isa: code[0] = the Q8 matmul's tier (0 portable, 1 AVX2, 2 AVX-512). CPU only.
   m.def("_gguf_q8_cpu_isa(Tensor(a!) code) -> ()");
-  // gguf_repack_lanes: out = a Q4_K weight's blocks [N, K / 256 * 144] uint8 with each block's codes
-  // permuted into the VNNI kernel's lane order (type 268, Q4_K_LANES, kernels/gguf/blocks.h): the
-  // same values and matmul bits, no transpose per block at decoding. K given, as the weight's
-  // shape is bytes. CPU only.
-  m.def("gguf_repack_lanes(Tensor weight, int K, Tensor(a!) out) -> ()");
+  // gguf_repack_lanes: out = a Q4_K or Q6_K weight's blocks [N, K / 256 * block bytes] uint8 (`type`
+  // 12 or 14) with each block's codes permuted into the VNNI kernel's lane order (type 268
+  // Q4_K_LANES / 270 Q6_K_LANES, kernels/gguf/blocks.h): the same values and matmul bits, no
+  // transpose per block at decoding. K given, as the weight's shape is bytes. CPU only.
+  m.def("gguf_repack_lanes(Tensor weight, int type, int K, Tensor(a!) out) -> ()");
   // ---- end family: gguf ----
 }

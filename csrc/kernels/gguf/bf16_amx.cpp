@@ -57,13 +57,13 @@ inline __m512 f32(__m512i v) { return _mm512_cvtepi32_ps(v); }
 // products and sums in the same order, each rounded): group g's 32 values at out + g * step.
 void decode_row(int32_t type, const uint8_t* row, int64_t K, uint16_t* out, int64_t step) {
   const __m512i nib = _mm512_set1_epi32(15);
-  if (type == kQ4_K_Lanes) {
+  if (file_type(type) != type) {
     // Repacked for the Q8 kernel (blocks.h): back in the file's order first, a scalar step the
     // loaders avoid (they repack only where no AMX prefill reads the weight).
     static thread_local std::vector<uint8_t> file_order;
-    file_order.resize(static_cast<size_t>(K / kQK_K * sizeof(BlockQ4_K)));
-    q4k_blocks_from_lanes(row, static_cast<int64_t>(file_order.size()), file_order.data());
-    decode_row(12, file_order.data(), K, out, step);
+    file_order.resize(static_cast<size_t>(K / kQK_K * block_bytes(type)));
+    blocks_from_lanes(type, row, static_cast<int64_t>(file_order.size()), file_order.data());
+    decode_row(file_type(type), file_order.data(), K, out, step);
     return;
   }
   switch (type) {

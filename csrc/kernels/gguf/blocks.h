@@ -27,6 +27,10 @@
 //         split straight into the lane-dot registers (no transpose per block): qs[32c + 4j + b]
 //         holds code 8c + b of sub-block j (low nibble) and code 8c + 4 + b of sub-block j (high),
 //         c = 0..3, j = 0..7, b = 0..3 (q4k_lanes_code). Values and results are Q4_K's, bit for bit.
+//   Q6_K_LANES (type 270, likewise for Q6_K): ql, qh, scales and d where Q6_K has them, the 256
+//         six-bit codes permuted among the places: the place of code 32i + l of half h (below)
+//         holds code 4 (4h + i) + l % 4 of 32-weight group l / 4 (q6k_lanes_code), so the
+//         kernel's decode of register 4h + i yields dword j = codes 4 (4h + i) .. + 3 of group j.
 //   Q6_K: two halves h of 128 weights; in half h, weight 32i + l (i = 0..3, l = 0..31) has
 //           low 4 bits  ql[64h + l + 32 (i & 1)] >> 4 (i >> 1)     (i = 0, 1 low nibble; 2, 3 high)
 //           high 2 bits (qh[32h + l] >> 2i) & 3
@@ -52,6 +56,12 @@ namespace specdec::gguf {
 enum class Type : int32_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 // The project's own layouts (not in a file): Q4_K with its codes in lane-dot order.
 inline constexpr int32_t kQ4_K_Lanes = 268;
+inline constexpr int32_t kQ6_K_Lanes = 270;
+
+// The file format a lane-order layout holds (a file format: itself).
+SPECDEC_HD int32_t file_type(int32_t type) {
+  return type == kQ4_K_Lanes ? 12 : type == kQ6_K_Lanes ? 14 : type;
+}
 
 inline constexpr int kQK = 32;     // weights per block of the legacy formats
 inline constexpr int kQK_K = 256;  // weights per k-quant super-block
@@ -94,7 +104,7 @@ static_assert(alignof(BlockQ4_1) == 2 && alignof(BlockQ5_0) == 2 && alignof(Bloc
 SPECDEC_HD int block_weights(int32_t type) {
   switch (type) {
     case 3: case 6: case 8: return kQK;
-    case 12: case 14: case kQ4_K_Lanes: return kQK_K;
+    case 12: case 14: case kQ4_K_Lanes: case kQ6_K_Lanes: return kQK_K;
     default: return 0;
   }
 }
@@ -104,7 +114,7 @@ SPECDEC_HD int block_bytes(int32_t type) {
     case 6: return sizeof(BlockQ5_0);
     case 8: return sizeof(BlockQ8_0);
     case 12: case kQ4_K_Lanes: return sizeof(BlockQ4_K);
-    case 14: return sizeof(BlockQ6_K);
+    case 14: case kQ6_K_Lanes: return sizeof(BlockQ6_K);
     default: return 0;
   }
 }
@@ -198,14 +208,6 @@ SPECDEC_HD void q4k_qs_from_lanes(const uint8_t* lanes, uint8_t* qs) {
       qs[32 * c + l] = static_cast<uint8_t>(q4k_lanes_code(lanes, 2 * c, l) | q4k_lanes_code(lanes, 2 * c + 1, l) << 4);
 }
 
-// `bytes` (whole blocks) of Q4_K_LANES at src -> the same blocks in the file's Q4_K order at dst:
-// where a kernel without a lane-order loop meets a repacked weight (scalar; not a decoding path).
-SPECDEC_HD void q4k_blocks_from_lanes(const uint8_t* src, int64_t bytes, uint8_t* dst) {
-  for (int64_t b = 0; b < bytes; b += sizeof(BlockQ4_K)) {
-    for (int i = 0; i < 16; ++i) dst[b + i] = src[b + i];  // d, dmin, scales
-    q4k_qs_from_lanes(src + b + 16, dst + b + 16);
-  }
-}
 
 // Sub-block s (0..7) of a Q4_K_LANES block: Q4_K's values, the codes read through the permutation.
 SPECDEC_HD void dequantize_group_lanes(const BlockQ4_K& b, int s, float* out) {
@@ -223,13 +225,58 @@ SPECDEC_HD int q6k_code(const BlockQ6_K& b, int h, int i, int l) {
   return (low | high << 4) - 32;
 }
 
+// Code k (0..31) of 32-weight group g of a Q6_K_LANES block, minus 32 (layout in the file comment).
+SPECDEC_HD int q6k_lanes_code(const BlockQ6_K& b, int g, int k) {
+  return q6k_code(b, k >> 4, (k >> 2) & 3, 4 * g + (k & 3));
+}
+
+// A Q6_K block's codes -> Q6_K_LANES (from_lanes: the inverse); scales and d copied.
+SPECDEC_HD void q6k_recode(const BlockQ6_K& in, BlockQ6_K& out, bool from_lanes) {
+  for (int i = 0; i < 128; ++i) out.ql[i] = 0;
+  for (int i = 0; i < 64; ++i) out.qh[i] = 0;
+  for (int i = 0; i < 16; ++i) out.scales[i] = in.scales[i];
+  out.d = in.d;
+  for (int g = 0; g < 8; ++g)
+    for (int k = 0; k < 32; ++k) {
+      // code k of group g: the file's place (h, i, l) = (g / 4, g % 4, k); the lanes' place
+      // (k / 16, k / 4 % 4, 4 g + k % 4)
+      const int h = g >> 2, i = g & 3, lh = k >> 4, li = (k >> 2) & 3, lp = 4 * g + (k & 3);
+      const int v = (from_lanes ? q6k_lanes_code(in, g, k) : q6k_code(in, h, i, k)) + 32;  // 0..63
+      const int th = from_lanes ? h : lh, ti = from_lanes ? i : li, tl = from_lanes ? k : lp;
+      out.ql[64 * th + tl + 32 * (ti & 1)] |= static_cast<uint8_t>((v & 15) << (4 * (ti >> 1)));
+      out.qh[32 * th + tl] |= static_cast<uint8_t>((v >> 4) << (2 * ti));
+    }
+}
+
+// `bytes` (whole blocks) of a lane-order layout (`type`: Q4_K_LANES, Q6_K_LANES) at src -> the same
+// blocks in the file's order at dst: where a kernel without a lane-order loop meets a repacked
+// weight (scalar; not a decoding path).
+SPECDEC_HD void blocks_from_lanes(int32_t type, const uint8_t* src, int64_t bytes, uint8_t* dst) {
+  if (type == kQ4_K_Lanes) {
+    for (int64_t b = 0; b < bytes; b += sizeof(BlockQ4_K)) {
+      for (int i = 0; i < 16; ++i) dst[b + i] = src[b + i];  // d, dmin, scales
+      q4k_qs_from_lanes(src + b + 16, dst + b + 16);
+    }
+  } else {
+    for (int64_t b = 0; b < bytes; b += sizeof(BlockQ6_K)) {
+      BlockQ6_K in, out;
+      std::memcpy(&in, src + b, sizeof(in));
+      q6k_recode(in, out, true);
+      std::memcpy(dst + b, &out, sizeof(out));
+    }
+  }
+}
+
 // Group g (0..7): weights 32g .. 32g + 31 = half h = g / 4, i = g % 4 (sub-blocks 2g and 2g + 1).
-SPECDEC_HD void dequantize_group(const BlockQ6_K& b, int g, float* out) {
+// `lanes`: a Q6_K_LANES block (the codes read through its permutation).
+SPECDEC_HD void dequantize_group(const BlockQ6_K& b, int g, float* out, bool lanes = false) {
   const float d = half_to_float(b.d);
   const float ds0 = mul_rn(d, static_cast<float>(b.scales[2 * g]));
   const float ds1 = mul_rn(d, static_cast<float>(b.scales[2 * g + 1]));
-  for (int l = 0; l < 32; ++l)
-    out[l] = mul_rn(l < 16 ? ds0 : ds1, static_cast<float>(q6k_code(b, g >> 2, g & 3, l)));
+  for (int l = 0; l < 32; ++l) {
+    const int q = lanes ? q6k_lanes_code(b, g, l) : q6k_code(b, g >> 2, g & 3, l);
+    out[l] = mul_rn(l < 16 ? ds0 : ds1, static_cast<float>(q));
+  }
 }
 
 // Group g (weights 32g .. 32g + 31) of one row of a weight stored as blocks of `type`, whose
@@ -242,6 +289,9 @@ SPECDEC_HD void dequantize_group32(int32_t type, const uint8_t* row, int64_t g, 
     case 12: dequantize_group(reinterpret_cast<const BlockQ4_K*>(row)[g / 8], static_cast<int>(g % 8), out); break;
     case kQ4_K_Lanes:
       dequantize_group_lanes(reinterpret_cast<const BlockQ4_K*>(row)[g / 8], static_cast<int>(g % 8), out);
+      break;
+    case kQ6_K_Lanes:
+      dequantize_group(reinterpret_cast<const BlockQ6_K*>(row)[g / 8], static_cast<int>(g % 8), out, true);
       break;
     default: dequantize_group(reinterpret_cast<const BlockQ6_K*>(row)[g / 8], static_cast<int>(g % 8), out); break;
   }

@@ -90,12 +90,12 @@ void matmul_rows_portable(int32_t type, const MatmulArgs& a, int64_t M, int64_t 
 void matmul_cpu_rows(int32_t type, const float* x, int64_t M, int64_t K, const uint8_t* weight, float* y,
                      int64_t ldy, int64_t n_begin, int64_t n_end) {
   if (M <= 0 || n_end <= n_begin) return;
-  if (type == kQ4_K_Lanes) {
+  if (file_type(type) != type) {
     // Repacked for the Q8 kernel's lane dots (blocks.h): these rows back in the file's order first.
-    const int64_t row_bytes = K / kQK_K * static_cast<int64_t>(sizeof(BlockQ4_K));
+    const int64_t row_bytes = K / kQK_K * block_bytes(type);
     std::vector<uint8_t> rows(static_cast<size_t>((n_end - n_begin) * row_bytes));
-    q4k_blocks_from_lanes(weight + n_begin * row_bytes, (n_end - n_begin) * row_bytes, rows.data());
-    matmul_cpu_rows(12, x, M, K, rows.data(), y + n_begin, ldy, 0, n_end - n_begin);
+    blocks_from_lanes(type, weight + n_begin * row_bytes, (n_end - n_begin) * row_bytes, rows.data());
+    matmul_cpu_rows(file_type(type), x, M, K, rows.data(), y + n_begin, ldy, 0, n_end - n_begin);
     return;
   }
   // Q4_K and Q4_1 fold their mins in through the sums of x over 32-weight groups, [M, K / 32],

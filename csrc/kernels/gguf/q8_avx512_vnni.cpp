@@ -1,8 +1,8 @@
 // The AVX-512 + VNNI tier of the Q8-activation GGUF matmul: q8_avx512.cpp's kernel with the sums of
 // 4 adjacent u8 x s8 products (Q6_K, Q5_0) in one vpdpbusd instead of vpmaddubsw + vpmaddwd, and,
 // for Q4_K and Q6_K against 2 or more rows of x, the lane dots (q8_body.h) over x's codes
-// transposed per call; for Q4_K_LANES (Q4_K repacked at load, blocks.h) the lane dots at every row
-// count, with no transpose of W. The integers, hence the bits, are those of the other tiers
+// transposed per call; for Q4_K_LANES and Q6_K_LANES (repacked at load, blocks.h) the lane dots at
+// every row count, with no transpose of W. The integers, hence the bits, are those of the other tiers
 // (q8_vec_avx512.h).
 #include "kernels/gguf/q8_tiers.h"
 
@@ -61,28 +61,30 @@ void transpose_codes(const Q8Args& a, int64_t M, int8_t* xt) {
   }
 }
 
-// Q4_K_LANES rows [n_begin, n_end) (blocks.h): pairs of rows as Q4_K lane dots with no transpose of
-// W; an odd last row goes back to the file's order in a buffer and runs V256's Q4_K loop.
-void q4k_lanes_rows(const Q8Args& lanes, int64_t M, int64_t n_begin, int64_t n_end) {
+// Rows [n_begin, n_end) of a lane-order weight (Q4_K_LANES, Q6_K_LANES: blocks.h): pairs of rows
+// as their format's lane dots with no transpose of W; an odd last row goes back to the file's
+// order in a buffer and runs V256's loop.
+void lanes_rows(int32_t type, const Q8Args& lanes, int64_t M, int64_t n_begin, int64_t n_end) {
+  const int32_t file = file_type(type);
   const int64_t pairs_end = n_begin + (n_end - n_begin) / 2 * 2;
   Q8Args pairs = lanes;
   pairs.w_lanes = true;
-  q8_rows<V512Q8<true>, 8>(12, pairs, M, n_begin, pairs_end);
+  q8_rows<V512Q8<true>, 8>(file, pairs, M, n_begin, pairs_end);
   if (pairs_end == n_end) return;
   static thread_local std::vector<uint8_t> row;
   row.resize(static_cast<size_t>(lanes.row_bytes));
-  q4k_blocks_from_lanes(lanes.weight + pairs_end * lanes.row_bytes, lanes.row_bytes, row.data());
+  blocks_from_lanes(type, lanes.weight + pairs_end * lanes.row_bytes, lanes.row_bytes, row.data());
   Q8Args last = lanes;
   last.weight = row.data();
   last.y = lanes.y + pairs_end;
   last.xt = nullptr;
-  q8_rows<V256, 8>(12, last, M, 0, 1);
+  q8_rows<V256, 8>(file, last, M, 0, 1);
 }
 
 }  // namespace
 
 void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
-  const bool repacked = type == kQ4_K_Lanes;
+  const bool repacked = type == kQ4_K_Lanes || type == kQ6_K_Lanes;
   if (repacked || ((type == 12 || type == 14) && M >= kLaneDotMinRows)) {
     // Per call (a thread's chunk of rows of W): x's few rows are transposed again, a few
     // microseconds against the chunk's ~100 KiB and more of blocks.
@@ -92,7 +94,7 @@ void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_
     Q8Args lanes = a;
     lanes.xt = xt.data();
     if (repacked) {
-      q4k_lanes_rows(lanes, M, n_begin, n_end);
+      lanes_rows(type, lanes, M, n_begin, n_end);
     } else {
       q8_rows_avx512<true>(type, lanes, M, n_begin, n_end);
     }

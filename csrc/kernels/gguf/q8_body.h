@@ -85,7 +85,7 @@ struct Q8Tile {
   // of x, 8 vpdpbusd leave lane (r, j) = Σ w q over sub-block j, the very integer the reduce forms,
   // so the bits are the same. Per row of x this replaces 8 vpmaddubsw and the ~20-step reduce8_i16
   // with 8 vpdpbusd and one vpmulld; the transpose is paid once per tile, or never where the
-  // weight was repacked at load into that order (Q4_K_LANES, Q8Args::w_lanes).
+  // weight was repacked at load into that order (Q4_K_LANES, Q6_K_LANES: Q8Args::w_lanes).
   SPECDEC_Q8_INLINE void q4_k() const {
     if constexpr (V::kLaneDots) {
       if (a.xt != nullptr) return q4_k_body<true>();
@@ -193,7 +193,7 @@ struct Q8Tile {
       // the scales of the groups' first / last 16 values: in the reduce's lane order, or per lane
       I s_first, s_last;
       if constexpr (kLanes) {
-        V::transpose8(w);
+        if (!a.w_lanes) V::transpose8(w);  // Q6_K_LANES blocks decode into lane order as loaded
         V::q6_lane_scales(blk + 192, a.row_bytes, s_first, s_last);
       } else {
         V::q6_half_scales(blk + 192, a.row_bytes, s_first, s_last);

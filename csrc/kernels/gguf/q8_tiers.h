@@ -20,8 +20,8 @@ struct Q8Args {
   // where a broadcast cost a shuffle: 8-row tiles 17% faster), xt[2 m K + 512 t + 64 i + 32 h +
   // 4 j + b] = code 32 j + 4 i + b of super-block t, h = 0, 1 (transpose_codes, q8_avx512_vnni.cpp).
   const int8_t* xt = nullptr;
-  // With xt: W's Q4_K codes are already in lane order (Q4_K_LANES, blocks.h), so the lane dots
-  // skip the per-block transpose. Only the VNNI tier's two-row tiles read it.
+  // With xt: W's codes are already in lane order (Q4_K_LANES, Q6_K_LANES, blocks.h), so the lane
+  // dots skip the per-block transpose. Only the VNNI tier's two-row tiles read it.
   bool w_lanes = false;
 
   // Row m's codes [K], scales [8 T] and half sums [16 T] (T = octets, q8.h).

@@ -5,8 +5,8 @@ A ``.gguf`` file keeps each quantized weight ``W [N, K]`` as N rows of ``K / QK`
 scales + packed codes; layouts in ``specdec_cuda.reference.gguf``). These ops take those bytes as
 they are, a ``uint8`` tensor ``[N, K / QK * block_bytes]``, so a decoding step streams 4.5 bits
 per weight for Q4_K instead of 16 for bf16. Formats, by GGML type id (``gguf.GGMLQuantizationType``
-values are accepted too): Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12), Q6_K (14); and Q4_K_LANES (268), a Q4_K weight repacked
-for the CPU's int8 kernel (``gguf_repack_lanes``).
+values are accepted too): Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12), Q6_K (14); and Q4_K_LANES (268) /
+Q6_K_LANES (270), a Q4_K / Q6_K weight repacked for the CPU's int8 kernel (``gguf_repack_lanes``).
 
 ``gguf_matmul`` accumulates in float32 on the CPU with an order that depends only on K: a row of
 ``x`` gives the same bits alone or in a batch of any size (one-token decoding and a verification
@@ -37,14 +37,14 @@ from .. import _native  # noqa: F401  (registers the ops)
 from ..reference import gguf as ref
 
 __all__ = ["GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_dequantize", "gguf_rows",
-           "gguf_repack_lanes", "lanes_pay", "Q4_K_LANES_ID", "quantize_q8", "q8_row_bytes", "FORMATS", "ACTIVATIONS",
+           "gguf_repack_lanes", "lanes_pay", "Q4_K_LANES_ID", "Q6_K_LANES_ID", "quantize_q8", "q8_row_bytes", "FORMATS", "ACTIVATIONS",
            "LINEAR_ACTIVATIONS", "cpu_isa", "q8_cpu_isa", "bf16_tiles_available"]
 
 FORMATS = ref.FORMATS
 ACTIVATIONS = ("float32", "q8")  # gguf_matmul's activation modes
 LINEAR_ACTIVATIONS = ACTIVATIONS + ("bf16",)  # gguf_linear's (and decoder_layer_gguf's): + AMX tiles
 q8_row_bytes = ref.q8_row_bytes
-Q4_K_LANES_ID = ref.Q4_K_LANES  # gguf_repack_lanes's type id (268): not a GGML type
+Q4_K_LANES_ID, Q6_K_LANES_ID = ref.Q4_K_LANES, ref.Q6_K_LANES  # gguf_repack_lanes's type ids: not GGML types
 _NAMES = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
 
@@ -300,14 +300,15 @@ def gguf_dequantize(weight: GgufWeight, dtype: torch.dtype = torch.float32) -> t
 
 
 def gguf_repack_lanes(weight: GgufWeight) -> GgufWeight:
-    """A Q4_K weight repacked for the CPU's int8-activation kernel: type ``Q4_K_LANES`` (268), the
-    same 144-byte blocks with each one's 256 codes permuted (``reference.gguf.to_lanes``), so the
-    AVX-512 VNNI tier's lane dots multiply them as loaded instead of transposing every block. Values
-    and results are the Q4_K weight's, bit for bit, in every op (``gguf_dequantize``, both activation
-    modes, CUDA); only the VNNI Q8 kernel reads the order natively (Zen 4 EPYC, 2 threads,
-    Qwen2.5-1.5B Q4_K_M: one-token step 38-39 -> 35.5 ms, 5-row verification 73 -> 67 ms, 168-token
-    prefill 1.80 -> 1.68 s, medians of three alternating processes), every other path turns it back
-    first. Other formats, and weights on other devices, are returned as they are.
+    """A Q4_K or Q6_K weight repacked for the CPU's int8-activation kernel: type ``Q4_K_LANES`` (268)
+    or ``Q6_K_LANES`` (270), the same blocks with each one's 256 codes permuted
+    (``reference.gguf.to_lanes``), so the AVX-512 VNNI tier's lane dots multiply them as loaded
+    instead of transposing every block, at one row of x as at many. Values and results are the file
+    format's, bit for bit, in every op (``gguf_dequantize``, both activation modes, CUDA); only the
+    VNNI Q8 kernel reads the order natively, every other path turns it back first. Q4_K on a Zen 4
+    EPYC, 2 threads, Qwen2.5-1.5B Q4_K_M: one-token step 38-39 -> 35.5 ms, 5-row verification
+    73 -> 67 ms, 168-token prefill 1.80 -> 1.68 s (medians of three alternating processes). Other
+    formats, and weights on other devices, are returned as they are.
 
     Example
     -------
@@ -317,11 +318,11 @@ def gguf_repack_lanes(weight: GgufWeight) -> GgufWeight:
     """
     if not isinstance(weight, GgufWeight):
         raise TypeError(f"weight must be a GgufWeight (from gguf_weight), got {type(weight).__name__}")
-    if weight.qtype != ref.Q4_K or weight.data.device.type != "cpu":
+    if weight.qtype not in ref.LANES or weight.data.device.type != "cpu":
         return weight
     out = torch.empty_like(weight.data)
-    torch.ops.specdec.gguf_repack_lanes(weight.data, weight.in_features, out)
-    return GgufWeight(out, Q4_K_LANES_ID, weight.out_features, weight.in_features)
+    torch.ops.specdec.gguf_repack_lanes(weight.data, weight.qtype, weight.in_features, out)
+    return GgufWeight(out, ref.LANES[weight.qtype], weight.out_features, weight.in_features)
 
 
 def lanes_pay() -> bool:
@@ -357,7 +358,7 @@ def _gguf_dequantize_fake(weight, qtype, out):
 
 
 @torch.library.register_fake("specdec::gguf_repack_lanes")
-def _gguf_repack_lanes_fake(weight, k, out):
+def _gguf_repack_lanes_fake(weight, qtype, k, out):
     return None
 
 

@@ -27,10 +27,10 @@ products first), which is also ggml's and gguf-py's: ``dequantize`` here equals
 ``gguf_matmul(x, W) = x · dequant(W)ᵀ``: the kernels accumulate in float32 in an order of their
 own (see ``csrc/kernels/gguf/gguf_cpu.h``), so they agree with ``matmul`` below to rounding only.
 
-``Q4_K_LANES`` (type 268) is not a file format but the CPU's repacking of a Q4_K weight for its
-int8 kernel (``ops.gguf.gguf_repack_lanes``): the same blocks with each one's 256 codes permuted
-(``to_lanes`` / ``from_lanes`` below, ``csrc/kernels/gguf/blocks.h``); it dequantises, and
-multiplies, exactly as the Q4_K weight it came from.
+``Q4_K_LANES`` (type 268) and ``Q6_K_LANES`` (270) are not file formats but the CPU's repacking of a
+Q4_K / Q6_K weight for its int8 kernel (``ops.gguf.gguf_repack_lanes``): the same blocks with each
+one's 256 codes permuted (``to_lanes`` / ``from_lanes`` below, ``csrc/kernels/gguf/blocks.h``); each
+dequantises, and multiplies, exactly as the weight it came from.
 
 ``gguf_matmul(x, W, activations="q8")`` multiplies int8 activations (``quantize_q8``) with integer
 dot products; ``matmul_q8`` below is its specification, bit for bit (float order in
@@ -53,8 +53,10 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 }
 
 
-Q4_K_LANES = 268  # not a GGML type: Q4_K repacked for the CPU's lane dots (to_lanes)
-LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144)}
+Q4_K_LANES, Q6_K_LANES = 268, 270  # not GGML types: Q4_K / Q6_K repacked for the CPU's lane dots
+LANES = {Q4_K: Q4_K_LANES, Q6_K: Q6_K_LANES}  # file format -> its lane-order layout (to_lanes)
+LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144),
+                                            Q6_K_LANES: ("Q6_K_LANES", 256, 210)}
 
 
 def row_bytes(qtype: int, in_features: int) -> int:
@@ -69,14 +71,40 @@ def _q4_k_codes(qs: torch.Tensor) -> torch.Tensor:
     return torch.stack([q & 15, q >> 4], dim=2).reshape(-1, 8, 32)  # chunk c: sub-blocks 2c, 2c + 1
 
 
-def to_lanes(data: torch.Tensor) -> torch.Tensor:
-    """Q4_K blocks -> Q4_K_LANES: in each 144-byte block, byte 16 + 32c + 4j + b holds code 8c + b of
-    sub-block j (low nibble) and code 8c + 4 + b (high nibble), c < 4, j < 8, b < 4; the first 16
-    bytes (d, dmin, scales) stay. A 32-byte chunk's nibbles are then 8 registers of 4-code dwords,
-    one lane per sub-block: what the VNNI lane dots multiply without a transpose.
+def _q6_k_places(blocks: torch.Tensor) -> torch.Tensor:
+    """[B, 210] Q6_K blocks -> [B, 2, 4, 32] six-bit codes (0..63) by place (half h, i, l)."""
+    ql = blocks[:, 0:128].reshape(-1, 2, 2, 32).to(torch.int32)       # [half, i & 1, l]
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32).to(torch.int32)
+    low = torch.cat([ql & 15, ql >> 4], dim=2)                         # [half, i, l]
+    return low | ((qh >> torch.tensor([0, 2, 4, 6]).reshape(4, 1)) & 3) << 4
 
-    Shape: uint8 ``[..., blocks * 144]`` -> the same shape.
+
+def _q6_k_bytes(places: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_q6_k_places``: [B, 2, 4, 32] codes -> [B, 192] bytes (ql, qh)."""
+    low, high = places & 15, places >> 4
+    ql = (low[:, :, 0:2] | low[:, :, 2:4] << 4).reshape(-1, 128)      # i = 0, 1 low nibbles; 2, 3 high
+    qh = (high * torch.tensor([1, 4, 16, 64]).reshape(4, 1)).sum(2).reshape(-1, 64)
+    return torch.cat([ql, qh], dim=1).to(torch.uint8)
+
+
+def to_lanes(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
+    """Q4_K (or Q6_K) blocks -> Q4_K_LANES (Q6_K_LANES), the codes permuted within each block so that
+    the kernel's decode of a 32-byte chunk gives 8 registers of 4-code dwords, one lane per 32-weight
+    group: what the VNNI lane dots multiply without a transpose.
+
+    * Q4_K: byte 16 + 32c + 4j + b holds code 8c + b of sub-block j (low nibble) and code 8c + 4 + b
+      (high nibble), c < 4, j < 8, b < 4; the first 16 bytes (d, dmin, scales) stay.
+    * Q6_K: the place of code 32i + l of half h holds code 4 (4h + i) + l % 4 of group l // 4; the
+      scales and d stay.
+
+    Shape: uint8 ``[..., blocks * bytes]`` -> the same shape.
     """
+    if qtype == Q6_K:
+        b = data.reshape(-1, 210)
+        codes = _q6_k_places(b).reshape(-1, 8, 32)                     # [block, group g, k]
+        # place (h, i, l = 4g + k % 4) <- code k = 4 (4h + i) + k % 4 of group g
+        places = codes.reshape(-1, 8, 2, 4, 4).permute(0, 2, 3, 1, 4).reshape(-1, 2, 4, 32)
+        return torch.cat([_q6_k_bytes(places), b[:, 192:]], dim=1).reshape(data.shape)
     b = data.reshape(-1, 144)
     codes = _q4_k_codes(b[:, 16:]).reshape(-1, 8, 4, 2, 4)  # [block, j, c, nibble h, b]: code 8c + 4h + b
     lanes = codes.permute(0, 2, 1, 4, 3)                      # [block, c, j, b, h]
@@ -84,8 +112,14 @@ def to_lanes(data: torch.Tensor) -> torch.Tensor:
     return torch.cat([b[:, :16], qs], dim=1).reshape(data.shape)
 
 
-def from_lanes(data: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``to_lanes``: Q4_K_LANES blocks -> the file's Q4_K blocks."""
+def from_lanes(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
+    """The inverse of ``to_lanes``: Q4_K_LANES (Q6_K_LANES) blocks -> the file's Q4_K (Q6_K) blocks;
+    ``qtype`` names the file format (or the lane-order layout)."""
+    if qtype in (Q6_K, Q6_K_LANES):
+        b = data.reshape(-1, 210)
+        places = _q6_k_places(b).reshape(-1, 2, 4, 8, 4)               # [block, h, i, g, k % 4]
+        codes = places.permute(0, 3, 1, 2, 4).reshape(-1, 2, 4, 32)    # [block, g // 4, g % 4, k]
+        return torch.cat([_q6_k_bytes(codes), b[:, 192:]], dim=1).reshape(data.shape)
     b = data.reshape(-1, 144)
     q = b[:, 16:].reshape(-1, 4, 8, 4).to(torch.int32)        # [block, c, j, b]
     lanes = torch.stack([q & 15, q >> 4], dim=-1)             # [block, c, j, b, h]
@@ -111,8 +145,9 @@ def dequantize(data: torch.Tensor, qtype: int, out_features: int, in_features: i
 
     Shape: ``data`` uint8 ``[N, K / QK * bytes]`` (or flat); returns ``[N, K]`` float32.
     """
-    if qtype == Q4_K_LANES:
-        return dequantize(from_lanes(data), Q4_K, out_features, in_features)
+    if qtype in (Q4_K_LANES, Q6_K_LANES):
+        file = Q4_K if qtype == Q4_K_LANES else Q6_K
+        return dequantize(from_lanes(data, file), file, out_features, in_features)
     name, qk, nbytes = FORMATS[qtype]
     n, k = out_features, in_features
     b = data.reshape(n, k // qk, nbytes)
@@ -236,8 +271,9 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
 
     Shape: ``x`` ``[M, K]``, ``data`` uint8 blocks of W ``[N, K]``; returns float32 ``[M, N]``.
     """
-    if qtype == Q4_K_LANES:
-        return matmul_q8(x, from_lanes(data), Q4_K, out_features)
+    if qtype in (Q4_K_LANES, Q6_K_LANES):
+        file = Q4_K if qtype == Q4_K_LANES else Q6_K
+        return matmul_q8(x, from_lanes(data, file), file, out_features)
     name, qk, nbytes = FORMATS[qtype]
     m, k = x.shape
     n, g = out_features, k // 32
