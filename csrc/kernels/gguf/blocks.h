@@ -54,7 +54,7 @@ namespace specdec::gguf {
 
 // ggml type ids (GGMLQuantizationType) of the supported formats.
 enum class Type : int32_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
-// The project's own layouts (not in a file): Q4_K with its codes in lane-dot order.
+// The project's own layouts (not in a file): Q4_K / Q6_K with their codes in lane-dot order.
 inline constexpr int32_t kQ4_K_Lanes = 268;
 inline constexpr int32_t kQ6_K_Lanes = 270;
 
@@ -207,7 +207,6 @@ SPECDEC_HD void q4k_qs_from_lanes(const uint8_t* lanes, uint8_t* qs) {
     for (int l = 0; l < 32; ++l)
       qs[32 * c + l] = static_cast<uint8_t>(q4k_lanes_code(lanes, 2 * c, l) | q4k_lanes_code(lanes, 2 * c + 1, l) << 4);
 }
-
 
 // Sub-block s (0..7) of a Q4_K_LANES block: Q4_K's values, the codes read through the permutation.
 SPECDEC_HD void dequantize_group_lanes(const BlockQ4_K& b, int s, float* out) {
