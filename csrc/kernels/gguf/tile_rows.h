@@ -24,7 +24,7 @@
 // A tile longer than that (rows of a down projection: K = 8960 makes a Q6_K row 7350 bytes, a
 // Q4_K row 5040) would have its own bytes requested, all at once, just before it reads them: the
 // Q8 tiles then prefetch inside their block loop instead (prefetch_in_loop, prefetch_ahead), and
-// a one-row step of the real 1.5B fell 41-44 -> 36-38.5 ms, 5 rows 78-81 -> 71-74 (Zen 4 EPYC, min
+// a one-row step of the real 1.5B fell 41-44 -> 35-38.5 ms, 5 rows 78-81 -> 71-74 (Zen 4 EPYC, min
 // of 21 forwards, four alternating processes; its down projection 0.51 -> 0.37 ms a layer).
 constexpr int64_t kPrefetchBytes = 4096;
 
