@@ -66,6 +66,15 @@ struct Q8Tile {
     if (in_loop) prefetch_ahead(wrow(), R, a.row_bytes, off, bytes);
   }
 
+  // The 32 codes of row m of x from code k (a multiple of 32): where the tier keeps them stored
+  // twice over (Q8Args::xd, two-row tiers), one 64-byte load; else the tier's xload.
+  SPECDEC_Q8_INLINE I xcodes(int64_t m, int64_t k) const {
+    if constexpr (R == 2) {
+      if (a.xd != nullptr) return V::xtload(a.xd + 2 * (m * a.K + k));
+    }
+    return V::xload(a.codes(m) + k);
+  }
+
   SPECDEC_Q8_INLINE void store(const F* A) const {
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) {
@@ -136,10 +145,9 @@ struct Q8Tile {
           for (int i = 0; i < 8; ++i) acc = V::dpbusd(acc, w[i], V::xtload(q + 64 * i));
           dot = V::mullo32(acc, scv);
         } else {
-          const int8_t* q = a.codes(m0 + m) + kQK_K * t;
           I p[8];
           SPECDEC_Q8_UNROLL
-          for (int s = 0; s < 8; ++s) p[s] = V::maddubs(w[s], V::xload(q + 32 * s));
+          for (int s = 0; s < 8; ++s) p[s] = V::maddubs(w[s], xcodes(m0 + m, kQK_K * t + 32 * s));
           dot = V::reduce8_i16(p, scv);
         }
         const I mins = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), mnv);  // lane s: m_s * Σ q
@@ -211,10 +219,9 @@ struct Q8Tile {
           }
           sums = V::add32(V::mullo32(lo, s_first), V::mullo32(hi, s_last));
         } else {
-          const int8_t* q = a.codes(m0 + m) + kQK_K * t;
           I p[8];
           SPECDEC_Q8_UNROLL
-          for (int g = 0; g < 8; ++g) p[g] = V::dot4(w[g], V::xload(q + 32 * g));
+          for (int g = 0; g < 8; ++g) p[g] = V::dot4(w[g], xcodes(m0 + m, kQK_K * t + 32 * g));
           sums = V::reduce8_halves(p, s_first, s_last);
         }
         const I off = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), sc16);
@@ -254,7 +261,6 @@ struct Q8Tile {
     const I ones = V::ones16();
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) {
-      const int8_t* q = a.codes(m0 + m) + 256 * t;
       I p[8];
       SPECDEC_Q8_UNROLL
       for (int j = 0; j < 8; ++j) {
@@ -262,7 +268,7 @@ struct Q8Tile {
           p[j] = V::izero();
           continue;
         }
-        const I x = V::xload(q + 32 * j);
+        const I x = xcodes(m0 + m, 256 * t + 32 * j);
         if constexpr (kType == 8) {
           p[j] = V::dot4(wabs[j], V::sign8(x, w[j]));
         } else if constexpr (kType == 6) {

@@ -23,6 +23,10 @@ struct Q8Args {
   // With xt: W's codes are already in lane order (Q4_K_LANES, Q6_K_LANES, blocks.h), so the lane
   // dots skip the per-block transpose. Only the VNNI tier's two-row tiles read it.
   bool w_lanes = false;
+  // Optional, for the AVX-512 tiers' plain bodies: row m's codes in their own order, each 32-byte
+  // group stored twice over (xd[2 m K + 64 g + 32 h + i] = code 32 g + i, h = 0, 1), so a group is
+  // one 64-byte load for both rows of W instead of a broadcast.
+  const int8_t* xd = nullptr;
 
   // Row m's codes [K], scales [8 T] and half sums [16 T] (T = octets, q8.h).
   int64_t octets() const { return (K / 32 + 7) / 8; }

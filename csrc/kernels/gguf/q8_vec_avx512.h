@@ -63,8 +63,8 @@ struct V512Q8 {
   SPECDEC_Q8_INLINE static I xload(const int8_t* p) {
     return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  // the lane dots' transposed codes of x, stored twice over (Q8Args::xt): one 64-byte load, which
-  // vpdpbusd takes as its memory operand, instead of a 32-byte broadcast
+  // 32 codes of x stored twice over (Q8Args::xt, the lane dots' transposed codes; Q8Args::xd): one
+  // 64-byte load, which vpdpbusd takes as its memory operand, instead of a 32-byte broadcast
   SPECDEC_Q8_INLINE static I xtload(const int8_t* p) { return _mm512_loadu_si512(p); }
   SPECDEC_Q8_INLINE static I xs16(const int16_t* p) {
     return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
