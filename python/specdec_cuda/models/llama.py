@@ -584,8 +584,8 @@ class LlamaModel(nn.Module):
         dequantised weights' float model, slower). Either is a fixed function of each row,
         so speculative decoding is exact under both.
 
-        With "q8" on an AVX-512 VNNI CPU without AMX (``ops.gguf.lanes_pay()``), the Q4_K
-        projections are repacked once here into the kernel's lane order (``gguf_repack_lanes``:
+        With "q8" on an AVX-512 VNNI CPU without AMX (``ops.gguf.lanes_pay()``), the Q4_K and
+        Q6_K weights are repacked once here into the kernel's lane order (``gguf_repack_lanes``:
         the same values and bits, a faster one-token step)."""
         from .layers import dropped
 

@@ -37,8 +37,8 @@ from .. import _native  # noqa: F401  (registers the ops)
 from ..reference import gguf as ref
 
 __all__ = ["GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_dequantize", "gguf_rows",
-           "gguf_repack_lanes", "lanes_pay", "Q4_K_LANES_ID", "Q6_K_LANES_ID", "quantize_q8", "q8_row_bytes", "FORMATS", "ACTIVATIONS",
-           "LINEAR_ACTIVATIONS", "cpu_isa", "q8_cpu_isa", "bf16_tiles_available"]
+           "gguf_repack_lanes", "lanes_pay", "Q4_K_LANES_ID", "Q6_K_LANES_ID", "quantize_q8", "q8_row_bytes",
+           "FORMATS", "ACTIVATIONS", "LINEAR_ACTIVATIONS", "cpu_isa", "q8_cpu_isa", "bf16_tiles_available"]
 
 FORMATS = ref.FORMATS
 ACTIVATIONS = ("float32", "q8")  # gguf_matmul's activation modes
@@ -326,7 +326,7 @@ def gguf_repack_lanes(weight: GgufWeight) -> GgufWeight:
 
 
 def lanes_pay() -> bool:
-    """Whether a model's Q4_K projections should be repacked (``gguf_repack_lanes``) in this
+    """Whether a model's Q4_K and Q6_K weights should be repacked (``gguf_repack_lanes``) in this
     process: its Q8 kernel is the AVX-512 VNNI tier, and no AMX prefill decodes the same blocks (the
     tiles' decoder reads the file's order; on a lane-order weight it would turn each block back)."""
     return q8_cpu_isa() == "avx512-vnni" and not bf16_tiles_available()
