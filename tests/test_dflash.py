@@ -210,3 +210,33 @@ def test_cli_trains_the_drafter_of_the_given_target(monkeypatch, tmp_path):
     monkeypatch.setattr(zoo_dflash, "train_dflash", lambda target, force=False: calls.append((target, force)))
     assert train.main(["--dflash", "--target", str(tmp_path), "--force"]) == 0
     assert calls == [(str(tmp_path), True)]
+
+
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_the_block_as_decoder_layer_ops_equals_the_torch_layers(tmp_path_factory, monkeypatch, attention_bias):
+    """On a float32 CPU drafter the block runs one ``decoder_layer`` op per layer over the cache;
+    its logits equal the torch layers' (``SPECDEC_PACKED_LINEAR=0``), rows of unequal context
+    lengths included, and the scratch slots it writes past a row's context are never read."""
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the torch layers always run")
+    target = load_backend(make_checkpoint(tmp_path_factory.mktemp("dflash32") / "target", layers=3, seed=0), "builtin",
+                          dtype=torch.float32)
+    config = DFlashConfig.for_target(target, block_size=4, attention_bias=attention_bias)
+    drafter = DFlashDrafter.random(config, seed=3, std=0.2).attach(target)
+    g = torch.Generator().manual_seed(2)
+    hidden = {l: torch.randn(2, 5, target.hidden_size, generator=g) for l in config.target_layers}
+    last = torch.tensor([7, 9])
+
+    def run(native: bool):
+        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", "1" if native else "0")
+        cache = drafter.new_cache(2, 16)
+        drafter.extend(cache, hidden, torch.tensor([5, 3]))
+        first = drafter.draft(cache, last)
+        drafter.extend(cache, {l: h[:, :2] for l, h in hidden.items()}, torch.tensor([2, 1]))  # over the scratch
+        return first, drafter.draft(cache, last)
+
+    assert drafter._native_layers() is not None
+    for got, want in zip(run(True), run(False)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -159,9 +159,13 @@ class DFlashCache:
     (slots ``0 .. lengths[b] - 1`` = absolute positions), and ``lengths`` [B] int64."""
 
     def __init__(self, c: DFlashConfig, batch: int, max_length: int, dtype: torch.dtype, device) -> None:
-        shape = (batch, c.num_kv_heads, max_length, c.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
+        # One tensor per K and V over all layers [layers, B, kv_heads, max_length, D], so that an
+        # extend writes every layer in one scatter; keys[i] / values[i] are views of layer i.
+        shape = (c.num_layers, batch, c.num_kv_heads, max_length, c.head_dim)
+        self.all_keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.all_values = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = list(self.all_keys.unbind(0))
+        self.values = list(self.all_values.unbind(0))
         self.lengths = torch.zeros(batch, dtype=torch.int64, device=device)
         self.max_length = max_length
 
@@ -274,12 +278,23 @@ class DFlashDrafter(nn.Module):
     # -- the pieces of a forward --------------------------------------------------------------
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin [B, n, 1, D] at absolute ``positions`` [B, n]."""
-        angles = positions[..., None].to(torch.float64) * self.inv_freq.to(torch.float64)
-        half = self.config.head_dim // 2
-        sin = angles.sin()
-        sin[..., :half].neg_()
-        return angles.cos().to(self.dtype).unsqueeze(2), sin.to(self.dtype).unsqueeze(2)
+        """cos and signed sin [B, n, 1, D] at absolute ``positions`` [B, n]: rows of a table of
+        positions 0 .. P - 1 (P a power of two >= 1024, grown on demand), computed once per dtype
+        and device in float64 (the same values as computing them per call; a block forward then
+        pays one gather instead of ~10 small ops)."""
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        key = (self.dtype, positions.device)
+        tables = self.__dict__.setdefault("_rope_tables", {})
+        table = tables.get(key)
+        if table is None or table[0].shape[0] < need:
+            size = max(1024, 1 << (need - 1).bit_length())
+            angles = torch.arange(size, dtype=torch.float64, device=positions.device)[:, None] * \
+                self.inv_freq.to(torch.float64)
+            sin = angles.sin()
+            sin[:, : self.config.head_dim // 2].neg_()
+            table = tables[key] = (angles.cos().to(self.dtype), sin.to(self.dtype))
+        cos, sin = table
+        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
 
     def context_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)).
@@ -331,26 +346,72 @@ class DFlashDrafter(nn.Module):
         slots = cache.lengths[:, None] + torch.arange(n, device=feats.device)  # [B, n]
         cos, sin = self.rope(slots)
         c = self.config
-        index = slots[:, None, :, None].expand(B, c.num_kv_heads, n, c.head_dim)
-        for i, layer in enumerate(self.layers):
-            k, v = layer.kv(feats, cos, sin)
-            cache.keys[i].scatter_(2, index, k)
-            cache.values[i].scatter_(2, index, v)
+        k, v = self.context_kv(feats, cos, sin)  # [layers, B, kv_heads, n, D] each
+        index = slots[None, :, None, :, None].expand(c.num_layers, B, c.num_kv_heads, n, c.head_dim)
+        cache.all_keys.scatter_(3, index, k)
+        cache.all_values.scatter_(3, index, v)
         cache.lengths = cache.lengths + num_new
 
+    def context_kv(self, feats: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer's keys (k_norm, RoPE) and values of the context features at once: the
+        layers' k_proj and v_proj as one matmul (their weights stacked), then the per-layer norm
+        and the rotation over all layers together; the same function as each ``DFlashLayer.kv``.
+
+        Shape: feats [B, n, H]; cos / sin [B, n, 1, D]; returns two [layers, B, kv_heads, n, D]."""
+        c = self.config
+        B, n, _ = feats.shape
+        L, Hkv, D = c.num_layers, c.num_kv_heads, c.head_dim
+        weight, bias, k_norm = self._stacked_kv()
+        kv = F.linear(feats, weight, bias).view(B, n, L, 2, Hkv, D)
+        k = F.rms_norm(kv[:, :, :, 0], (D,), None, c.rms_norm_eps) * k_norm  # [B, n, L, Hkv, D]
+        k = apply_rope(k, cos.unsqueeze(2), sin.unsqueeze(2))
+        return k.permute(2, 0, 3, 1, 4), kv[:, :, :, 1].permute(2, 0, 3, 1, 4)
+
+    def _stacked_kv(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """[k_proj_0; v_proj_0; k_proj_1; ...] weights [layers * 2 * kv_heads * D, H], their biases,
+        and the layers' k_norm weights [layers, 1, D]; rebuilt when a parameter changed."""
+        training = torch.is_grad_enabled()  # then built each call, inside the autograd graph
+        key = None if training else self._weights_key()
+        cached = self.__dict__.get("_kv_stack")
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
+        layers = self.layers
+        weight = torch.cat([w for layer in layers for w in (layer.k_proj.weight, layer.v_proj.weight)])
+        bias = (None if layers[0].k_proj.bias is None
+                else torch.cat([b for layer in layers for b in (layer.k_proj.bias, layer.v_proj.bias)]))
+        k_norm = torch.stack([layer.k_norm for layer in layers])[:, None, :]
+        stacked = (weight, bias, k_norm)
+        if key is not None:
+            self.__dict__["_kv_stack"] = (key, stacked)
+        return stacked
+
+    def _weights_key(self) -> tuple:
+        """Changes whenever a parameter is replaced (``.to()``) or written in place
+        (``load_state_dict``, an optimiser step): the key of the weights derived from them."""
+        return tuple((p.data_ptr(), p._version) for p in self.parameters())
+
     @torch.no_grad()
-    def draft(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+    def draft(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None = None,
+              depth: int | None = None) -> torch.Tensor:
         """One parallel forward of the block ``[last, MASK...]`` at positions ``lengths + i``.
 
-        Shape: last_tokens [B]; returns logits [B, blk - 1, V] for positions 1 .. blk - 1 (the
-        tokens at ``lengths + 1 ..``)."""
+        Shape: last_tokens [B]; returns logits [B, depth, V] for positions 1 .. depth (the tokens at
+        ``lengths + 1 ..``; ``depth`` defaults to blk - 1). The whole block runs through the layers
+        either way; only the LM head is limited to the positions asked for (on the zoo pair, 16-token
+        blocks over a 4096-token vocabulary, the head over all 15 was ~45% of a block forward)."""
         blk = block_size or self.config.block_size
+        depth = blk - 1 if depth is None else int(depth)
+        if not 0 <= depth <= blk - 1:
+            raise ValueError(f"draft: depth must lie in [0, block_size - 1 = {blk - 1}], got {depth}")
         B = last_tokens.shape[0]
         lengths = cache.lengths
         shortest, span = torch.stack(torch.aminmax(lengths)).tolist() if B else (0, 0)
         positions = lengths[:, None] + torch.arange(blk, device=lengths.device)
         cos, sin = self.rope(positions)
         x = self.block_input(last_tokens, blk).to(self.dtype)  # [B, blk, H]
+        native = self._native_layers()
+        if native is not None and span + blk <= cache.max_length:
+            return self.logits(self._native_block(native, x, cos, sin, cache)[:, :depth])
         mask = None  # rows of one length see every context slot and the whole block
         if shortest != span:
             # Row b sees its context slots < lengths[b] and the whole block.
@@ -360,7 +421,58 @@ class DFlashDrafter(nn.Module):
             mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
-        return self.logits(x[:, 1:])
+        return self.logits(x[:, 1: 1 + depth])
+
+    def _native_layers(self) -> list[tuple] | None:
+        """Per drafter layer, its weights as the ``decoder_layer`` op takes them (q|k|v, o, gate|up,
+        down packed), where a block forward can run as one op per layer: float32 on a CPU whose
+        packed kernel is vectorised (``models.layers.packed_path_wanted``). Packed on first use and
+        again whenever a parameter was replaced or written (``.to()``, ``load_state_dict``, a
+        training step); None elsewhere (the torch layers run)."""
+        from .layers import packed_path_wanted
+
+        if not packed_path_wanted(self.device, self.dtype):
+            return None
+        key, cached = self._weights_key(), self.__dict__.get("_native")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        from ..ops.skinny_linear import pack_weight
+
+        def cat(*tensors):
+            return None if tensors[0] is None else torch.cat([t.detach() for t in tensors]).contiguous()
+
+        layers = []
+        for layer in self.layers:
+            qkv = (layer.q_proj, layer.k_proj, layer.v_proj)
+            layers.append((layer.input_norm.detach(), layer.post_norm.detach(),
+                           pack_weight(cat(*(m.weight for m in qkv)), torch.float32),
+                           pack_weight(layer.o_proj.weight.detach(), torch.float32),
+                           pack_weight(layer.gate_up.weight.detach(), torch.float32),
+                           pack_weight(layer.down.weight.detach(), torch.float32),
+                           (cat(*(m.bias for m in qkv)), cat(layer.o_proj.bias), None, None),
+                           (layer.q_norm.detach(), layer.k_norm.detach())))
+        self.__dict__["_native"] = (key, layers)
+        return layers
+
+    def _native_block(self, native: list[tuple], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      cache: DFlashCache) -> torch.Tensor:
+        """The block through the drafter's layers as ``decoder_layer`` ops: each layer's attention
+        is the op's over the cache (the context slots < ``lengths[b]``, then the block, written to
+        the scratch slots ``lengths[b] + i`` past them, which the next ``extend`` overwrites) with
+        an all-true tree mask (the block sees itself bidirectionally), the same function as
+        ``DFlashLayer.forward``. x [B, blk, H] -> the states of positions 1 .. blk - 1 [B, blk - 1, H]."""
+        from ..ops.decoder_layer import decoder_layer
+
+        c = self.config
+        B, blk, _ = x.shape
+        cos, sin = cos[:, :, 0].contiguous(), sin[:, :, 0].contiguous()  # [B, blk, D]
+        sees = torch.ones(B, blk, blk, dtype=torch.bool, device=x.device)
+        x = x.contiguous()
+        for i, (norm1, norm2, qkv, o, gate_up, down, biases, qk_norm) in enumerate(native):
+            x = decoder_layer(x, norm1, norm2, c.rms_norm_eps, qkv, o, gate_up, down, cos, sin, cache.keys[i],
+                              cache.values[i], cache.lengths, c.num_heads, biases=biases, qk_norm=qk_norm,
+                              tree_mask=sees, sm_scale=c.head_dim ** -0.5)
+        return x[:, 1:]
 
     # -- training -----------------------------------------------------------------------------
 

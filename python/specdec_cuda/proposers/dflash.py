@@ -94,7 +94,7 @@ class DFlashBase(Proposer):
 
     def block_logits(self, state: StepState, depth: int) -> torch.Tensor:
         """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V]."""
-        return self.drafter.draft(self.cache, state.last_tokens, self.block_size)[:, :depth]
+        return self.drafter.draft(self.cache, state.last_tokens, self.block_size, depth)
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Add the committed path's context features: the root and the accepted drafts; after a
