@@ -55,6 +55,7 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 
 Q4_K_LANES, Q6_K_LANES = 268, 270  # not GGML types: Q4_K / Q6_K repacked for the CPU's lane dots
 LANES = {Q4_K: Q4_K_LANES, Q6_K: Q6_K_LANES}  # file format -> its lane-order layout (to_lanes)
+FILE_FORMAT = {lanes: file for file, lanes in LANES.items()}  # lane-order layout -> its file format
 LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144),
                                             Q6_K_LANES: ("Q6_K_LANES", 256, 210)}
 
@@ -145,8 +146,8 @@ def dequantize(data: torch.Tensor, qtype: int, out_features: int, in_features: i
 
     Shape: ``data`` uint8 ``[N, K / QK * bytes]`` (or flat); returns ``[N, K]`` float32.
     """
-    if qtype in (Q4_K_LANES, Q6_K_LANES):
-        file = Q4_K if qtype == Q4_K_LANES else Q6_K
+    if qtype in FILE_FORMAT:
+        file = FILE_FORMAT[qtype]
         return dequantize(from_lanes(data, file), file, out_features, in_features)
     name, qk, nbytes = FORMATS[qtype]
     n, k = out_features, in_features
@@ -271,8 +272,8 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
 
     Shape: ``x`` ``[M, K]``, ``data`` uint8 blocks of W ``[N, K]``; returns float32 ``[M, N]``.
     """
-    if qtype in (Q4_K_LANES, Q6_K_LANES):
-        file = Q4_K if qtype == Q4_K_LANES else Q6_K
+    if qtype in FILE_FORMAT:
+        file = FILE_FORMAT[qtype]
         return matmul_q8(x, from_lanes(data, file), file, out_features)
     name, qk, nbytes = FORMATS[qtype]
     m, k = x.shape
