@@ -57,7 +57,7 @@ inline __m512 f32(__m512i v) { return _mm512_cvtepi32_ps(v); }
 // products and sums in the same order, each rounded): group g's 32 values at out + g * step.
 void decode_row(int32_t type, const uint8_t* row, int64_t K, uint16_t* out, int64_t step) {
   const __m512i nib = _mm512_set1_epi32(15);
-  if (file_type(type) != type) {
+  if (is_lanes(type)) {
     // Repacked for the Q8 kernel (blocks.h): back in the file's order first, a scalar step the
     // loaders avoid (they repack only where no AMX prefill reads the weight).
     static thread_local std::vector<uint8_t> file_order;

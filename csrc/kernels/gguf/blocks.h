@@ -58,6 +58,9 @@ enum class Type : int32_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K =
 inline constexpr int32_t kQ4_K_Lanes = 268;
 inline constexpr int32_t kQ6_K_Lanes = 270;
 
+// Whether ``type`` is one of the lane-order layouts (the one question every kernel asks of them).
+SPECDEC_HD bool is_lanes(int32_t type) { return type == kQ4_K_Lanes || type == kQ6_K_Lanes; }
+
 // The file format a lane-order layout holds (a file format: itself).
 SPECDEC_HD int32_t file_type(int32_t type) {
   return type == kQ4_K_Lanes ? 12 : type == kQ6_K_Lanes ? 14 : type;

@@ -90,7 +90,7 @@ void matmul_rows_portable(int32_t type, const MatmulArgs& a, int64_t M, int64_t 
 void matmul_cpu_rows(int32_t type, const float* x, int64_t M, int64_t K, const uint8_t* weight, float* y,
                      int64_t ldy, int64_t n_begin, int64_t n_end) {
   if (M <= 0 || n_end <= n_begin) return;
-  if (file_type(type) != type) {
+  if (is_lanes(type)) {
     // Repacked for the Q8 kernel's lane dots (blocks.h): these rows back in the file's order first.
     const int64_t row_bytes = K / kQK_K * block_bytes(type);
     std::vector<uint8_t> rows(static_cast<size_t>((n_end - n_begin) * row_bytes));

@@ -98,7 +98,7 @@ void lanes_rows(int32_t type, const Q8Args& lanes, int64_t M, int64_t n_begin, i
 }  // namespace
 
 void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
-  const bool repacked = type == kQ4_K_Lanes || type == kQ6_K_Lanes;
+  const bool repacked = is_lanes(type);
   if (repacked || ((type == 12 || type == 14) && M >= kLaneDotMinRows)) {
     // Per call (a thread's chunk of rows of W): x's few rows are transposed again, a few
     // microseconds against the chunk's ~100 KiB and more of blocks.

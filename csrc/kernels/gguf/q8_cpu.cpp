@@ -98,9 +98,10 @@ void portable_output(int32_t type, const Q8Args& a, int64_t m, int64_t n) {
         default: {  // Q6_K
           const auto& b = reinterpret_cast<const BlockQ6_K*>(row)[t];
           int32_t lo = 0, hi = 0;
-          const bool lanes = type == kQ6_K_Lanes;
-          for (int l = 0; l < 16; ++l) lo += (lanes ? q6k_lanes_code(b, j, l) : q6k_code(b, j >> 2, j & 3, l)) * qg[l];
-          for (int l = 16; l < 32; ++l) hi += (lanes ? q6k_lanes_code(b, j, l) : q6k_code(b, j >> 2, j & 3, l)) * qg[l];
+          const bool lanes = is_lanes(type);
+          auto code = [&](int l) { return lanes ? q6k_lanes_code(b, j, l) : q6k_code(b, j >> 2, j & 3, l); };
+          for (int l = 0; l < 16; ++l) lo += code(l) * qg[l];  // the two halves have their own scales
+          for (int l = 16; l < 32; ++l) hi += code(l) * qg[l];
           const int32_t dot = b.scales[2 * j] * lo + b.scales[2 * j + 1] * hi;
           A[j] = std::fma(static_cast<float>(dot), half_to_float(b.d) * dx[g], A[j]);
           break;
@@ -157,7 +158,7 @@ void matmul_q8_cpu_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, c
                         int64_t ldy, int64_t n_begin, int64_t n_end) {
   if (M <= 0 || n_end <= n_begin) return;
   const Q8Args args{xq, q8_row_bytes(K), K, weight, K / block_weights(type) * block_bytes(type), y, ldy};
-  if ((type == kQ4_K_Lanes || type == kQ6_K_Lanes) && !kVnni) {
+  if (is_lanes(type) && !kVnni) {
     // Repacked for a VNNI CPU, run under a narrower SPECDEC_CPU_ISA: the portable loop reads it.
     matmul_q8_rows_portable(type, args, M, n_begin, n_end);
   } else if (kVnni) {
