@@ -29,7 +29,7 @@ def _drafter(target, block_size=4, seed=0):
                                 std=0.2).attach(target)
 
 
-def _scratch_logits(drafter, target, seq: list[int]) -> torch.Tensor:
+def _scratch_logits(drafter, target, seq: list[int], block_size: int | None = None) -> torch.Tensor:
     """The block after ``seq`` (anchor = its last token) from scratch: the target over ``seq``, the
     training forward with one anchor. Shape: [blk - 1, V]."""
     tokens = torch.tensor([seq])
@@ -37,7 +37,7 @@ def _scratch_logits(drafter, target, seq: list[int]) -> torch.Tensor:
     H = drafter.config.hidden_size
     pad = torch.cat([tokens, tokens.new_zeros(1, drafter.config.block_size)], dim=1)  # room after the anchor
     feats = torch.cat([feats, feats.new_zeros(1, drafter.config.block_size, H)], dim=1)
-    return drafter.train_forward(pad, feats, torch.tensor([[len(seq) - 1]]))[0, 0, 1:]
+    return drafter.train_forward(pad, feats, torch.tensor([[len(seq) - 1]]), block_size)[0, 0, 1:]
 
 
 @torch.no_grad()
@@ -51,9 +51,9 @@ def target_hidden(target, tokens: torch.Tensor, layers) -> dict[int, torch.Tenso
 class _Checked(DFlashProposer):
     """DFlash that checks every cached block forward against the from-scratch one."""
 
-    def __init__(self, drafter, target):
-        super().__init__(drafter)
-        self.target, self.checked = target, 0
+    def __init__(self, drafter, target, trim_block=True):
+        super().__init__(drafter, trim_block=trim_block)
+        self.target, self.checked, self.trimmed = target, 0, 0
 
     def prefill(self, ctx):
         super().prefill(ctx)
@@ -63,9 +63,12 @@ class _Checked(DFlashProposer):
     def block_logits(self, state, depth):
         logits = super().block_logits(state, depth)
         assert self.cache.lengths.tolist() == state.lengths.tolist()  # context = committed before the root
+        # A trimmed block (a step granted fewer drafts than the block holds) is the root and depth masks.
+        blk = depth + 1 if self.trim_block else self.block_size
+        self.trimmed += blk < self.block_size
         for b, active in enumerate(state.active.tolist()):
             if active:
-                want = _scratch_logits(self.drafter, self.target, self.seq[b])[:depth]
+                want = _scratch_logits(self.drafter, self.target, self.seq[b], blk)[:depth]
                 torch.testing.assert_close(logits[b], want, rtol=1e-9, atol=1e-9)
                 self.checked += 1
         return logits
@@ -77,13 +80,23 @@ class _Checked(DFlashProposer):
                 self.seq[b].extend(outcome.tokens[b, : int(outcome.num_accepted[b]) + 1].tolist())
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_cached_block_equals_a_forward_from_scratch(target, temperature):
+@pytest.mark.parametrize("temperature,trim_block", [(0.0, True), (1.0, True), (0.0, False)])
+def test_the_cached_block_equals_a_forward_from_scratch(target, temperature, trim_block):
     drafter = _drafter(target)
-    proposer = _Checked(drafter, target)
+    proposer = _Checked(drafter, target, trim_block)
     params = SamplingParams.make(len(PROMPTS), temperature, 0, 1.0, [3, 4, 5])
     decode(target, PROMPTS, params, 10, proposer=proposer)
     assert proposer.checked >= 6
+    # The last steps are granted fewer drafts than the block holds (the rows' token budget).
+    assert (proposer.trimmed > 0) == trim_block
+
+
+def test_a_trimmed_block_is_not_the_full_block(target):
+    # The masks past the depth are attended to: dropping them changes the kept positions' logits,
+    # so the trimmed path is a different (cheaper) forward, not a slice of the full one.
+    drafter = _drafter(target, block_size=6)
+    full, trimmed = (_scratch_logits(drafter, target, [1, 2, 3, 4], blk)[:2] for blk in (6, 3))
+    assert not torch.allclose(full, trimmed)
 
 
 def test_blocks_see_only_the_context_before_their_anchor_and_themselves(target):
@@ -214,9 +227,10 @@ def test_cli_trains_the_drafter_of_the_given_target(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("attention_bias", [False, True])
 def test_the_block_as_decoder_layer_ops_equals_the_torch_layers(tmp_path_factory, monkeypatch, attention_bias):
-    """On a float32 CPU drafter the block runs one ``decoder_layer`` op per layer over the cache;
-    its logits equal the torch layers' (``SPECDEC_PACKED_LINEAR=0``), rows of unequal context
-    lengths included, and the scratch slots it writes past a row's context are never read."""
+    """On a float32 CPU drafter the block runs one ``decoder_layer`` op per layer over the cache,
+    the context's projections and the LM head read packed panels; its logits equal the torch
+    path's (``SPECDEC_PACKED_LINEAR=0``), rows of unequal context lengths included, and the
+    scratch slots it writes past a row's context are never read."""
     from specdec_cuda.models.layers import packed_kernel_available
 
     if not packed_kernel_available():
@@ -238,5 +252,7 @@ def test_the_block_as_decoder_layer_ops_equals_the_torch_layers(tmp_path_factory
         return first, drafter.draft(cache, last)
 
     assert drafter._native_layers() is not None
+    with torch.no_grad():  # the context projections and the head also take the packed path
+        assert drafter._packed_io() is not None and drafter.__dict__.get("_head_op") is not None
     for got, want in zip(run(True), run(False)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -32,12 +32,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layers import packed_path_wanted, project
 from .rope import apply_rope
 
 MODEL_TYPE = "dflash_drafter"
@@ -107,6 +108,13 @@ class DFlashConfig:
                   intermediate_size=2 * H, block_size=block_size)
         kw.update(overrides)
         return cls(**kw)
+
+
+class _PackedIO(NamedTuple):
+    """The drafter's own projections outside its layers, packed for inference (``_packed_io``)."""
+
+    fc: object  # ops.skinny_linear.PackedWeight of fc [H, layers_read * H]
+    kv: object  # ... of every layer's k_proj and v_proj stacked [layers * 2 * kv_heads * D, H]
 
 
 class DFlashLayer(nn.Module):
@@ -230,6 +238,9 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"the drafter reads target layers {bad} but the target has {target.num_layers}")
         self.to(device=embed.device, dtype=embed.dtype)
         self._embed, self._head = embed.detach(), head.detach()
+        # The target's LM head as its own decoding path holds it (packed panels or GGUF blocks, the
+        # same values as ``_head``): the draft's head reads that instead of a float32 matmul.
+        self.__dict__["_head_op"] = getattr(target, "_head_packed", None)
         return self
 
     @property
@@ -296,15 +307,17 @@ class DFlashDrafter(nn.Module):
         cos, sin = table
         return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
 
-    def context_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
-        """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)).
+    def context_features(self, hidden_states: dict[int, torch.Tensor], io: "_PackedIO | None" = None) -> torch.Tensor:
+        """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)); ``io``: fc from
+        its packed panels (inference, ``_packed_io``).
 
         Shape: hidden_states layer -> [B, n, H]; returns [B, n, H]."""
         missing = [i for i in self.config.target_layers if i not in hidden_states]
         if missing:
             raise ValueError(f"context_features: the target's hidden states of layers {missing} are missing")
         cat = torch.cat([hidden_states[i].to(self.dtype) for i in self.config.target_layers], dim=-1)
-        return F.rms_norm(self.fc(cat), (self.config.hidden_size,), self.context_norm, self.config.rms_norm_eps)
+        fc = self.fc(cat) if io is None else project(cat, self.fc.weight, None, io.fc)
+        return F.rms_norm(fc, (self.config.hidden_size,), self.context_norm, self.config.rms_norm_eps)
 
     def block_input(self, anchor_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
         """Embeddings of ``[anchor, MASK x (blk - 1)]`` per anchor. Shape: anchor_tokens [...];
@@ -333,7 +346,8 @@ class DFlashDrafter(nn.Module):
         given tokens, at absolute positions ``cache.lengths[b] + j``.
 
         Shape: hidden_states layer -> [B, n, H]; num_new [B] int64 (0 .. n)."""
-        feats = self.context_features(hidden_states)  # [B, n, H]
+        io = self._packed_io()
+        feats = self.context_features(hidden_states, io)  # [B, n, H]
         B, n, _ = feats.shape
         if n == 0:
             return
@@ -346,23 +360,26 @@ class DFlashDrafter(nn.Module):
         slots = cache.lengths[:, None] + torch.arange(n, device=feats.device)  # [B, n]
         cos, sin = self.rope(slots)
         c = self.config
-        k, v = self.context_kv(feats, cos, sin)  # [layers, B, kv_heads, n, D] each
+        k, v = self.context_kv(feats, cos, sin, io)  # [layers, B, kv_heads, n, D] each
         index = slots[None, :, None, :, None].expand(c.num_layers, B, c.num_kv_heads, n, c.head_dim)
         cache.all_keys.scatter_(3, index, k)
         cache.all_values.scatter_(3, index, v)
         cache.lengths = cache.lengths + num_new
 
-    def context_kv(self, feats: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, feats: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   io: "_PackedIO | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer's keys (k_norm, RoPE) and values of the context features at once: the
-        layers' k_proj and v_proj as one matmul (their weights stacked), then the per-layer norm
-        and the rotation over all layers together; the same function as each ``DFlashLayer.kv``.
+        layers' k_proj and v_proj as one matmul (their weights stacked; from packed panels with
+        ``io``), then the per-layer norm and the rotation over all layers together; the same
+        function as each ``DFlashLayer.kv``.
 
         Shape: feats [B, n, H]; cos / sin [B, n, 1, D]; returns two [layers, B, kv_heads, n, D]."""
         c = self.config
         B, n, _ = feats.shape
         L, Hkv, D = c.num_layers, c.num_kv_heads, c.head_dim
         weight, bias, k_norm = self._stacked_kv()
-        kv = F.linear(feats, weight, bias).view(B, n, L, 2, Hkv, D)
+        kv = (F.linear(feats, weight, bias) if io is None else project(feats, weight, bias, io.kv))
+        kv = kv.view(B, n, L, 2, Hkv, D)
         k = F.rms_norm(kv[:, :, :, 0], (D,), None, c.rms_norm_eps) * k_norm  # [B, n, L, Hkv, D]
         k = apply_rope(k, cos.unsqueeze(2), sin.unsqueeze(2))
         return k.permute(2, 0, 3, 1, 4), kv[:, :, :, 1].permute(2, 0, 3, 1, 4)
@@ -384,6 +401,34 @@ class DFlashDrafter(nn.Module):
         if key is not None:
             self.__dict__["_kv_stack"] = (key, stacked)
         return stacked
+
+    def _packed_io(self) -> "_PackedIO | None":
+        """fc and the stacked k/v projections as float32 panels of the skinny CPU op, and the
+        target's LM head as its decoding path holds it, for inference on a float32 CPU drafter
+        (``models.layers.packed_path_wanted``): on CPUs where torch's small float32 matmuls are slow
+        (an AVX2 EPYC: ~0.5 ms each for the block's head and the context's two projections) these
+        read the weights once per call. None while training or elsewhere. Repacked whenever a
+        parameter changed."""
+        if torch.is_grad_enabled() or not packed_path_wanted(self.device, self.dtype):
+            return None
+        key, cached = self._weights_key(), self.__dict__.get("_packed")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        from ..ops.skinny_linear import pack_weight
+
+        weight, _, _ = self._stacked_kv()
+        io = _PackedIO(pack_weight(self.fc.weight.detach(), torch.float32), pack_weight(weight.detach(), torch.float32))
+        self.__dict__["_packed"] = (key, io)
+        return io
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``logits`` at inference: the target's LM head from its own packed panels or GGUF blocks
+        when it decodes from them and the drafter is a float32 CPU one (a few rows' head was about
+        half a zoo block's drafting as a torch matmul). x [..., H] -> [..., V] float32 there."""
+        head = self.__dict__.get("_head_op")
+        if head is None or torch.is_grad_enabled() or not packed_path_wanted(self.device, self.dtype):
+            return self.logits(x)
+        return project(F.rms_norm(x, x.shape[-1:], self.norm, self.config.rms_norm_eps), self._head, None, head)
 
     def _weights_key(self) -> tuple:
         """Changes whenever a parameter is replaced (``.to()``) or written in place
@@ -411,7 +456,7 @@ class DFlashDrafter(nn.Module):
         x = self.block_input(last_tokens, blk).to(self.dtype)  # [B, blk, H]
         native = self._native_layers()
         if native is not None and span + blk <= cache.max_length:
-            return self.logits(self._native_block(native, x, cos, sin, cache)[:, :depth])
+            return self.head_logits(self._native_block(native, x, cos, sin, cache)[:, :depth])
         mask = None  # rows of one length see every context slot and the whole block
         if shortest != span:
             # Row b sees its context slots < lengths[b] and the whole block.
@@ -421,7 +466,7 @@ class DFlashDrafter(nn.Module):
             mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
-        return self.logits(x[:, 1: 1 + depth])
+        return self.head_logits(x[:, 1: 1 + depth])
 
     def _native_layers(self) -> list[tuple] | None:
         """Per drafter layer, its weights as the ``decoder_layer`` op takes them (q|k|v, o, gate|up,
@@ -429,8 +474,6 @@ class DFlashDrafter(nn.Module):
         packed kernel is vectorised (``models.layers.packed_path_wanted``). Packed on first use and
         again whenever a parameter was replaced or written (``.to()``, ``load_state_dict``, a
         training step); None elsewhere (the torch layers run)."""
-        from .layers import packed_path_wanted
-
         if not packed_path_wanted(self.device, self.dtype):
             return None
         key, cached = self._weights_key(), self.__dict__.get("_native")
@@ -476,12 +519,14 @@ class DFlashDrafter(nn.Module):
 
     # -- training -----------------------------------------------------------------------------
 
-    def train_forward(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def train_forward(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
+                      block_size: int | None = None) -> torch.Tensor:
         """``train_hidden``'s output through the drafter's norm and the target's LM head. Shape:
         logits [B, A, blk, V] (position 0 of each block included; the caller excludes it)."""
-        return self.logits(self.train_hidden(tokens, feats, anchors))
+        return self.logits(self.train_hidden(tokens, feats, anchors, block_size))
 
-    def train_hidden(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def train_hidden(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
+                     block_size: int | None = None) -> torch.Tensor:
         """All blocks of each sequence in one forward (training), before the final norm.
 
         Block ``a`` of row ``b`` is ``[tokens[b, anchors[b, a]], MASK...]`` at positions
@@ -490,12 +535,12 @@ class DFlashDrafter(nn.Module):
 
         Shape: tokens [B, N] int64; feats [B, N, H] (``context_features`` of the target's hidden
         states over ``tokens``); anchors [B, A] int64 (each <= N - 1). Returns [B, A, blk, H]
-        (a trainer scoring part of the vocabulary applies ``norm`` and its rows of the head).
+        (a trainer scoring part of the vocabulary applies ``norm`` and its rows of the head);
+        ``block_size`` (default the drafter's) shorter for the trimmed blocks of inference.
         """
-        c = self.config
         B, N = tokens.shape
-        A, blk = anchors.shape[1], c.block_size
-        x = self.block_input(tokens.gather(1, anchors)).reshape(B, A * blk, -1).to(self.dtype)
+        A, blk = anchors.shape[1], block_size or self.config.block_size
+        x = self.block_input(tokens.gather(1, anchors), blk).reshape(B, A * blk, -1).to(self.dtype)
         positions = (anchors[:, :, None] + torch.arange(blk, device=tokens.device)).reshape(B, A * blk)
         cos, sin = self.rope(positions)
         ctx_cos, ctx_sin = self.rope(torch.arange(N, device=tokens.device).expand(B, N))

@@ -25,10 +25,10 @@ from .dflash import DFlashBase, load_drafter
 class DDTreeProposer(DFlashBase):
     """Trees of at most ``budget`` nodes, at most ``block_size - 1`` deep (module docstring)."""
 
-    def __init__(self, drafter, budget: int = 16, block_size: int | None = None) -> None:
+    def __init__(self, drafter, budget: int = 16, block_size: int | None = None, trim_block: bool = True) -> None:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValueError(f"budget must be an int >= 1 (draft nodes per row), got {budget!r}")
-        super().__init__(drafter, block_size)
+        super().__init__(drafter, block_size, trim_block)
         self.budget = budget
 
     def max_pending_tokens(self) -> int:
@@ -52,9 +52,10 @@ class DDTreeProposer(DFlashBase):
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
 
 
-def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None) -> DDTreeProposer:
+def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None,
+                         trim_block: bool = True) -> DDTreeProposer:
     """The ``method="ddtree"`` proposer for ``target``."""
-    return DDTreeProposer(load_drafter(target, drafter), budget=budget, block_size=block_size)
+    return DDTreeProposer(load_drafter(target, drafter), budget=budget, block_size=block_size, trim_block=trim_block)
 
 
 register(MethodSpec(
@@ -66,5 +67,7 @@ register(MethodSpec(
         "drafter": "a DFlashDrafter or its checkpoint folder, trained for this target",
         "budget": "draft nodes per row and step, M (default 16: the fastest on the zoo target, batch 1, CPU)",
         "block_size": "drafter block length; the tree is at most block_size - 1 deep (default: the drafter's)",
+        "trim_block": "True (default): a step granted a shallower tree runs only the root and that many masks "
+                      "through the drafter; False: always the whole block",
     },
 ))

@@ -45,11 +45,11 @@ DRAFT_SAMPLING = ("sampled", "greedy", "coupled")
 class DFlashBase(Proposer):
     """The drafter's cache, kept in step with the committed text (shared by DFlash and DDTree)."""
 
-    def __init__(self, drafter, block_size: int | None = None) -> None:
+    def __init__(self, drafter, block_size: int | None = None, trim_block: bool = True) -> None:
         block_size = int(block_size or drafter.config.block_size)
         if block_size < 2:
             raise ValueError(f"block_size must be >= 2 (the anchor and at least one mask), got {block_size}")
-        self.drafter, self.block_size = drafter, block_size
+        self.drafter, self.block_size, self.trim_block = drafter, block_size, bool(trim_block)
         self.hidden_layers = tuple(drafter.config.target_layers)
         self.max_draft = block_size - 1
 
@@ -93,8 +93,15 @@ class DFlashBase(Proposer):
         return time.perf_counter() - started
 
     def block_logits(self, state: StepState, depth: int) -> torch.Tensor:
-        """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V]."""
-        return self.drafter.draft(self.cache, state.last_tokens, self.block_size, depth)
+        """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V].
+
+        ``trim_block``: when the step drafts fewer than ``block_size - 1`` tokens (the speculation
+        policy granted fewer), the block is the root and ``depth`` masks only: the drafter's cost
+        grows with the block's rows, and the masks past the depth would only be attended to. The
+        kept positions then see a shorter block than in training, so their distributions differ a
+        little from the full block's (acceptance measured in docs/benchmarks.md); lossless either way."""
+        blk = depth + 1 if self.trim_block else self.block_size
+        return self.drafter.draft(self.cache, state.last_tokens, blk, depth)
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Add the committed path's context features: the root and the accepted drafts; after a
@@ -111,10 +118,11 @@ class DFlashBase(Proposer):
 class DFlashProposer(DFlashBase):
     """Chains of up to ``block_size - 1`` tokens from one drafter forward (module docstring)."""
 
-    def __init__(self, drafter, block_size: int | None = None, draft_sampling: str = "coupled") -> None:
+    def __init__(self, drafter, block_size: int | None = None, draft_sampling: str = "coupled",
+                 trim_block: bool = True) -> None:
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
-        super().__init__(drafter, block_size)
+        super().__init__(drafter, block_size, trim_block)
         self.draft_sampling = draft_sampling
 
     def propose(self, state: StepState) -> Draft | None:
@@ -166,9 +174,10 @@ def load_drafter(target, drafter=None):
 
 
 def make_dflash_proposer(target, drafter=None, block_size: int | None = None,
-                         draft_sampling: str = "coupled") -> DFlashProposer:
+                         draft_sampling: str = "coupled", trim_block: bool = True) -> DFlashProposer:
     """The ``method="dflash"`` proposer for ``target``."""
-    return DFlashProposer(load_drafter(target, drafter), block_size=block_size, draft_sampling=draft_sampling)
+    return DFlashProposer(load_drafter(target, drafter), block_size=block_size, draft_sampling=draft_sampling,
+                          trim_block=trim_block)
 
 
 register(MethodSpec(
@@ -179,6 +188,8 @@ register(MethodSpec(
     options={
         "drafter": "a DFlashDrafter or its checkpoint folder, trained for this target",
         "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",
+        "trim_block": "True (default): a step granted fewer drafts runs only the root and that many masks "
+                      "through the drafter; False: always the whole block",
         "draft_sampling": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
                           'sample-and-match: the autoregressive samples exactly), "sampled" (drafts drawn from '
                           'q_i, rejection sampling) or "greedy" (argmax drafts, sample-and-match)',

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=None,
                    help="medusa: heads (default 4); mtp: modules (default 2); dflash: layers (default 2)")
     p.add_argument("--block-size", type=int, default=DrafterSpec.dflash_block_size, help="dflash: block size")
+    p.add_argument("--gamma", type=float, default=DrafterSpec.dflash_gamma,
+                   help="dflash: decay of the loss's position weights exp(-(i - 1) / gamma); smaller favours the "
+                        "first drafted tokens, which a target the drafter predicts poorly accepts most")
     p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
     p.add_argument("--draft-vocab", type=int, default=DrafterSpec.eagle3_draft_vocab, help="eagle3: draft vocabulary")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
-    drafter = DrafterSpec(dflash_block_size=args.block_size, eagle3_steps=args.ttt_steps,
+    drafter = DrafterSpec(dflash_block_size=args.block_size, dflash_gamma=args.gamma, eagle3_steps=args.ttt_steps,
                           eagle3_draft_vocab=args.draft_vocab)
     if args.heads is not None:
         field = {"medusa": "medusa_heads", "mtp": "mtp_modules", "dflash": "dflash_layers"}.get(args.kind)

@@ -68,10 +68,10 @@ def random_anchors(features: FeatureSet, rows: torch.Tensor, count: int, seed: i
 
 
 def features_loss(drafter: DFlashDrafter, scorer: Scorer, features: FeatureSet, rows: torch.Tensor, anchors: int,
-                  seed: int) -> torch.Tensor:
+                  seed: int, gamma: float = GAMMA) -> torch.Tensor:
     tokens, _, hidden = features.batch(rows, drafter.config.target_layers, dtype=drafter.dtype)
     return block_loss(drafter, scorer, tokens, hidden, random_anchors(features, rows, anchors, seed),
-                      features.lengths[rows])
+                      features.lengths[rows], gamma)
 
 
 def warm_start(drafter: DFlashDrafter, target) -> int:
@@ -122,7 +122,7 @@ def dflash_report(drafter: DFlashDrafter, features: FeatureSet, blocks: int = 8)
 
 
 def train_dflash(target, features: FeatureSet, config: DFlashConfig, loop, checkpoint, log, held_out: FeatureSet,
-                 anchors_per_sequence: int = 8):
+                 anchors_per_sequence: int = 8, gamma: float = GAMMA):
     from .loop import optimise
 
     torch.manual_seed(loop.seed)
@@ -132,11 +132,11 @@ def train_dflash(target, features: FeatureSet, config: DFlashConfig, loop, check
     warm = warm_start(drafter, target)
     scorer = drafter_scorer(drafter, loss_vocab(features, config.vocab_size))
     log(f"[train] dflash: {config.num_layers} layers (warm start from the target's last {warm}), block "
-        f"{config.block_size}, target layers {list(config.target_layers)}, "
+        f"{config.block_size} (loss decay gamma {gamma:g}), target layers {list(config.target_layers)}, "
         f"{sum(p.numel() for p in drafter.parameters() if p.requires_grad) / 1e6:.2f}M parameters, "
         f"{loop.steps} steps of {loop.batch_size} sequences")
     optimise(drafter, lambda rows, step: features_loss(drafter, scorer, features, rows, anchors_per_sequence,
-                                                       loop.seed * 1_000_003 + step),
+                                                       loop.seed * 1_000_003 + step, gamma),
              len(features), loop, checkpoint, log, "dflash")
     drafter.requires_grad_(False).eval()
     return drafter, dict(dflash_report(drafter, held_out), warm_started_layers=warm)
