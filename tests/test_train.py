@@ -211,6 +211,17 @@ def test_resumed_training_reuses_the_cached_data(target_dir):
     assert not any("the target continues" in line for line in lines)  # one cache for every kind
 
 
+def test_the_dflash_loss_decay_reaches_the_loss(tmp_path, target_dir, monkeypatch):
+    from specdec_cuda.train import dflash as D
+
+    seen, real = [], D.block_loss
+    monkeypatch.setattr(D, "block_loss", lambda *a: seen.append(a[-1]) or real(*a))  # gamma: the last argument
+    result = T.train("dflash", target_dir, prompts=_prompts(), distill=DISTILL, loop=LOOP, out=tmp_path / "d",
+                     drafter=T.DrafterSpec(dflash_block_size=4, dflash_gamma=2.5), log=lambda s: None)
+    assert seen and set(seen) == {2.5}
+    assert json.loads((result.folder / "report.json").read_text())["drafter"]["dflash_gamma"] == 2.5
+
+
 def test_the_cli_trains_from_a_prompts_file(tmp_path):
     from specdec_cuda.train.__main__ import main
 

@@ -49,8 +49,9 @@ def parser() -> argparse.ArgumentParser:
                    help="medusa: heads (default 4); mtp: modules (default 2); dflash: layers (default 2)")
     p.add_argument("--block-size", type=int, default=DrafterSpec.dflash_block_size, help="dflash: block size")
     p.add_argument("--gamma", type=float, default=DrafterSpec.dflash_gamma,
-                   help="dflash: decay of the loss's position weights exp(-(i - 1) / gamma); smaller favours the "
-                        "first drafted tokens, which a target the drafter predicts poorly accepts most")
+                   help="dflash: decay of the loss's position weights exp(-(i - 1) / gamma); smaller puts the "
+                        "training on the first drafted tokens, the ones a chain accepts when the drafter learns "
+                        "the target slowly")
     p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
     p.add_argument("--draft-vocab", type=int, default=DrafterSpec.eagle3_draft_vocab, help="eagle3: draft vocabulary")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
