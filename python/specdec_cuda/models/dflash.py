@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.mtp import mtp_head_topk_packed
-from ..ops.skinny_linear import PackedWeight
+from ..ops.skinny_linear import PackedWeight, pack_weight
 from .layers import packed_path_wanted, project
 from .rope import apply_rope
 
@@ -115,8 +115,8 @@ class DFlashConfig:
 class _PackedIO(NamedTuple):
     """The drafter's own projections outside its layers, packed for inference (``_packed_io``)."""
 
-    fc: object  # ops.skinny_linear.PackedWeight of fc [H, layers_read * H]
-    kv: object  # ... of every layer's k_proj and v_proj stacked [layers * 2 * kv_heads * D, H]
+    fc: PackedWeight  # of fc [H, layers_read * H]
+    kv: PackedWeight  # of every layer's k_proj and v_proj stacked [layers * 2 * kv_heads * D, H]
 
 
 class DFlashLayer(nn.Module):
@@ -413,8 +413,6 @@ class DFlashDrafter(nn.Module):
         key, cached = self._weights_key(), self.__dict__.get("_packed")
         if cached is not None and cached[0] == key:
             return cached[1]
-        from ..ops.skinny_linear import pack_weight
-
         weight, _, _ = self._stacked_kv()
         io = _PackedIO(pack_weight(self.fc.weight.detach(), torch.float32), pack_weight(weight.detach(), torch.float32))
         self.__dict__["_packed"] = (key, io)
@@ -484,7 +482,6 @@ class DFlashDrafter(nn.Module):
         key, cached = self._weights_key(), self.__dict__.get("_native")
         if cached is not None and cached[0] == key:
             return cached[1]
-        from ..ops.skinny_linear import pack_weight
 
         def cat(*tensors):
             return None if tensors[0] is None else torch.cat([t.detach() for t in tensors]).contiguous()
