@@ -1,12 +1,17 @@
 """Build facts and the import-time torch version check."""
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 import specdec_cuda
+
+pytestmark = pytest.mark.kernels  # what make cpu-only-check runs on a CPU-only build
 
 
 def test_build_info_reports_torch_and_cuda():
@@ -39,3 +44,16 @@ def test_binary_for_another_torch_gives_readable_error():
                          check=True).stdout
     assert out.startswith("ERR")
     assert "1.0.0" in out and torch.__version__ in out
+
+
+def test_every_public_op_is_tested_by_a_kernels_module():
+    # `make cpu-only-check` runs only the modules marked `kernels` against its CPU-only build, so
+    # each op the schema defines (csrc/ops/schema.cpp; the `_`-prefixed ISA queries aside) must be
+    # named in one of them, or that build would go untested for it.
+    root = Path(__file__).resolve().parents[1]
+    ops = re.findall(r'm\.def\(\s*"(\w+)\(', (root / "csrc" / "ops" / "schema.cpp").read_text())
+    assert len(ops) > 20, ops  # the pattern still reads the schema
+    marked = "\n".join(t for t in (p.read_text() for p in (root / "tests").glob("test_*.py"))
+                       if re.search(r"^pytestmark = \[?pytest\.mark\.kernels\b", t, re.M))
+    untested = [op for op in ops if not op.startswith("_") and not re.search(rf"\b{op}\b", marked)]
+    assert not untested, f"ops no `kernels` test module names: {untested}"

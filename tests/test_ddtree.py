@@ -13,6 +13,8 @@ from specdec_cuda import ops
 from specdec_cuda.ops.status import STATUS_NONFINITE_LOGITS
 from specdec_cuda.reference.ddtree import ddtree_build as ref_build
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 def _inputs(B, D, K, seed, ties=False, vocab=97):
     g = torch.Generator().manual_seed(seed)

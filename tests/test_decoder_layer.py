@@ -13,6 +13,8 @@ from specdec_cuda.ops.decoder_layer import decoder_layer
 from specdec_cuda.ops.skinny_linear import pack_weight, packed_bf16_tier
 from specdec_cuda.reference import decoder_layer as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 HIDDEN, I, T = 48, 40, 24
 
 

@@ -25,6 +25,8 @@ from specdec_cuda.reference import diffusion as ref
 from specdec_cuda.reference.philox import Purpose
 from sampling_cases import llm_like_logits
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MASK = 7  # mask id of the kernel tests (a vocabulary entry like any other for the kernel)
 

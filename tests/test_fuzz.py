@@ -29,6 +29,8 @@ from specdec_cuda.reference import tree as tref
 
 from _isolated import run_isolated
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 SCALE = max(1, int(os.environ.get("SPECDEC_FUZZ_SCALE", "1")))
 SEED = int(os.environ.get("SPECDEC_FUZZ_SEED", "0"))
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 gguf = pytest.importorskip("gguf")
 
 from _gguf_testlib import HALF_FIELDS, random_blocks  # noqa: E402

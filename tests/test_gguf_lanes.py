@@ -14,6 +14,8 @@ from _isolated import run_capped
 from specdec_cuda.ops import gguf as g
 from specdec_cuda.reference import gguf as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 KQUANTS = [ref.Q4_K, ref.Q6_K]
 NAMES = {ref.Q4_K: "Q4_K", ref.Q6_K: "Q6_K"}

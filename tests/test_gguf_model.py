@@ -25,8 +25,9 @@ from specdec_cuda.ops import gguf as g
 from specdec_cuda.ops.skinny_linear import packed_kernel_available
 
 gguf = pytest.importorskip("gguf")
-pytestmark = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512 or AVX2: GGUF models need the "
-                                                                      "packed CPU path")
+pytestmark = [pytest.mark.kernels,  # the compiled ops against their references (make cpu-only-check)
+              pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512 or AVX2: GGUF models need the "
+                                                                       "packed CPU path")]
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 256, 4, 2, 64, 512, 300, 2

@@ -11,6 +11,8 @@ from _isolated import run_capped
 from specdec_cuda.ops import gguf as g
 from specdec_cuda.reference import gguf as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
 FORMATS = [Q4_1, Q5_0, Q8_0, Q4_K, Q6_K]
 NAMES = {q: g.FORMATS[q][0] for q in FORMATS}

@@ -22,6 +22,8 @@ from specdec_cuda import models
 from specdec_cuda.models.llama import TILE_PREFILL_MIN_ROWS
 from specdec_cuda.ops import gguf as g
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
 FORMATS = [Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K]

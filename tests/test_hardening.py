@@ -26,6 +26,8 @@ from specdec_cuda.reference import kv_quant as kvref
 
 from _isolated import run_isolated
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 I64_MAX = 2**63 - 1
 
 

@@ -10,6 +10,8 @@ import torch
 from specdec_cuda.ops import kv_quant as kv
 from specdec_cuda.reference import kv_quant as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

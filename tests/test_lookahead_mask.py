@@ -9,6 +9,8 @@ import specdec_cuda.ops as ops
 from specdec_cuda.ops.status import STATUS_MALFORMED_TREE
 from specdec_cuda.reference import lookahead as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 def _random_case(seed: int, batch: int, num_guesses: int, guess_len: int):
     g = torch.Generator().manual_seed(seed)

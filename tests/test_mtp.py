@@ -11,6 +11,8 @@ import torch
 from specdec_cuda.ops import mtp as mtp_ops
 from specdec_cuda.reference import mtp as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 

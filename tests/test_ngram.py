@@ -14,6 +14,8 @@ from specdec_cuda.ngram import NgramIndex, extend_rows, lookup
 from specdec_cuda.reference.ngram import NgramIndexRef, lookup_ref
 from specdec_cuda.reference.tree import tree_problem
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 def random_tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]

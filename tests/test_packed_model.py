@@ -17,7 +17,8 @@ from specdec_cuda.models.llama import TILE_PREFILL_MIN_ROWS
 from specdec_cuda.ops.skinny_linear import (pack_weight, packed_bf16_tier, packed_kernel_available,
                                            skinny_linear_packed)
 
-pytestmark = pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512 or AVX2: models keep the torch path")
+pytestmark = [pytest.mark.kernels,  # the compiled ops against their references (make cpu-only-check)
+              pytest.mark.skipif(not packed_kernel_available(), reason="no AVX-512 or AVX2: models keep the torch path")]
 
 DTYPES = [torch.float32, torch.bfloat16]
 

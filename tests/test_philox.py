@@ -1,9 +1,12 @@
 """The kernels' Philox (csrc/kernels/common/philox.h) equals the reference bit for bit."""
 
+import pytest
 import torch
 
 from specdec_cuda import _native
 from specdec_cuda.reference import philox
+
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
 
 
 # Known-answer vectors of Philox4x32-10 published with Random123 (Salmon et al., SC'11).

@@ -11,6 +11,8 @@ from specdec_cuda.ops import quant as q
 from specdec_cuda.quant import W4Linear, quantize_linears
 from specdec_cuda.reference import quant as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 # Max-abs error relative to max |reference| (both rounded to the output dtype once; fp32 sees only
 # summation-order differences).

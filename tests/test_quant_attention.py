@@ -10,6 +10,8 @@ from specdec_cuda.ops import kv_quant as kv
 from specdec_cuda.ops.quant_attention import quant_kv_attention
 from specdec_cuda.reference import quant_attention as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 def make_case(B=3, Hq=4, Hkv=2, n=3, D=16, capacity=96, key_group=16, value_group=8, F=64, seed=0,
               tree=False, device="cpu", lengths=(40, 17, 55)):

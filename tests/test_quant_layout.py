@@ -19,6 +19,8 @@ import torch
 
 from specdec_cuda.reference import quant as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 DTYPES = [torch.float16, torch.bfloat16]
 MASK32 = 0xFFFFFFFF
 

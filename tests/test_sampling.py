@@ -16,6 +16,8 @@ import specdec_cuda.ops as ops
 from specdec_cuda.reference import sampling as ref
 from sampling_cases import llm_like_logits, make_chain_batch
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

@@ -13,7 +13,7 @@ import specdec_cuda.ops as ops
 from specdec_cuda.reference import sampling as ref
 from sampling_cases import llm_like_logits, make_chain_batch
 
-pytestmark = pytest.mark.cuda  # skipped without a GPU or CUDA kernels (tests/conftest.py)
+pytestmark = [pytest.mark.kernels, pytest.mark.cuda]  # skipped without a GPU or CUDA kernels (tests/conftest.py)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -11,6 +11,8 @@ from specdec_cuda.ops.skinny_linear import (MAX_ROWS, PANEL, linear, pack_weight
                                             skinny_linear_packed)
 from specdec_cuda.reference import skinny_linear as ref
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("M,K,N", [(1, 64, 7), (5, 2048, 131), (6, 48, 64), (7, 160, 9), (13, 33, 5), (33, 256, 111)])

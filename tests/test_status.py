@@ -14,6 +14,8 @@ from specdec_cuda.ops import status as st
 from specdec_cuda.reference import sampling as ref_sampling
 from specdec_cuda.reference import tree as ref_tree
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 HEADER = pathlib.Path(__file__).resolve().parents[1] / "csrc/kernels/common/status.h"
 
 

@@ -11,6 +11,8 @@ from specdec_cuda.reference import tree as ref
 
 from tree_cases import chain, flatten, random_parents
 
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 

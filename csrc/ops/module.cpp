@@ -1,6 +1,9 @@
 // The pybind11 module `specdec_cuda._C`: what is not a tensor op. Importing it also runs the
 // static registrations of every TORCH_LIBRARY / TORCH_LIBRARY_IMPL block linked into the module.
-#include <torch/extension.h>
+// pybind11 through torch's header (its type casters, the pybind11 torch was built with) and
+// ATen, not <torch/extension.h>, whose C++ frontend doubled this file's compile time.
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 #include <string>

@@ -3,7 +3,10 @@
 // kept per request, so it lives in the pybind11 module rather than in the op schema.
 // Argument errors raise ValueError / TypeError naming the input (pybind11 maps
 // std::invalid_argument from the kernels to ValueError).
-#include <torch/extension.h>
+// ATen and torch's pybind11 type casters rather than <torch/extension.h>: that header brings the
+// whole C++ frontend (torch::nn, optim, data), which doubled this file's compile time.
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 #include <optional>
@@ -18,14 +21,14 @@ namespace py = pybind11;
 using specdec::ngram::NgramIndex;
 
 // A CPU int64 copy of an integer tensor of `dim` dimensions (int32 / int64 accepted).
-torch::Tensor cpu_int64(const torch::Tensor& t, int64_t dim, const char* name) {
-  if (t.scalar_type() != torch::kInt64 && t.scalar_type() != torch::kInt32)
+at::Tensor cpu_int64(const at::Tensor& t, int64_t dim, const char* name) {
+  if (t.scalar_type() != at::kLong && t.scalar_type() != at::kInt)
     throw py::type_error(std::string(name) + ": expected an int64 or int32 tensor, got " +
                          std::string(c10::toString(t.scalar_type())));
   if (t.dim() != dim)
     throw py::value_error(std::string(name) + ": expected " + std::to_string(dim) +
                           " dimension(s), got shape " + c10::str(t.sizes()));
-  return t.to(torch::kCPU, torch::kInt64).contiguous();
+  return t.to(at::kCPU, at::kLong).contiguous();
 }
 
 // Row b's index: None -> nullptr (no draft for that row); anything else must be an NgramIndex.
@@ -47,23 +50,23 @@ std::vector<NgramIndex*> index_list(const py::sequence& indexes, const char* nam
   return out;
 }
 
-void extend(NgramIndex& index, const torch::Tensor& tokens) {
+void extend(NgramIndex& index, const at::Tensor& tokens) {
   // tokens: (n,)
-  const torch::Tensor t = cpu_int64(tokens, 1, "tokens");
+  const at::Tensor t = cpu_int64(tokens, 1, "tokens");
   index.extend(t.data_ptr<int64_t>(), t.numel());
 }
 
-torch::Tensor tokens_of(const NgramIndex& index) {
+at::Tensor tokens_of(const NgramIndex& index) {
   // (size,) int64 copy
-  auto out = torch::empty({index.size()}, torch::kInt64);
+  auto out = at::empty({index.size()}, at::kLong);
   int64_t* p = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < index.size(); ++i) p[i] = index.tokens()[i];
   return out;
 }
 
-int64_t count(const NgramIndex& index, const torch::Tensor& ngram) {
+int64_t count(const NgramIndex& index, const at::Tensor& ngram) {
   // ngram: (n,)
-  const torch::Tensor t = cpu_int64(ngram, 1, "ngram");
+  const at::Tensor t = cpu_int64(ngram, 1, "ngram");
   std::vector<int32_t> g(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
     const int64_t v = t.data_ptr<int64_t>()[i];
@@ -74,8 +77,8 @@ int64_t count(const NgramIndex& index, const torch::Tensor& ngram) {
 }
 
 py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t k,
-                 int64_t num_candidates, int64_t max_occurrences, const torch::Tensor& max_nodes,
-                 const std::optional<torch::Tensor>& max_depth) {
+                 int64_t num_candidates, int64_t max_occurrences, const at::Tensor& max_nodes,
+                 const std::optional<at::Tensor>& max_depth) {
   const std::vector<NgramIndex*> rows = index_list(indexes, "indexes");
   const int64_t batch = static_cast<int64_t>(rows.size());
   const NgramIndex* shared = nullptr;
@@ -93,12 +96,12 @@ py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t 
                           ", num_candidates=" + std::to_string(num_candidates) +
                           ", max_occurrences=" + std::to_string(max_occurrences));
   // max_nodes: (B,) node budget per row
-  const torch::Tensor budget = cpu_int64(max_nodes, 1, "max_nodes");
+  const at::Tensor budget = cpu_int64(max_nodes, 1, "max_nodes");
   if (budget.size(0) != batch)
     throw py::value_error("max_nodes: expected shape (" + std::to_string(batch) + ",), got " +
                           c10::str(budget.sizes()));
   // max_depth: (B,) most tokens per candidate, or None (= k)
-  torch::Tensor depth;
+  at::Tensor depth;
   if (max_depth.has_value()) {
     depth = cpu_int64(*max_depth, 1, "max_depth");
     if (depth.size(0) != batch)
@@ -106,9 +109,9 @@ py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t 
                             c10::str(depth.sizes()));
   }
   const int64_t width = k * num_candidates;
-  auto tokens = torch::empty({batch, width}, torch::kInt64);   // (B, width)
-  auto parents = torch::empty({batch, width}, torch::kInt64);  // (B, width)
-  auto num_nodes = torch::empty({batch}, torch::kInt64);       // (B,)
+  auto tokens = at::empty({batch, width}, at::kLong);   // (B, width)
+  auto parents = at::empty({batch, width}, at::kLong);  // (B, width)
+  auto num_nodes = at::empty({batch}, at::kLong);       // (B,)
   std::vector<const NgramIndex*> const_rows(rows.begin(), rows.end());
   specdec::ngram::lookup_batch(
       const_rows, shared, static_cast<int>(k), static_cast<int>(num_candidates),
@@ -119,13 +122,13 @@ py::tuple lookup(const py::sequence& indexes, const py::object& corpus, int64_t 
   return py::make_tuple(tokens, parents, num_nodes);
 }
 
-void extend_rows(const py::sequence& indexes, const torch::Tensor& tokens,
-                 const torch::Tensor& num_tokens) {
+void extend_rows(const py::sequence& indexes, const at::Tensor& tokens,
+                 const at::Tensor& num_tokens) {
   const std::vector<NgramIndex*> rows = index_list(indexes, "indexes");
   const int64_t batch = static_cast<int64_t>(rows.size());
   // tokens: (B, m), row b's new tokens in tokens[b, :num_tokens[b]]; num_tokens: (B,)
-  const torch::Tensor t = cpu_int64(tokens, 2, "tokens");
-  const torch::Tensor n = cpu_int64(num_tokens, 1, "num_tokens");
+  const at::Tensor t = cpu_int64(tokens, 2, "tokens");
+  const at::Tensor n = cpu_int64(num_tokens, 1, "num_tokens");
   if (t.size(0) != batch || n.size(0) != batch)
     throw py::value_error("ngram_extend_rows: tokens " + c10::str(t.sizes()) + " and num_tokens " +
                           c10::str(n.sizes()) + " must have " + std::to_string(batch) +
