@@ -1,7 +1,7 @@
 // Argument checks and kernel-argument packing shared by ddtree_cpu.cpp and ddtree_cuda.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <utility>
 

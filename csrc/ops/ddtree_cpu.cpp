@@ -1,7 +1,7 @@
 // CPU glue of the ddtree family: check, pack arguments, spread batch rows over threads.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include "kernels/ddtree/ddtree.h"
 #include "ops/ddtree_common.h"

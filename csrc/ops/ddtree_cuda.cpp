@@ -3,7 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <cuda_runtime.h>
 

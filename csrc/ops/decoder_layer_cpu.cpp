@@ -3,7 +3,7 @@
 // RoPE, attention and SwiGLU; csrc/kernels/skinny_linear/packed_cpu for the four projections).
 // Reference: specdec_cuda/reference/decoder_layer.py (the model's own torch layer). CPU only: a
 // CUDA model runs its layers as torch ops.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Shape / dtype checks and argument packing shared by diffusion_cpu.cpp and diffusion_cuda.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include "kernels/diffusion/unmask.h"

@@ -2,7 +2,7 @@
 // tensor of its blocks as stored in the file (kernels/gguf/blocks.h), N rows of K / QK blocks.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <c10/util/Exception.h>
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // CPU glue of the `gguf` family: matmul and dequantisation straight from GGUF blocks
 // (kernels: csrc/kernels/gguf/gguf_cpu.h). Rows of W are independent, so they are split over
 // torch's threads; every output's accumulation order depends only on K.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include <cstring>

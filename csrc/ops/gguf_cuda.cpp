@@ -1,7 +1,8 @@
 // CUDA glue of the `gguf` family: the warp-per-row matmul for the few rows of decoding and
 // verification, dense dequantisation + cuBLAS from kDenseFromM rows on, and dequantisation
 // (kernels: csrc/kernels/gguf/gguf_cuda.cu).
-#include <ATen/ATen.h>
+#include "ops/aten.h"
+#include <ATen/ops/mm.h>  // at::mm_out
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>

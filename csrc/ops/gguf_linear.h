@@ -22,7 +22,7 @@
 // sequence's verification rows).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <algorithm>
 #include <cstdint>

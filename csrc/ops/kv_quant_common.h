@@ -2,7 +2,7 @@
 // KV cache, csrc/kernels/kv_quant/hier4.h). Every message names the tensor and its shape.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <cstdint>
 

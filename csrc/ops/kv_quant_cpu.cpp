@@ -1,6 +1,6 @@
 // CPU glue of the `kv_quant` family: loops over (row, head, group) calling the per-group code in
 // csrc/kernels/kv_quant/hier4.h, the same code the CUDA kernels run per thread.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // CUDA glue of the `kv_quant` family (kernels: csrc/kernels/kv_quant/hier4_cuda.cu).
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>

@@ -1,7 +1,7 @@
 // Argument checks and packing of lookahead_mask, shared by tree_cpu.cpp and tree_cuda.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include "kernels/tree/lookahead_mask.h"
 #include "ops/tree_common.h"

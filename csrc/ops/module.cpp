@@ -1,9 +1,11 @@
 // The pybind11 module `specdec_cuda._C`: what is not a tensor op. Importing it also runs the
 // static registrations of every TORCH_LIBRARY / TORCH_LIBRARY_IMPL block linked into the module.
-// pybind11 through torch's header (its type casters, the pybind11 torch was built with) and
-// ATen, not <torch/extension.h>, whose C++ frontend doubled this file's compile time.
-#include <ATen/ATen.h>
-#include <torch/csrc/utils/pybind.h>
+// pybind11 (the copy torch ships, as <torch/extension.h> would use) and c10's TORCH_CHECK alone:
+// nothing here takes a tensor, and <torch/extension.h>'s C++ frontend and ATen were nearly all of
+// this file's compile time.
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <string>

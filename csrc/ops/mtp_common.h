@@ -1,7 +1,7 @@
 // Shape rules shared by the CPU and CUDA glue of the `mtp` family (fused MTP-head ops).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 namespace specdec::ops {
 

@@ -1,6 +1,6 @@
 // CPU glue of the `mtp` family: fused MTP-head output side (norm + LM head + top-k) and input side
 // (embedding gather + two norms + split eh_proj). Kernels: csrc/kernels/mtp/mtp_cpu.h.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include <algorithm>

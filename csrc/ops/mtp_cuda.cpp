@@ -1,6 +1,6 @@
 // CUDA glue of the `mtp` family: fused MTP-head output side (norm + LM head + top-k) and input
 // side (embedding gather + two norms + split eh_proj). Kernels: csrc/kernels/mtp/mtp_cuda.h.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>

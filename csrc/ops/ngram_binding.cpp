@@ -5,7 +5,7 @@
 // std::invalid_argument from the kernels to ValueError).
 // ATen and torch's pybind11 type casters rather than <torch/extension.h>: that header brings the
 // whole C++ frontend (torch::nn, optim, data), which doubled this file's compile time.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // skinny_linear_packed op and the decoder_layer op both run. The caller has checked the shapes.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // hierarchical 4-bit KV cache, csrc/kernels/quant_attention). Every message names the tensor.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <optional>
 

@@ -1,6 +1,6 @@
 // CPU glue of the `quant_attention` family: shape and value checks, then the (row, KV head) slabs
 // split over torch's threads (kernel: csrc/kernels/quant_attention/quant_attention_cpu.cpp).
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // CUDA glue of the `quant_attention` family (kernel: csrc/kernels/quant_attention/quant_attention_cuda.cu).
 // No value checks here (they would cost a device sync): the kernel skips any token it cannot read.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>

@@ -1,5 +1,6 @@
 // CPU glue of the `quant` family: W4A16 matmul and dequantisation over LAYOUT_CPU weights.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
+#include <ATen/ops/matmul.h>
 #include <torch/library.h>
 
 #include "kernels/quant/w4_cpu.h"

@@ -1,6 +1,7 @@
 // CUDA glue of the `quant` family: W4A16 matmul (tensor-core kernel for M <= 16 per launch, dense
 // dequantisation + cuBLAS for large M) and dequantisation, over LAYOUT_CUDA weights.
-#include <ATen/ATen.h>
+#include "ops/aten.h"
+#include <ATen/ops/mm.h>  // at::mm_out
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>

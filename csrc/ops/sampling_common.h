@@ -2,7 +2,7 @@
 #pragma once
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include "kernels/sampling/chain.h"
 

@@ -1,7 +1,7 @@
 // CPU glue of the `skinny_linear` family: shape / dtype checks, then the output features split
 // over torch's threads (kernel: csrc/kernels/skinny_linear/skinny_linear_cpu.cpp). CPU only: on
 // CUDA the callers use F.linear (cuBLAS streams the weight once for a few rows already).
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 #include <torch/library.h>
 
 #include "kernels/skinny_linear/packed_cpu.h"

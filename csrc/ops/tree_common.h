@@ -1,7 +1,7 @@
 // Argument checks and kernel-argument packing shared by tree_cpu.cpp and tree_cuda.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include <cstring>
 #include <optional>

@@ -1,7 +1,7 @@
 // CPU glue of the tree family: check, pack arguments, spread batch rows over threads.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "ops/aten.h"
 
 #include "kernels/common/status.h"
 #include "kernels/tree/compact.h"
