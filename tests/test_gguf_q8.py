@@ -105,6 +105,29 @@ def test_matmul_equals_reference_bit_for_bit(qtype):
             assert torch.equal(bits(y), bits(ref.matmul_q8(x, raw, qtype, n))), (k, m)
 
 
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_K], ids=lambda q: NAMES[q])
+def test_extreme_codes_keep_the_bits(qtype):
+    # Every weight code and scale at its largest and every activation code at +-127: the AVX2
+    # tier's lane dots add vpmaddubsw words in int16 (Q4_K: 8 registers' words, up to 30480; Q6_K:
+    # 2, up to 32004), here at that bound, where a wrap would change the bits.
+    k, n = 512, 19
+    raw = random_blocks(qtype, n, k, seed=5).view(n, k // 256, -1).clone()
+    if qtype == Q4_K:
+        raw[:, :, 4:144] = 0xFF  # 6-bit scales and mins 63, codes 15
+    else:
+        raw[:, :, 0:192] = 0xFF  # codes 63 (weight 31)
+        raw[:, :, 192:208] = torch.tensor([0x7F, 0x80] * 8, dtype=torch.uint8)  # scales 127, -128
+    raw = raw.reshape(n, -1)
+    w = g.gguf_weight(raw, qtype, (n, k))
+    x = torch.ones(6, k)  # codes 127
+    x[1] = -1.0
+    x[3, ::2] = -1.0
+    x[5, 256:] = -1.0
+    for m in (1, 2, 6):
+        y = g.gguf_matmul(x[:m], w, activations="q8")
+        assert torch.equal(bits(y), bits(ref.matmul_q8(x[:m], raw, qtype, n))), m
+
+
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: NAMES[q])
 def test_matmul_is_close_to_the_float32_kernel(qtype):
     k = SHAPES[qtype][-1]

@@ -24,6 +24,14 @@
 //   halves8(p, step, st, cnt)  lane j < cnt = the fp16 at p + j * step widened, else 0; h2f one
 //                   fp16 widened (both exact, as blocks.h's half_to_float, NaN payloads aside)
 //
+// Where V::kLaneDots (the Q4_K / Q6_K lane dots below, against x's transposed codes Q8Args::xt):
+//   transpose8(w)   per row of W, the 8 x 8 dword transpose of w[0..7]
+//   q4_lane_scales(b), q4_lane_dot(w, q, c)  lane j = sc_j Σ w q over sub-block j, from the lane-
+//                   order w[8] and the transposed codes at q (chunk i at q + 64 i), c the scales as
+//                   q4_lane_scales makes them from the 8 bytes b[r]
+//   q6_lane_scales(p, st, lo, hi), q6_lane_sums(w, q, lo, hi)  lane j = sc_2j Σ over sub-block j's
+//                   first 16 codes (w[0..3]) + sc_2j+1 Σ over its last 16 (w[4..7]) of (w + 32) q
+//
 // A tile is rows n .. n + kRows - 1 of W against MB consecutive rows of x: each octet of W (a
 // k-quant super-block, 8 legacy blocks) is decoded once into registers (spilled to L1 where they
 // do not fit) and used for the MB rows, whose one accumulator each stays in a register.
@@ -89,12 +97,13 @@ struct Q8Tile {
   // sc_s * Σ w q (exact in int32).
   //
   // Lane dots (kLanes: V::kLaneDots and x's codes transposed, Q8Args::xt): the weight registers
-  // w[s] (sub-block s of rows n, n + 1, 32 codes each) are transposed once per super-block so that
-  // w[i] lane (r, j) holds codes 4i .. 4i + 3 of sub-block j of row r; against the transposed codes
-  // of x, 8 vpdpbusd leave lane (r, j) = Σ w q over sub-block j, the very integer the reduce forms,
-  // so the bits are the same. Per row of x this replaces 8 vpmaddubsw and the ~20-step reduce8_i16
-  // with 8 vpdpbusd and one vpmulld; the transpose is paid once per tile, or never where the
-  // weight was repacked at load into that order (Q4_K_LANES, Q6_K_LANES: Q8Args::w_lanes).
+  // w[s] (sub-block s of rows n (, n + 1), 32 codes each) are transposed once per super-block so
+  // that w[i] lane (r, j) holds codes 4i .. 4i + 3 of sub-block j of row r; against the transposed
+  // codes of x, V::q4_lane_dot leaves lane (r, j) = sc_j Σ w q over sub-block j, the very integer
+  // the reduce forms, so the bits are the same. Per row of x this replaces 8 vpmaddubsw and the
+  // ~20-step reduce8_i16 with 8 vpdpbusd and one vpmulld (VNNI), or 8 vpmaddubsw, 7 int16 adds and
+  // one vpmaddwd (AVX2); the transpose is paid once per tile, or never where the weight was
+  // repacked at load into that order (Q4_K_LANES, Q6_K_LANES: Q8Args::w_lanes).
   SPECDEC_Q8_INLINE void q4_k() const {
     if constexpr (V::kLaneDots) {
       if (a.xt != nullptr) return q4_k_body<true>();
@@ -130,7 +139,7 @@ struct Q8Tile {
       I scv;  // the scales: int16 pairs for the reduce, int32 lanes for the lane dots
       if constexpr (kLanes) {
         if (!a.w_lanes) V::transpose8(w);  // Q4_K_LANES blocks split into lane order as loaded
-        scv = V::bytes32(sc);
+        scv = V::q4_lane_scales(sc);
       } else {
         scv = V::pairs16(sc);
       }
@@ -139,11 +148,7 @@ struct Q8Tile {
       for (int m = 0; m < MB; ++m) {
         I dot;
         if constexpr (kLanes) {
-          const int8_t* q = a.codes_t(m0 + m) + 2 * kQK_K * t;
-          I acc = V::izero();
-          SPECDEC_Q8_UNROLL
-          for (int i = 0; i < 8; ++i) acc = V::dpbusd(acc, w[i], V::xtload(q + 64 * i));
-          dot = V::mullo32(acc, scv);
+          dot = V::q4_lane_dot(w, a.codes_t(m0 + m) + 2 * kQK_K * t, scv);
         } else {
           I p[8];
           SPECDEC_Q8_UNROLL
@@ -210,14 +215,7 @@ struct Q8Tile {
       for (int m = 0; m < MB; ++m) {
         I sums;  // lane g: sc_2g Σ_lo16 (w + 32) q + sc_2g+1 Σ_hi16 (w + 32) q
         if constexpr (kLanes) {
-          const int8_t* q = a.codes_t(m0 + m) + 2 * kQK_K * t;
-          I lo = V::izero(), hi = V::izero();
-          SPECDEC_Q8_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            lo = V::dpbusd(lo, w[i], V::xtload(q + 64 * i));
-            hi = V::dpbusd(hi, w[4 + i], V::xtload(q + 64 * (4 + i)));
-          }
-          sums = V::add32(V::mullo32(lo, s_first), V::mullo32(hi, s_last));
+          sums = V::q6_lane_sums(w, a.codes_t(m0 + m) + 2 * kQK_K * t, s_first, s_last);
         } else {
           I p[8];
           SPECDEC_Q8_UNROLL

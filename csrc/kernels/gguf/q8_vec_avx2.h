@@ -94,7 +94,8 @@ SPECDEC_Q8_INLINE __m256i q8_reduce8_i16_256(const __m256i* p, __m256i c) {
 
 struct V256 {
   static constexpr int kRows = 1;
-  static constexpr bool kLaneDots = false;  // no Q4_K lane dots (q8_body.h): the reduce runs
+  // The reduce runs; V256Lanes (below) runs the Q4_K / Q6_K lane dots instead.
+  static constexpr bool kLaneDots = false;
   using F = __m256;
   using I = __m256i;
 
@@ -130,6 +131,55 @@ struct V256 {
   SPECDEC_Q8_INLINE static I izero() { return _mm256_setzero_si256(); }
   SPECDEC_Q8_INLINE static I abs8(I a) { return _mm256_abs_epi8(a); }
   SPECDEC_Q8_INLINE static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  // ---- the Q4_K / Q6_K lane dots (q8_body.h) --------------------------------------------------
+  // x's transposed codes: the first of the two copies of each 32-byte chunk (Q8Args::xt)
+  SPECDEC_Q8_INLINE static I xtload(const int8_t* p) { return xload(p); }
+  // The 8 x 8 dword transpose: on return w[i] lane j = dword i of the w[j] given.
+  SPECDEC_Q8_INLINE static void transpose8(I* w) {
+    I t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+      t[k] = _mm256_unpacklo_epi32(w[k], w[k + 1]);
+      t[k + 1] = _mm256_unpackhi_epi32(w[k], w[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+      u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);          // dwords 0, 4 of w[k .. k + 3]
+      u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);      // 1, 5
+      u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);  // 2, 6
+      u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);  // 3, 7
+    }
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+      w[k + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+  }
+  // Q4_K: w[i] lane j holds 4 codes (0..15) of sub-block j, so a vpmaddubsw's two int16 words in
+  // dword j are partial sums of sub-block j (each <= 2 * 15 * 127 in magnitude); the 8 registers'
+  // words add in int16 (<= 30480, no wrap) and one vpmaddwd by [sc_j, sc_j] per dword multiplies
+  // and adds each pair: lane j = sc_j Σ w q, exactly.
+  SPECDEC_Q8_INLINE static I q4_lane_scales(const uint64_t* b) { return pairs16(b); }
+  SPECDEC_Q8_INLINE static I q4_lane_dot(const I* w, const int8_t* q, I scales) {
+    I acc = maddubs(w[0], xtload(q));
+    SPECDEC_Q8_UNROLL
+    for (int i = 1; i < 8; ++i) acc = _mm256_add_epi16(acc, maddubs(w[i], xtload(q + 64 * i)));
+    return madd(acc, scales);
+  }
+  // Q6_K: codes w + 32 in 0..63, so a word is <= 2 * 63 * 127 = 16002 and two registers' words
+  // add in int16 (<= 32004); each pair of registers then meets its scale in one vpmaddwd:
+  // lo / hi = [sc_2j, sc_2j] / [sc_2j+1, sc_2j+1] per dword j (int16).
+  SPECDEC_Q8_INLINE static void q6_lane_scales(const uint8_t* p, int64_t, I& lo, I& hi) {
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14)));
+    hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15)));
+  }
+  SPECDEC_Q8_INLINE static I q6_lane_sums(const I* w, const int8_t* q, I s_first, I s_last) {
+    I part[4];
+    SPECDEC_Q8_UNROLL
+    for (int k = 0; k < 4; ++k)
+      part[k] = _mm256_add_epi16(maddubs(w[2 * k], xtload(q + 128 * k)), maddubs(w[2 * k + 1], xtload(q + 128 * k + 64)));
+    return _mm256_add_epi32(_mm256_add_epi32(madd(part[0], s_first), madd(part[1], s_first)),
+                            _mm256_add_epi32(madd(part[2], s_last), madd(part[3], s_last)));
+  }
+
   SPECDEC_Q8_INLINE static I reduce8(const I* m) { return q8_reduce8_256(m); }
   SPECDEC_Q8_INLINE static I reduce8_i16(const I* p, I c) { return q8_reduce8_i16_256(p, c); }
   SPECDEC_Q8_INLINE static I pairs16(const uint64_t* b) {
@@ -162,4 +212,12 @@ struct V256 {
     return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
   }
   SPECDEC_Q8_INLINE static void hsum(F v, float* out) { out[0] = h8(v); }
+};
+
+// V256 with the Q4_K / Q6_K lane dots (q8_body.h) where the caller transposed x's codes
+// (Q8Args::xt, q8_avx2.cpp): int16 sums of vpmaddubsw, then one vpmaddwd by the scales, in place of
+// the reduce's ~20 shuffles and adds per row of x. A type of its own, so that the tiles that reduce
+// compile as they did without it.
+struct V256Lanes : V256 {
+  static constexpr bool kLaneDots = true;
 };

@@ -96,6 +96,24 @@ struct V512Q8 {
   SPECDEC_Q8_INLINE static I bytes32(const uint64_t* b) {
     return _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(b[1]), static_cast<int64_t>(b[0])));
   }
+
+  // ---- the Q4_K / Q6_K lane dots (q8_body.h): 8 vpdpbusd per row of x, int32 throughout --------
+  SPECDEC_Q8_INLINE static I q4_lane_scales(const uint64_t* b) { return bytes32(b); }
+  SPECDEC_Q8_INLINE static I q4_lane_dot(const I* w, const int8_t* q, I scales) {
+    I acc = izero();
+    SPECDEC_Q8_UNROLL
+    for (int i = 0; i < 8; ++i) acc = dpbusd(acc, w[i], xtload(q + 64 * i));
+    return mullo32(acc, scales);
+  }
+  SPECDEC_Q8_INLINE static I q6_lane_sums(const I* w, const int8_t* q, I s_first, I s_last) {
+    I lo = izero(), hi = izero();
+    SPECDEC_Q8_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      lo = dpbusd(lo, w[i], xtload(q + 64 * i));
+      hi = dpbusd(hi, w[4 + i], xtload(q + 64 * (4 + i)));
+    }
+    return add32(mullo32(lo, s_first), mullo32(hi, s_last));
+  }
   // Per 256-bit half (one row of W), the 8 x 8 dword transpose: on return w[i] lane j = dword i of
   // the w[j] given (8 unpacks of dwords, 8 of qwords, 8 two-source permutes of 128-bit pairs).
   SPECDEC_Q8_INLINE static void transpose8(I* w) {
