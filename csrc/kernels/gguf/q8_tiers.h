@@ -14,11 +14,12 @@ struct Q8Args {
   int64_t row_bytes;
   float* y;                // y[m * ldy + n]
   int64_t ldy;
-  // Optional (nullptr: absent), for the VNNI tier's Q4_K / Q6_K lane dots (q8_body.h): row m's
-  // codes with each super-block's 8 x 8 dwords transposed and each 32-byte chunk stored twice (a
-  // zmm's two row halves take the same x, and a full 64-byte load is vpdpbusd's memory operand,
-  // where a broadcast cost a shuffle: 8-row tiles 17% faster), xt[2 m K + 512 t + 64 i + 32 h +
-  // 4 j + b] = code 32 j + 4 i + b of super-block t, h = 0, 1 (transpose_codes, q8_avx512_vnni.cpp).
+  // Optional (nullptr: absent), for the Q4_K / Q6_K lane dots (q8_body.h): row m's codes with each
+  // super-block's 8 x 8 dwords transposed and each 32-byte chunk stored twice (a zmm's two row
+  // halves take the same x, and a full 64-byte load is vpdpbusd's memory operand, where a broadcast
+  // cost a shuffle: 8-row tiles 17% faster), xt[2 m K + 512 t + 64 i + 32 h + 4 j + b] = code
+  // 32 j + 4 i + b of super-block t, h = 0, 1 (transpose_codes, q8_avx512_vnni.cpp; the AVX2 tier
+  // writes and reads h = 0 only, q8_avx2.cpp).
   const int8_t* xt = nullptr;
   // With xt: W's codes are already in lane order (Q4_K_LANES, Q6_K_LANES, blocks.h), so the lane
   // dots skip the per-block transpose. Only the VNNI tier's two-row tiles read it.
