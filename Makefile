@@ -65,8 +65,8 @@ vllm-env:
 vllm-plugin-check:
 	PYTHON=$(PYTHON) bash scripts/vllm_plugin_check.sh
 
-# CPU-only build into a scratch copy, then the CPU tests against it (cheap proof that
-# SPECDEC_CUDA=0 builds and passes).
+# CPU-only build into a scratch copy, then the kernel tests (`-m kernels`) against it (cheap
+# proof that SPECDEC_CUDA=0 builds and passes).
 cpu-only-check: deps
 	bash scripts/cpu_only_check.sh $(PY)
 
