@@ -1,7 +1,7 @@
 // The AVX2 tier of the Q8-activation GGUF matmul (q8_body.h over V256), compiled for AVX2 through
 // a target pragma (a default build targets baseline x86-64; q8_cpu.cpp picks the tier at run time).
-// Q4_K and Q6_K against 2 or more rows of x run the lane dots (q8_body.h, q8_vec_avx2.h) over x's
-// codes transposed per call.
+// Q4_K against 4 or more rows of x and Q6_K against 2 or more run the lane dots (q8_body.h,
+// q8_vec_avx2.h: V256Lanes) over x's codes transposed per call.
 #include "kernels/gguf/q8_tiers.h"
 
 #if defined(__x86_64__)
