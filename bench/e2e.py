@@ -147,7 +147,7 @@ def engine_group(decoder: SpeculativeDecoder, group: list[list[int]], **kw) -> d
     return dict(tokens=m.new_tokens, seconds=m.seconds, row_steps=m.row_steps,
                 after_prefill=m.new_tokens_after_prefill, drafted=sum(m.drafted), accepted=sum(m.accepted),
                 target_forwards=m.target_forwards, target_seconds=m.target_seconds,
-                propose_seconds=m.propose_seconds, outputs=out.tokens)
+                propose_seconds=m.propose_seconds, accept_seconds=m.accept_seconds, outputs=out.tokens)
 
 
 def hf_group(model, group: list[list[int]], max_new_tokens: int, eos: int | None, temperature: float = 0.0,
@@ -185,16 +185,23 @@ def combine(parts: list[dict]) -> dict:
     """Totals over groups: tokens/s over all of them, τ (tokens per target forward after the first
     token, per row), acceptance (accepted / drafted), outputs in prompt order; for this engine's
     runs also ``step_seconds`` (the mean target forward of a decoding step: a verification, for a
-    speculative method) and ``draft_seconds_per_token`` (propose time per drafted token, a draft
-    model's catch-up on the prompt included)."""
+    speculative method) and ``draft_seconds_per_token`` (the proposer's time per drafted token:
+    its ``propose`` and ``accept``, so a drafter fed the accepted path after each step, and a draft
+    model's catch-up on the prompt, included)."""
     keys = ("tokens", "seconds", "row_steps", "after_prefill", "drafted", "accepted", "target_forwards",
-            "target_seconds", "propose_seconds")
+            "target_seconds", "propose_seconds", "accept_seconds")
     total = {key: sum(p.get(key, 0) for p in parts) for key in keys}
     return dict(tokens=total["tokens"], seconds=total["seconds"], tokens_per_s=total["tokens"] / total["seconds"],
                 tau=total["after_prefill"] / total["row_steps"] if total["row_steps"] else None,
                 acceptance=total["accepted"] / total["drafted"] if total["drafted"] else None,
                 step_seconds=total["target_seconds"] / total["target_forwards"] if total["target_forwards"] else None,
-                draft_seconds_per_token=total["propose_seconds"] / total["drafted"] if total["drafted"] else None,
+                draft_seconds_per_token=((total["propose_seconds"] + total["accept_seconds"]) / total["drafted"]
+                                         if total["drafted"] else None),
+                # Per decoding step (a block, for a drafter that drafts one per step): propose / accept.
+                propose_seconds_per_step=(total["propose_seconds"] / total["target_forwards"]
+                                          if total["target_forwards"] else None),
+                accept_seconds_per_step=(total["accept_seconds"] / total["target_forwards"]
+                                         if total["target_forwards"] else None),
                 outputs=[o for p in parts for o in p["outputs"]])
 
 

@@ -107,7 +107,7 @@ CASES = [
     # come only from the residual distribution, which verification must still get right.
     Case("draft-vocab", True, method="draft",
          options=lambda env: dict(draft=_builtin_target(env.draft, "draft_vocab"), k=3, policy="fixed",
-                                  verification="rejection", draft_vocab=[i for i in range(env.target.vocab_size) if i % 4 != 1])),
+                                  verification="rejection", draft_vocab=_without_every_fourth(env.target))),
     # The drafter reads the last 3 prompt tokens only (the suite's prompts are 1 to 7 long).
     Case("draft-context", True, method="draft",
          options=lambda env: dict(draft=env.draft, k=3, policy="fixed", draft_context=3)),
@@ -143,6 +143,14 @@ CASES = [
     Case("mtp-coupled", True, method="mtp",
          options=lambda env: dict(heads=random_heads(env.target, "mtp", 2, seed=6), k=3, policy=VaryingPolicy()),
          same_samples_as=AR),
+    # Heads drafting over a draft vocabulary (FR-Spec) without every fourth id (q = 0 there).
+    Case("medusa-vocab", True, method="medusa",
+         options=lambda env: dict(heads=random_heads(env.target, "medusa", 3, seed=5), policy="fixed",
+                                  tree=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)],
+                                  draft_vocab=_without_every_fourth(env.target)), same_samples_as=AR),
+    Case("mtp-vocab", True, method="mtp",
+         options=lambda env: dict(heads=random_heads(env.target, "mtp", 2, seed=6), k=3, policy="fixed",
+                                  verification="rejection", draft_vocab=_without_every_fourth(env.target))),
     Case("chain-as-tree", True,
          proposer=lambda env: ChainAsTree(DraftModelProposer(env.draft, k=3, verification="rejection")),
          same_samples_as="draft"),
@@ -160,6 +168,14 @@ CASES = [
     Case("ddtree", True, method="ddtree",
          options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4,
                                   policy="fixed"), same_samples_as=AR),
+    # A draft vocabulary (FR-Spec) without every fourth id: those tokens have q = 0 in the sampled
+    # drafts and come from the residual only; DDTree's trees never hold them.
+    Case("dflash-vocab", True, method="dflash",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), block_size=4, policy="fixed",
+                                  draft_sampling="sampled", draft_vocab=_without_every_fourth(env.target))),
+    Case("ddtree-vocab", True, method="ddtree",
+         options=lambda env: dict(drafter=random_dflash_drafter(env.target), budget=6, block_size=4, policy="fixed",
+                                  draft_vocab=_without_every_fourth(env.target)), same_samples_as=AR),
     # EAGLE-3 drafters fitted for a few dozen steps to each target's own text (_eagle3_testlib), so
     # that deep drafts are accepted.
     Case("eagle3-chain", True, method="eagle3",
@@ -273,6 +289,10 @@ def _quantized_target(model):
     return QuantKVModel(model, key_group=4, residual=4)
 
 IDS = [c.name for c in CASES]
+
+
+def _without_every_fourth(model) -> list[int]:
+    return [i for i in range(model.vocab_size) if i % 4 != 1]
 
 
 def random_dflash_drafter(target):

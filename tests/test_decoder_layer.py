@@ -1,5 +1,6 @@
 """``decoder_layer`` (one Llama/Qwen layer as one CPU op) against its reference, the caches it
-writes, its batch invariance, and the model's fused path against its torch path."""
+writes, its batch invariance, and the model's fused path against its torch path; ``context_kv``
+(the DFlash drafter's context K/V as one CPU op) against its reference and the drafter's torch path."""
 
 from __future__ import annotations
 
@@ -192,6 +193,102 @@ def test_opcheck():
         torch.empty(1, 2, HIDDEN)))
 
 
+# -- context_kv: KV injection's context keys and values (the DFlash drafter's extend) -------------
+
+def make_context(L, Hkv, D, bias, layers_read=3, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return dict(fc_w=torch.randn(HIDDEN, layers_read * HIDDEN, generator=g) * 0.1,
+                context_norm=1 + 0.3 * torch.randn(HIDDEN, generator=g),
+                kv_w=torch.randn(L * 2 * Hkv * D, HIDDEN, generator=g) * 0.3,
+                kv_b=torch.randn(L * 2 * Hkv * D, generator=g) * 0.3 if bias else None,
+                k_norm=1 + 0.3 * torch.randn(L, D, generator=g))
+
+
+def run_context_op(w, hidden, cos, sin, kc, vc, lengths):
+    from specdec_cuda.ops.decoder_layer import context_kv
+
+    context_kv(hidden, pack_weight(w["fc_w"]), w["context_norm"], pack_weight(w["kv_w"]), w["kv_b"], w["k_norm"],
+               1e-5, cos, sin, kc, vc, lengths)
+
+
+@pytest.mark.parametrize("L,Hkv,D,bias", [(2, 1, 16, False), (3, 2, 8, True), (1, 2, 24, False)])
+@pytest.mark.parametrize("n", [1, 4])
+def test_context_kv_matches_reference_and_leaves_other_slots(L, Hkv, D, bias, n):
+    B = 2
+    w = make_context(L, Hkv, D, bias)
+    g = torch.Generator().manual_seed(n)
+    lengths = torch.tensor([3, 11])  # rows of different lengths: each writes its own slots
+    hidden = torch.randn(B, n, 3 * HIDDEN, generator=g)
+    kc, vc = torch.randn(L, B, Hkv, T, D, generator=g), torch.randn(L, B, Hkv, T, D, generator=g)
+    cos, sin = rope(B, n, D, lengths)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    run_context_op(w, hidden, cos, sin, kc, vc, lengths)
+    ref.context_kv(hidden, w["fc_w"], w["context_norm"], w["kv_w"], w["kv_b"], w["k_norm"], 1e-5, cos, sin, kc_ref,
+                   vc_ref, lengths)
+    torch.testing.assert_close(kc, kc_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vc, vc_ref, rtol=1e-5, atol=1e-5)
+    written = torch.zeros(T, dtype=torch.bool)
+    for b, start in enumerate(lengths.tolist()):
+        untouched = torch.ones(T, dtype=torch.bool)
+        untouched[start: start + n] = False
+        assert torch.equal(kc[:, b, :, untouched], kc_ref[:, b, :, untouched])
+        written |= ~untouched
+    assert not torch.allclose(kc[:, :, :, written], torch.zeros(()))  # something was written
+
+
+def test_context_kv_matches_the_dflash_drafters_torch_path():
+    # The op is the drafter's context_features + context_kv: the same keys and values.
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
+
+    c = DFlashConfig(hidden_size=HIDDEN, vocab_size=64, target_layers=(0, 2, 3), num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=12, intermediate_size=40)
+    drafter = DFlashDrafter.random(c, seed=3, std=0.2)
+    hidden = {i: torch.randn(2, 5, HIDDEN) for i in c.target_layers}
+    lengths = torch.tensor([4, 9])
+    slots = lengths[:, None] + torch.arange(5)
+    with torch.no_grad():
+        cos, sin = drafter.rope(slots)
+        k, v = drafter.context_kv(drafter.context_features(hidden), cos, sin)  # [L, B, Hkv, n, D]
+        weight, bias, k_norm = drafter._stacked_kv()
+        kc, vc = torch.zeros(2, 2, 2, T, 12), torch.zeros(2, 2, 2, T, 12)
+        from specdec_cuda.ops.decoder_layer import context_kv
+
+        context_kv(torch.cat([hidden[i] for i in c.target_layers], -1), pack_weight(drafter.fc.weight),
+                   drafter.context_norm, pack_weight(weight), bias, k_norm.reshape(2, 12), c.rms_norm_eps,
+                   cos[:, :, 0].contiguous(), sin[:, :, 0].contiguous(), kc, vc, lengths)
+    for b, start in enumerate(lengths.tolist()):
+        torch.testing.assert_close(kc[:, b, :, start: start + 5], k[:, b], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(vc[:, b, :, start: start + 5], v[:, b], rtol=1e-5, atol=1e-5)
+
+
+def test_context_kv_bad_inputs_raise_naming_the_input():
+    L, Hkv, D = 3, 2, 16  # k|v of 192 outputs: 3 panels (a packed weight knows N to a panel)
+    w = make_context(L, Hkv, D, False)
+    hidden = torch.randn(1, 2, 3 * HIDDEN)
+    kc, vc = torch.zeros(L, 1, Hkv, T, D), torch.zeros(L, 1, Hkv, T, D)
+    cos, sin = rope(1, 2, D, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="cache slots"):
+        run_context_op(w, hidden, cos, sin, kc, vc, torch.tensor([T - 1]))
+    with pytest.raises(RuntimeError, match="k_norm"):
+        run_context_op(dict(w, k_norm=w["k_norm"][:1]), hidden, cos, sin, kc, vc, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="fc_w"):
+        run_context_op(w, torch.randn(1, 2, 2 * HIDDEN), cos, sin, kc, vc, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="kv_w"):
+        run_context_op(dict(w, kv_w=w["kv_w"][: 2 * Hkv * D]), hidden, cos, sin, kc, vc, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="v_cache"):
+        run_context_op(w, hidden, cos, sin, kc, vc[:, :, :, :-1], torch.tensor([0]))
+
+
+def test_context_kv_opcheck():
+    L, Hkv, D = 2, 1, 16
+    w = make_context(L, Hkv, D, True)
+    cos, sin = rope(1, 2, D, torch.tensor([1]))
+    torch.library.opcheck(torch.ops.specdec.context_kv.default, (
+        torch.randn(1, 2, 3 * HIDDEN), pack_weight(w["fc_w"]).panels, w["context_norm"], pack_weight(w["kv_w"]).panels,
+        w["kv_b"], w["k_norm"], 1e-5, cos, sin, torch.zeros(L, 1, Hkv, T, D), torch.zeros(L, 1, Hkv, T, D),
+        torch.tensor([1])))
+
+
 @pytest.mark.parametrize("cap", ["baseline", "avx2"])
 def test_narrower_tiers_match_reference(cap):
     # SPECDEC_CPU_ISA picks a narrower tier than the machine's widest (read once at load: a fresh
@@ -205,5 +302,6 @@ def test_narrower_tiers_match_reference(cap):
             "t.test_longer_caches_match_reference(40, 9, True); "
             "t.test_an_mlp_width_off_the_vector_width_matches_reference(); "
             "t.test_a_token_gets_the_same_bits_alone_or_verified_with_others(); "
-            "t.test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain()") % tests_dir
+            "t.test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(); "
+            "t.test_context_kv_matches_reference_and_leaves_other_slots(3, 2, 8, True, 4)") % tests_dir
     run_capped(cap, code)

@@ -383,6 +383,38 @@ def test_a_draft_vocabulary_reads_the_heads_own_blocks(written):
     assert model.batch_invariant and out.metrics.batch_invariant  # GGUF blocks: exact verification
 
 
+def test_heads_and_a_dflash_drafter_draft_through_the_files_own_head(written):
+    """Medusa heads, MTP modules and a DFlash drafter rank the target's LM head as the file stores
+    it (GGUF blocks: no fused op reads them, so the head's product then torch's top-k), over the
+    whole vocabulary and over a draft vocabulary; greedy output exact either way."""
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
+    from specdec_cuda.models.heads import MedusaHeads, MTPModules, mtp_block_config, target_head
+
+    _, path, _ = written
+    target = models.load(path)
+    head = target_head(target)
+    assert isinstance(head.lm_head_packed, g.GgufLinear)
+    h = torch.randn(3, target.hidden_size, generator=torch.Generator().manual_seed(2))
+    top = head.topk(h, 4, return_logits=True)
+    dense = head.logits(h)  # the dequantised head: q8 activations keep within a few percent of it
+    assert ((top.logits - dense).abs().mean() / dense.abs().mean()).item() < 0.05
+    assert torch.equal(top.values, top.logits.topk(4, dim=-1).values)
+    prompts = [torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(9)).tolist()]
+    expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=16).tokens
+    g_ = torch.Generator().manual_seed(4)
+    medusa = MedusaHeads(target.hidden_size, 3)
+    with torch.no_grad():
+        medusa.weight.copy_(torch.randn(medusa.weight.shape, generator=g_) * 0.1)
+    mtp = MTPModules(mtp_block_config(head), 2)
+    drafter = DFlashDrafter.random(DFlashConfig.for_target(target, block_size=4), seed=1)
+    for method, options in (("medusa", dict(heads=medusa)), ("medusa", dict(heads=medusa, budget=16)),
+                            ("mtp", dict(heads=mtp)), ("dflash", dict(drafter=drafter))):
+        for vocab in (None, list(range(0, VOCAB, 2))):
+            out = specdec_cuda.generate(target, prompts, method=method, max_new_tokens=16, policy="fixed",
+                                        draft_vocab=vocab, **options)
+            assert out.tokens == expected and sum(out.metrics.drafted) > 0, (method, options.keys(), vocab)
+
+
 def test_the_drafter_cache_fingerprints_a_gguf_model_from_its_blocks(written):
     # The fingerprint reads a few hundred rows of the embedding and head: from the blocks (the dense
     # stand-ins hold no data), the same for two loads of the file, and that of the dense model of

@@ -222,6 +222,30 @@ def test_the_dflash_loss_decay_reaches_the_loss(tmp_path, target_dir, monkeypatc
     assert json.loads((result.folder / "report.json").read_text())["drafter"]["dflash_gamma"] == 2.5
 
 
+def test_a_dflash_draft_vocabulary_is_the_training_texts_most_frequent_ids(tmp_path, target_dir):
+    # --draft-vocab N: the drafter keeps the N most frequent ids of its training sequences, and its
+    # methods run the head over them by default (lossless all the same).
+    from specdec_cuda.models.dflash import DFlashDrafter
+
+    prompts = _prompts()
+    result = T.train("dflash", target_dir, prompts=prompts, distill=DISTILL, loop=LOOP, out=tmp_path / "d",
+                     drafter=T.DrafterSpec(dflash_block_size=4, dflash_draft_vocab=12), log=lambda s: None)
+    target = models.load(target_dir)
+    trained_on = max((F.load_features(f) for f in (drafters.write_root() / drafters.fingerprint(target) /
+                                                   "features").iterdir()), key=len)
+    counts = torch.bincount(trained_on.tokens, minlength=target.vocab_size)
+    vocab = DFlashDrafter.load(result.folder).config.draft_vocab
+    assert len(vocab) == 12 and counts[list(vocab)].min() >= counts[[i for i in range(target.vocab_size)
+                                                                      if i not in vocab]].max()
+    report = json.loads((result.folder / "report.json").read_text())
+    assert 0 < report["held_out"]["draft_vocab_coverage"] == pytest.approx(float(counts[list(vocab)].sum() / counts.sum()), abs=1e-4)
+    ar = specdec_cuda.generate(target, prompts[:4], max_new_tokens=12).tokens
+    for method in ("dflash", "ddtree"):
+        out = specdec_cuda.generate(target, prompts[:4], method=method, drafter=result.folder, max_new_tokens=12,
+                                    policy="fixed")
+        assert out.tokens == ar and sum(out.metrics.drafted) > 0
+
+
 def test_the_cli_trains_from_a_prompts_file(tmp_path):
     from specdec_cuda.train.__main__ import main
 

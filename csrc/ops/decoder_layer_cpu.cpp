@@ -29,14 +29,14 @@ void check_f32(const char* op, const at::Tensor& t, const char* name, at::IntArr
 
 // A packed weight (skinny_linear_packed's layout) for an [N, K] projection, and its bias.
 void check_packed(const at::Tensor& packed, const std::optional<at::Tensor>& bias, const char* name, int64_t N,
-                  int64_t K) {
+                  int64_t K, const char* op = kOp) {
   const int64_t panels = (N + skinny::kPanel - 1) / skinny::kPanel;
   TORCH_CHECK((packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16) &&
                   packed.is_contiguous() && packed.dim() == 3 && packed.size(0) == panels && packed.size(1) == K &&
                   packed.size(2) == skinny::kPanel,
-              kOp, ": ", name, " must be a packed float32 / bfloat16 weight [", panels, ", ", K, ", ", skinny::kPanel,
+              op, ": ", name, " must be a packed float32 / bfloat16 weight [", panels, ", ", K, ", ", skinny::kPanel,
               "] (N=", N, "); got ", packed.scalar_type(), " ", packed.sizes());
-  if (bias.has_value()) check_f32(kOp, *bias, "a bias", {N});
+  if (bias.has_value()) check_f32(op, *bias, "a bias", {N});
 }
 
 // The checked geometry of one call: x (B, n, Hd), caches (B, Hkv, T, D), Hq query heads.
@@ -215,11 +215,71 @@ void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const 
             });
 }
 
+void context_kv_cpu(const at::Tensor& hidden, const at::Tensor& fc_w, const at::Tensor& context_norm,
+                    const at::Tensor& kv_w, const std::optional<at::Tensor>& kv_b, const at::Tensor& k_norm,
+                    double norm_eps, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                    at::Tensor& v_cache, const at::Tensor& lengths) {
+  // hidden: (B, n, F) float32, the target's hidden states at the layers read, concatenated;
+  // fc_w: packed [H, F]; context_norm: (H,); kv_w: packed [L * 2 * Hkv * D, H] (per layer its
+  // k_proj then its v_proj), kv_b (L * 2 * Hkv * D,) or None; k_norm: (L, D); cos, sin: (B, n, D);
+  // k_cache, v_cache: (L, B, Hkv, T, D) float32; lengths: (B,) int64.
+  constexpr const char* op = "context_kv";
+  TORCH_CHECK(hidden.dim() == 3 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(), op,
+              ": hidden must be a contiguous float32 [B, n, features] tensor; got ", hidden.scalar_type(), " ",
+              hidden.sizes());
+  TORCH_CHECK(k_cache.dim() == 5, op, ": k_cache must be [layers, B, Hkv, T, D]; got ", k_cache.sizes());
+  const int64_t B = hidden.size(0), n = hidden.size(1), F = hidden.size(2), M = B * n;
+  const int64_t L = k_cache.size(0), Hkv = k_cache.size(2), T = k_cache.size(3), D = k_cache.size(4);
+  TORCH_CHECK(context_norm.dim() == 1, op, ": context_norm must be [hidden]; got ", context_norm.sizes());
+  const int64_t H = context_norm.size(0), W = 2 * Hkv * D;
+  TORCH_CHECK(k_cache.size(1) == B && D % 2 == 0, op, ": k_cache ", k_cache.sizes(), " does not fit ", B,
+              " rows (and D must be even)");
+  check_f32(op, k_cache, "k_cache", {L, B, Hkv, T, D});
+  check_f32(op, v_cache, "v_cache", {L, B, Hkv, T, D});
+  check_f32(op, context_norm, "context_norm", {H});
+  check_f32(op, k_norm, "k_norm", {L, D});
+  check_f32(op, cos, "cos", {B, n, D});
+  check_f32(op, sin, "sin", {B, n, D});
+  check_packed(fc_w, std::nullopt, "fc_w", H, F, op);
+  check_packed(kv_w, kv_b, "kv_w", L * W, H, op);
+  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() && lengths.sizes() == at::IntArrayRef{B},
+              op, ": lengths must be a contiguous int64 [", B, "] tensor; got ", lengths.scalar_type(), " ",
+              lengths.sizes());
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(len[b] >= 0 && len[b] + n <= T, op, ": row ", b, " holds ", len[b], " tokens; ", n,
+                " more do not fit its ", T, " cache slots");
+  if (M == 0) return;
+  // Scratch: fc [M, H], feats [M, H], kv [M, L W], one layer's k|v [M, W]; per thread, grown only.
+  static thread_local std::vector<float> scratch;
+  const size_t need = static_cast<size_t>(M * (2 * H + L * W + W));
+  if (scratch.size() < need) scratch.resize(need);
+  float* fc = scratch.data();
+  float* feats = fc + M * H;
+  float* kv = feats + M * H;
+  float* one = kv + M * L * W;
+  const float eps = static_cast<float>(norm_eps);
+  packed_linear(hidden.data_ptr<float>(), M, F, fc_w, nullptr, fc, H);
+  layer::rms_norm_rows(fc, context_norm.data_ptr<float>(), eps, M, H, feats);
+  packed_linear(feats, M, H, kv_w, data_or_null(kv_b), kv, L * W);
+  // Per layer its k|v heads as a decoder layer's q|k|v rows with no query heads: k RMS-normalised
+  // by the layer's k_norm and rotated, then k and v copied to slots lengths[b] + i.
+  const layer::AttentionShape shape{B, n, 0, Hkv, D, T};
+  const int64_t cache_layer = B * Hkv * T * D;
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t m = 0; m < M; ++m) std::copy_n(kv + m * L * W + l * W, W, one + m * W);
+    layer::rope_and_store(one, cos.data_ptr<float>(), sin.data_ptr<float>(), nullptr, k_norm.data_ptr<float>() + l * D,
+                          eps, k_cache.data_ptr<float>() + l * cache_layer, v_cache.data_ptr<float>() + l * cache_layer,
+                          len, shape);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("decoder_layer", &decoder_layer_cpu);
   m.impl("decoder_layer_gguf", &decoder_layer_gguf_cpu);
+  m.impl("context_kv", &context_kv_cpu);
 }
 
 }  // namespace specdec::ops

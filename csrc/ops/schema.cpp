@@ -127,6 +127,14 @@ TORCH_LIBRARY(specdec, m) {
       "int[] parts, int activations, Tensor? qkv_b, Tensor? o_b, Tensor? gate_up_b, Tensor? down_b, Tensor? q_norm, Tensor? k_norm, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor lengths, Tensor? tree_mask, "
       "int num_heads, int num_kv_heads, float sm_scale, Tensor(c!) out) -> ()");
+  // context_kv: KV injection's context keys and values (the DFlash drafter): feats =
+  // RMSNorm(hidden · fc_wᵀ) with context_norm, then per drafter layer l its k|v projection
+  // (rows l * 2 Hkv D of kv_w), k RMS-normalised by k_norm[l] and rotated by RoPE, written to
+  // k_cache[l] / v_cache[l] (layers, B, Hkv, T, D) at slots lengths[b] + i. hidden (B, n,
+  // features) float32; fc_w, kv_w packed (reference/decoder_layer.py).
+  m.def(
+      "context_kv(Tensor hidden, Tensor fc_w, Tensor context_norm, Tensor kv_w, Tensor? kv_b, Tensor k_norm, "
+      "float norm_eps, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor lengths) -> ()");
   // ---- end family: decoder_layer ----
 
   // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----

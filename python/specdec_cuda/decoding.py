@@ -100,7 +100,9 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         drafted = [d if a else 0 for d, a in zip(fed.depth_host, active)]
         metrics.count_step(drafted, [n if a else 0 for n, a in zip(num_accepted, active)], emitted, sum(active))
         if proposer is not None:
+            t = time.perf_counter()
             proposer.accept(draft, outcome(fed, out, verdict, next_tokens, state))
+            metrics.accept_seconds += time.perf_counter() - t
         last, lengths = next_tokens, next_lengths
         if policy is not None:  # last: the step's time includes the proposer's accept()
             now = time.perf_counter()

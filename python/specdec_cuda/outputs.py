@@ -65,6 +65,7 @@ class Metrics:
     accepted: list[int] = field(default_factory=list)
     target_seconds: float = 0.0  # in target forwards of decoding steps (wall time; see host_overhead)
     propose_seconds: float = 0.0  # in the proposer's propose() (drafter forwards included)
+    accept_seconds: float = 0.0  # in the proposer's accept() (e.g. a drafter's cache fed the accepted path)
     # Whether the target's forwards were batch invariant (models.protocol.batch_invariant): then
     # greedy speculative output is the autoregressive output exactly; otherwise equal up to
     # near-ties, where a wider forward's rounding can flip an argmax.
@@ -89,17 +90,19 @@ class Metrics:
 
     @property
     def host_overhead(self) -> float:
-        """Share of the decoding steps' time spent outside target forwards and ``propose``: building
-        the step, verification, commits, bookkeeping. On a GPU the forwards' wall time is their
+        """Share of the decoding steps' time spent outside target forwards and the proposer's
+        ``propose`` / ``accept``: building the step, verification, commits, bookkeeping. On a GPU the forwards' wall time is their
         launch time, so there this share also holds the waits for the device."""
         steps = self.seconds - self.prefill_seconds
-        return max(0.0, steps - self.target_seconds - self.propose_seconds) / steps if steps > 0 else 0.0
+        outside = steps - self.target_seconds - self.propose_seconds - self.accept_seconds
+        return max(0.0, outside) / steps if steps > 0 else 0.0
 
     def as_dict(self) -> dict:
         return dict(new_tokens=self.new_tokens, seconds=self.seconds, tokens_per_s=self.tokens_per_s,
                     tau=self.tau, target_forwards=self.target_forwards,
                     acceptance_rate=self.acceptance_rate, acceptance_per_position=self.acceptance,
                     target_seconds=self.target_seconds, propose_seconds=self.propose_seconds,
+                    accept_seconds=self.accept_seconds,
                     host_overhead=self.host_overhead, batch_invariant=self.batch_invariant)
 
     def count_step(self, drafted: list[int], accepted: list[int], emitted: int, rows: int) -> None:

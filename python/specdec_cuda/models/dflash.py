@@ -38,9 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.decoder_layer import context_kv
 from ..ops.mtp import mtp_head_topk_packed
 from ..ops.skinny_linear import PackedWeight, pack_weight
-from .layers import packed_path_wanted, project
+from .draft_vocab import VocabSubset
+from .layers import dense_of, packed_path_wanted, project
 from .rope import apply_rope
 
 MODEL_TYPE = "dflash_drafter"
@@ -77,6 +79,9 @@ class DFlashConfig:
     # learned vector), and q/k/v/o may carry biases (Qwen3's attention_bias).
     mask_token_id: int | None = None
     attention_bias: bool = False
+    # The drafter's own draft vocabulary (FR-Spec, ``models.draft_vocab``): the target ids its LM
+    # head runs over by default, the most frequent in its training text; None: the whole vocabulary.
+    draft_vocab: tuple[int, ...] | None = None
     extra: dict = field(default_factory=dict)  # free-form notes (training report), saved as is
 
     def __post_init__(self) -> None:
@@ -94,6 +99,10 @@ class DFlashConfig:
             raise ValueError(f"DFlashConfig: head_dim must be even (RoPE), got {self.head_dim}")
         if self.block_size < 2:
             raise ValueError(f"DFlashConfig: block_size must be >= 2 (the anchor and one mask), got {self.block_size}")
+        if self.draft_vocab is not None:
+            self.draft_vocab = tuple(int(i) for i in self.draft_vocab)
+            if not self.draft_vocab or min(self.draft_vocab) < 0 or max(self.draft_vocab) >= self.vocab_size:
+                raise ValueError(f"DFlashConfig: draft_vocab must hold ids in [0, {self.vocab_size}) (and at least one)")
 
     @classmethod
     def for_target(cls, target, num_layers: int = 2, block_size: int = 8, num_target_layers: int = 4,
@@ -117,6 +126,24 @@ class _PackedIO(NamedTuple):
 
     fc: PackedWeight  # of fc [H, layers_read * H]
     kv: PackedWeight  # of every layer's k_proj and v_proj stacked [layers * 2 * kv_heads * D, H]
+
+
+class DFlashInference(NamedTuple):
+    """The drafter's weights as its inference path reads them, built (or checked against the
+    weights) once by ``DFlashDrafter.inference()`` for a run of forwards over unchanged weights: a
+    proposer holds one per generate call. Checking every forward cost ~0.1 ms of a ~2 ms zoo block
+    (a key over every parameter), twice more in each ``extend``.
+
+    ``native``: per layer, the ``decoder_layer`` op's packed weights (None: the torch layers run);
+    ``io``: fc and the stacked k/v projections packed for the ``context_kv`` op (None: torch ops);
+    ``stacked``: the stacked k/v weights, biases and k_norms (``_stacked_kv``); ``buffers``: per
+    (batch, block) the block's input with its MASK rows written, and its all-true tree mask (the
+    anchor row is rewritten by each draft)."""
+
+    native: list | None
+    io: _PackedIO | None
+    stacked: tuple
+    buffers: dict
 
 
 class DFlashLayer(nn.Module):
@@ -194,8 +221,9 @@ class DFlashDrafter(nn.Module):
 
         drafter = DFlashDrafter.load(folder).attach(target)
         cache = drafter.new_cache(batch, max_length)
-        drafter.extend(cache, {l: h[l] for l in drafter.config.target_layers}, positions, num_new)
-        logits = drafter.draft(cache, last_tokens, lengths)          # [B, blk - 1, V]
+        run = drafter.inference()                  # the weights as the forwards read them, once
+        drafter.extend(cache, {l: h[l] for l in drafter.config.target_layers}, num_new, run)
+        logits = drafter.draft(cache, last_tokens, inference=run)    # [B, blk - 1, V]
     """
 
     def __init__(self, config: DFlashConfig) -> None:
@@ -295,31 +323,45 @@ class DFlashDrafter(nn.Module):
         positions 0 .. P - 1 (P a power of two >= 1024, grown on demand), computed once per dtype
         and device in float64 (the same values as computing them per call; a block forward then
         pays one gather instead of ~10 small ops)."""
-        need = int(positions.max()) + 1 if positions.numel() else 1
-        key = (self.dtype, positions.device)
+        cos, sin = self._rope_table(int(positions.max()) + 1 if positions.numel() else 1, positions.device)
+        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
+
+    def rope_at(self, start: int, n: int, batch: int, run: DFlashInference | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope`` of positions ``start .. start + n - 1`` on every one of ``batch`` rows (rows of one
+        length): slices of the table, no gather; ``run`` keeps the table at hand (looking it up by
+        dtype and device was most of a slice's ~40 us). Shape: two [batch, n, 1, D]."""
+        table = None if run is None else run.buffers.get("rope")
+        if table is None or table[0].shape[0] < start + n:
+            table = self._rope_table(start + n, self.device)
+            if run is not None:
+                run.buffers["rope"] = table
+        cos, sin = table
+        D = cos.shape[-1]
+        return (cos[start: start + n, None].expand(batch, n, 1, D), sin[start: start + n, None].expand(batch, n, 1, D))
+
+    def _rope_table(self, need: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [P, D] of positions 0 .. P - 1, P >= ``need``."""
+        key = (self.dtype, torch.device(device))
         tables = self.__dict__.setdefault("_rope_tables", {})
         table = tables.get(key)
         if table is None or table[0].shape[0] < need:
             size = max(1024, 1 << (need - 1).bit_length())
-            angles = torch.arange(size, dtype=torch.float64, device=positions.device)[:, None] * \
-                self.inv_freq.to(torch.float64)
+            angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(torch.float64)
             sin = angles.sin()
             sin[:, : self.config.head_dim // 2].neg_()
             table = tables[key] = (angles.cos().to(self.dtype), sin.to(self.dtype))
-        cos, sin = table
-        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
+        return table
 
-    def context_features(self, hidden_states: dict[int, torch.Tensor], io: "_PackedIO | None" = None) -> torch.Tensor:
-        """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)); ``io``: fc from
-        its packed panels (inference, ``_packed_io``).
+    def context_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)) (the packed CPU
+        path's ``extend`` runs it inside the ``context_kv`` op).
 
         Shape: hidden_states layer -> [B, n, H]; returns [B, n, H]."""
         missing = [i for i in self.config.target_layers if i not in hidden_states]
         if missing:
             raise ValueError(f"context_features: the target's hidden states of layers {missing} are missing")
         cat = torch.cat([hidden_states[i].to(self.dtype) for i in self.config.target_layers], dim=-1)
-        fc = self.fc(cat) if io is None else project(cat, self.fc.weight, None, io.fc)
-        return F.rms_norm(fc, (self.config.hidden_size,), self.context_norm, self.config.rms_norm_eps)
+        return F.rms_norm(self.fc(cat), (self.config.hidden_size,), self.context_norm, self.config.rms_norm_eps)
 
     def block_input(self, anchor_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
         """Embeddings of ``[anchor, MASK x (blk - 1)]`` per anchor. Shape: anchor_tokens [...];
@@ -343,45 +385,74 @@ class DFlashDrafter(nn.Module):
         return DFlashCache(self.config, batch, max_length, self.dtype, self.device)
 
     @torch.no_grad()
-    def extend(self, cache: DFlashCache, hidden_states: dict[int, torch.Tensor], num_new: torch.Tensor) -> None:
+    def inference(self) -> DFlashInference:
+        """The weights as the inference path reads them (``DFlashInference``), packed on first use
+        and again whenever a parameter was replaced or written; hand the result to ``draft`` and
+        ``extend`` for as long as the weights stay as they are (one generate call)."""
+        return DFlashInference(self._native_layers(), self._packed_io(), self._stacked_kv(), {})
+
+    @torch.no_grad()
+    def extend(self, cache: DFlashCache, hidden_states: dict[int, torch.Tensor], num_new: torch.Tensor,
+               inference: DFlashInference | None = None) -> None:
         """Append committed tokens' context K/V: row ``b`` gains the first ``num_new[b]`` of the
-        given tokens, at absolute positions ``cache.lengths[b] + j``.
+        given tokens, at absolute positions ``cache.lengths[b] + j``. ``inference``: the weights
+        as ``inference()`` gave them (default: made or checked now).
 
         Shape: hidden_states layer -> [B, n, H]; num_new [B] int64 (0 .. n)."""
-        io = self._packed_io()
-        feats = self.context_features(hidden_states, io)  # [B, n, H]
-        B, n, _ = feats.shape
+        run = self.inference() if inference is None else inference
+        c = self.config
+        if run.io is not None:  # the packed CPU path: features and every layer's K/V as one op
+            missing = [i for i in c.target_layers if i not in hidden_states]
+            if missing:
+                raise ValueError(f"extend: the target's hidden states of layers {missing} are missing")
+            hidden = torch.cat([hidden_states[i] for i in c.target_layers], dim=-1).float()  # [B, n, k*H]
+            B, n = hidden.shape[:2]
+        else:
+            feats = self.context_features(hidden_states)  # [B, n, H]
+            B, n = feats.shape[:2]
         if n == 0:
             return
+        shortest, longest = torch.stack(torch.aminmax(cache.lengths)).tolist() if B else (0, 0)
         # Every given token is written at slot lengths[b] + j; those past num_new[b] land in scratch
         # slots past the row's new length, which nothing reads before a later extend overwrites
         # them. So all n slots must fit (the proposer sizes the cache with a block of slack).
-        if int((cache.lengths.max())) + n > cache.max_length:
-            raise ValueError(f"DFlashCache overflow: a row holds {int(cache.lengths.max())} tokens and {n} "
-                             f"are written, but the cache has {cache.max_length} slots")
-        slots = cache.lengths[:, None] + torch.arange(n, device=feats.device)  # [B, n]
-        cos, sin = self.rope(slots)
-        c = self.config
-        k, v = self.context_kv(feats, cos, sin, io)  # [layers, B, kv_heads, n, D] each
-        index = slots[None, :, None, :, None].expand(c.num_layers, B, c.num_kv_heads, n, c.head_dim)
-        cache.all_keys.scatter_(3, index, k)
-        cache.all_values.scatter_(3, index, v)
+        if longest + n > cache.max_length:
+            raise ValueError(f"DFlashCache overflow: a row holds {longest} tokens and {n} are written, but the "
+                             f"cache has {cache.max_length} slots")
+        if shortest == longest:  # rows of one length (always at batch 1): slices of the table, no gather
+            cos, sin = self.rope_at(longest, n, B, run)
+        else:
+            slots = cache.lengths[:, None] + torch.arange(n, device=cache.lengths.device)  # [B, n]
+            cos, sin = self.rope(slots)
+        if run.io is not None:
+            _, bias, k_norm = run.stacked
+            context_kv(hidden.contiguous(), run.io.fc, self.context_norm.detach(), run.io.kv, bias,
+                       k_norm.reshape(c.num_layers, c.head_dim), c.rms_norm_eps, cos[:, :, 0].contiguous(),
+                       sin[:, :, 0].contiguous(), cache.all_keys, cache.all_values, cache.lengths)
+        else:
+            k, v = self.context_kv(feats, cos, sin, run.stacked)  # [layers, B, kv_heads, n, D] each
+            if shortest == longest:
+                cache.all_keys[:, :, :, longest: longest + n] = k
+                cache.all_values[:, :, :, longest: longest + n] = v
+            else:
+                index = slots[None, :, None, :, None].expand(c.num_layers, B, c.num_kv_heads, n, c.head_dim)
+                cache.all_keys.scatter_(3, index, k)
+                cache.all_values.scatter_(3, index, v)
         cache.lengths = cache.lengths + num_new
 
     def context_kv(self, feats: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   io: "_PackedIO | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   stacked: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer's keys (k_norm, RoPE) and values of the context features at once: the
-        layers' k_proj and v_proj as one matmul (their weights stacked; from packed panels with
-        ``io``), then the per-layer norm and the rotation over all layers together; the same
-        function as each ``DFlashLayer.kv``.
+        layers' k_proj and v_proj as one matmul (their weights stacked, ``stacked`` when given),
+        then the per-layer norm and the rotation over all layers together; the same function as
+        each ``DFlashLayer.kv`` (the packed CPU path's ``extend`` runs the ``context_kv`` op).
 
         Shape: feats [B, n, H]; cos / sin [B, n, 1, D]; returns two [layers, B, kv_heads, n, D]."""
         c = self.config
         B, n, _ = feats.shape
         L, Hkv, D = c.num_layers, c.num_kv_heads, c.head_dim
-        weight, bias, k_norm = self._stacked_kv()
-        kv = F.linear(feats, weight, bias) if io is None else project(feats, weight, bias, io.kv)
-        kv = kv.view(B, n, L, 2, Hkv, D)
+        weight, bias, k_norm = self._stacked_kv() if stacked is None else stacked
+        kv = F.linear(feats, weight, bias).view(B, n, L, 2, Hkv, D)
         k = F.rms_norm(kv[:, :, :, 0], (D,), None, c.rms_norm_eps) * k_norm  # [B, n, L, Hkv, D]
         k = apply_rope(k, cos.unsqueeze(2), sin.unsqueeze(2))
         return k.permute(2, 0, 3, 1, 4), kv[:, :, :, 1].permute(2, 0, 3, 1, 4)
@@ -405,8 +476,9 @@ class DFlashDrafter(nn.Module):
         return stacked
 
     def _packed_io(self) -> "_PackedIO | None":
-        """fc and the stacked k/v projections as float32 panels of the skinny CPU op, for inference
-        on a float32 CPU drafter (``models.layers.packed_path_wanted``; the LM head: ``head_logits``).
+        """fc and the stacked k/v projections as float32 panels for the ``context_kv`` op, for
+        inference on a float32 CPU drafter (``models.layers.packed_path_wanted``; the LM head:
+        ``head_logits``).
         None while training or elsewhere. Repacked whenever a parameter changed."""
         if torch.is_grad_enabled() or not packed_path_wanted(self.device, self.dtype):
             return None
@@ -418,20 +490,25 @@ class DFlashDrafter(nn.Module):
         self.__dict__["_packed"] = (key, io)
         return io
 
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+    def head_logits(self, x: torch.Tensor, vocab: VocabSubset | None = None) -> torch.Tensor:
         """``logits`` at inference: the target's LM head from its own packed panels or GGUF blocks
         when it decodes from them and the drafter is a float32 CPU one. As a torch float32 matmul a
         few rows' head was half a zoo block's drafting on an AVX2 EPYC (5 rows: 1.2-1.65 ms; the
-        fused norm + head op over the panels 0.54). x [..., H] -> [..., V]."""
-        head = self.__dict__.get("_head_op")
-        if head is None or torch.is_grad_enabled() or not packed_path_wanted(self.device, self.dtype):
-            return self.logits(x)
+        fused norm + head op over the panels 0.54). ``vocab``: only that subset's rows of the head
+        (its ``packed`` rows, or its dense ones), logits in the subset's id order.
+        x [..., H] -> [..., V] (or [..., len(vocab)])."""
+        head = self.__dict__.get("_head_op") if vocab is None else vocab.packed
         eps = self.config.rms_norm_eps
+        if head is None or torch.is_grad_enabled() or not packed_path_wanted(self.device, self.dtype):
+            if vocab is None:
+                return self.logits(x)
+            weight = vocab.weight if vocab.weight is not None else dense_of(vocab.packed, self.dtype)
+            return F.linear(F.rms_norm(x, x.shape[-1:], self.norm, eps), weight)
         if isinstance(head, PackedWeight):  # the norm and the head in one op (the top-1 it also finds is unused)
             H = x.shape[-1]
             logits = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, 1, eps, return_logits=True).logits
             return logits.view(*x.shape[:-1], -1)
-        return project(F.rms_norm(x, x.shape[-1:], self.norm, eps), self._head, None, head)
+        return project(F.rms_norm(x, x.shape[-1:], self.norm, eps), None, None, head)
 
     def _weights_key(self) -> tuple:
         """Changes whenever a parameter is replaced (``.to()``) or written in place
@@ -440,26 +517,32 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def draft(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None = None,
-              depth: int | None = None) -> torch.Tensor:
+              depth: int | None = None, vocab: VocabSubset | None = None,
+              inference: DFlashInference | None = None) -> torch.Tensor:
         """One parallel forward of the block ``[last, MASK...]`` at positions ``lengths + i``.
 
         Shape: last_tokens [B]; returns logits [B, depth, V] for positions 1 .. depth (the tokens at
-        ``lengths + 1 ..``; ``depth`` defaults to blk - 1). The whole block runs through the layers
-        either way; only the LM head is limited to the positions asked for (on the zoo pair, 16-token
-        blocks over a 4096-token vocabulary, the head over all 15 was ~45% of a block forward)."""
+        ``lengths + 1 ..``; ``depth`` defaults to blk - 1), or [B, depth, len(vocab)] over a draft
+        vocabulary (``vocab``: a ``VocabSubset`` of the target's head rows). The whole block runs
+        through the layers either way; only the LM head is limited to the positions asked for (on
+        the zoo pair, 16-token blocks over a 4096-token vocabulary, the head over all 15 was ~45% of
+        a block forward). ``inference``: the weights as ``inference()`` gave them (default: made or
+        checked now)."""
         blk = block_size or self.config.block_size
         depth = blk - 1 if depth is None else int(depth)
         if not 0 <= depth <= blk - 1:
             raise ValueError(f"draft: depth must lie in [0, block_size - 1 = {blk - 1}], got {depth}")
+        run = self.inference() if inference is None else inference
         B = last_tokens.shape[0]
         lengths = cache.lengths
         shortest, span = torch.stack(torch.aminmax(lengths)).tolist() if B else (0, 0)
-        positions = lengths[:, None] + torch.arange(blk, device=lengths.device)
-        cos, sin = self.rope(positions)
-        x = self.block_input(last_tokens, blk).to(self.dtype)  # [B, blk, H]
-        native = self._native_layers()
-        if native is not None and span + blk <= cache.max_length:
-            return self.head_logits(self._native_block(native, x, cos, sin, cache)[:, :depth])
+        if shortest == span:
+            cos, sin = self.rope_at(span, blk, B, run)
+        else:
+            cos, sin = self.rope(lengths[:, None] + torch.arange(blk, device=lengths.device))
+        x = self._block_input(run, last_tokens, blk)  # [B, blk, H]
+        if run.native is not None and span + blk <= cache.max_length:
+            return self.head_logits(self._native_block(run, x, cos, sin, cache)[:, :depth], vocab)
         mask = None  # rows of one length see every context slot and the whole block
         if shortest != span:
             # Row b sees its context slots < lengths[b] and the whole block.
@@ -469,7 +552,18 @@ class DFlashDrafter(nn.Module):
             mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
-        return self.head_logits(x[:, 1: 1 + depth])
+        return self.head_logits(x[:, 1: 1 + depth], vocab)
+
+    def _block_input(self, run: DFlashInference, last_tokens: torch.Tensor, blk: int) -> torch.Tensor:
+        """``block_input`` in the drafter's dtype, into the run's buffer for this (batch, block):
+        the MASK rows stay written, each draft writes the anchors' embeddings. [B, blk, H]."""
+        B = last_tokens.shape[0]
+        buffer = run.buffers.get((B, blk))
+        if buffer is None:
+            buffer = run.buffers[(B, blk)] = self.block_input(last_tokens, blk).to(self.dtype).contiguous()
+        else:
+            buffer[:, 0] = F.embedding(last_tokens, self._embed)
+        return buffer
 
     def _native_layers(self) -> list[tuple] | None:
         """Per drafter layer, its weights as the ``decoder_layer`` op takes them (q|k|v, o, gate|up,
@@ -499,7 +593,7 @@ class DFlashDrafter(nn.Module):
         self.__dict__["_native"] = (key, layers)
         return layers
 
-    def _native_block(self, native: list[tuple], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _native_block(self, run: DFlashInference, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       cache: DFlashCache) -> torch.Tensor:
         """The block through the drafter's layers as ``decoder_layer`` ops: each layer's attention
         is the op's over the cache (the context slots < ``lengths[b]``, then the block, written to
@@ -511,9 +605,11 @@ class DFlashDrafter(nn.Module):
         c = self.config
         B, blk, _ = x.shape
         cos, sin = cos[:, :, 0].contiguous(), sin[:, :, 0].contiguous()  # [B, blk, D]
-        sees = torch.ones(B, blk, blk, dtype=torch.bool, device=x.device)
+        sees = run.buffers.get(("sees", B, blk))
+        if sees is None:
+            sees = run.buffers[("sees", B, blk)] = torch.ones(B, blk, blk, dtype=torch.bool, device=x.device)
         x = x.contiguous()
-        for i, (norm1, norm2, qkv, o, gate_up, down, biases, qk_norm) in enumerate(native):
+        for i, (norm1, norm2, qkv, o, gate_up, down, biases, qk_norm) in enumerate(run.native):
             x = decoder_layer(x, norm1, norm2, c.rms_norm_eps, qkv, o, gate_up, down, cos, sin, cache.keys[i],
                               cache.values[i], cache.lengths, c.num_heads, biases=biases, qk_norm=qk_norm,
                               tree_mask=sees, sm_scale=c.head_dim ** -0.5)
@@ -560,9 +656,9 @@ class DFlashDrafter(nn.Module):
 
 def target_embedding_and_head(target) -> tuple[torch.Tensor, torch.Tensor]:
     """The token embedding [V, H] and LM head [V, H] weights of a built-in or HF-adapted target."""
-    if hasattr(target, "embed_tokens"):  # built-in LlamaModel (dense copies when it keeps packed panels)
+    if hasattr(target, "embed_tokens"):  # built-in LlamaModel (dense copies of packed panels or GGUF blocks)
         head = target.output_weight()
-        return (head if target.lm_head is None else target.embed_tokens.weight), head
+        return (head if target.lm_head is None else target.embedding_weight()), head
     model = getattr(target, "model", None)
     if model is not None and hasattr(model, "get_input_embeddings"):  # HFCausalLM
         head = model.get_output_embeddings()

@@ -93,6 +93,17 @@ def subset_ids(spec: int | Sequence[int] | torch.Tensor, vocab_size: int) -> tor
     return ids
 
 
+def target_vocab_subset(target, spec, head: torch.Tensor) -> VocabSubset:
+    """The rows ``spec`` (as ``subset_ids`` takes it) of ``target``'s LM head for a drafter that
+    drafts through that head (DFlash, Medusa, MTP): in the form the target's own forward multiplies
+    them (``vocab_subset``: GGUF blocks, packed panels), or dense rows of ``head`` [V, H] for a
+    target without that extension (a transformers model)."""
+    if hasattr(target, "vocab_subset"):
+        return target.vocab_subset(spec)
+    ids = subset_ids(spec, head.shape[0])
+    return VocabSubset(ids, head.shape[0], head[ids.to(head.device)].contiguous(), None, id(target), "dense")
+
+
 def gguf_rows_of(linear: GgufLinear, ids: torch.Tensor) -> GgufLinear:
     """The rows ``ids`` (sorted) of a GGUF weight, as stored: each part's rows gathered (a row of
     blocks is self-contained), parts that keep no row dropped."""

@@ -56,8 +56,12 @@ class TargetHead:
 
     lm_head_w4: Any = None  # the LM head as 4-bit weights (ops.quant.PackedW4), when asked for
     # The LM head packed for the CPU decoding path (ops.pack_weight), made on the first float32
-    # CPU draft: the fused op then streams bfloat16 panels of a bf16 checkpoint's weights.
+    # CPU draft: the fused op then streams bfloat16 panels of a bf16 checkpoint's weights. A GGUF
+    # target's head as its file's blocks (ops.gguf.GgufLinear).
     lm_head_packed: Any = None
+    # A draft vocabulary (models.draft_vocab.VocabSubset, FR-Spec): ``topk`` then ranks only its
+    # rows (the indices it returns are still token ids; logits MASKED elsewhere).
+    vocab: Any = None
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``lm_head(final_norm(h))``. Shape: h [..., H] -> [..., V]."""
@@ -76,16 +80,49 @@ class TargetHead:
 
     def topk(self, h: torch.Tensor, k: int, return_logits: bool = False):
         """Top-``k`` tokens of ``lm_head(final_norm(h))`` through the fused op (no [M, V] logits
-        unless asked). Shape: h [M, H] -> ``ops.mtp.HeadTopK`` (values, indices [M, k], logits)."""
+        unless asked), over the draft vocabulary when the head has one. Shape: h [M, H] ->
+        ``ops.mtp.HeadTopK`` (values, indices [M, k] token ids, logits [M, V])."""
         from ..ops import mtp as mtp_ops
 
+        if self.vocab is not None:
+            from ..ops.gguf import GgufLinear
+
+            wanted = packed_path_wanted(h.device, h.dtype) and self.lm_head.dtype == torch.float32
+            rows = self.vocab.packed if isinstance(self.vocab.packed, GgufLinear) or wanted else None
+            dense = self.vocab.weight
+            if rows is None and dense is None:
+                from .layers import dense_of
+
+                dense = self.__dict__.setdefault("_vocab_dense", dense_of(self.vocab.packed, self.lm_head.dtype))
+            out = self._topk_rows(h, k, return_logits, rows, dense)
+            ids = self.vocab.ids.to(out.indices.device)
+            return mtp_ops.HeadTopK(out.values, ids[out.indices],
+                                    None if out.logits is None else self.vocab.expand(out.logits))
         if self.lm_head_w4 is not None:
             w = self.norm_weight if h.dtype != torch.float64 else self.norm_weight.float()
             return mtp_ops.mtp_head_topk_w4(h if h.dtype != torch.float64 else h.float(), w, self.lm_head_w4, k,
                                             self.eps, return_logits)
-        if self._use_packed(h):
-            return mtp_ops.mtp_head_topk_packed(h, self.norm_weight, self.lm_head_packed, k, self.eps, return_logits)
-        return mtp_ops.mtp_head_topk(h, self.norm_weight, self.lm_head, k, self.eps, return_logits)
+        return self._topk_rows(h, k, return_logits, self.lm_head_packed if self._use_packed(h) else None,
+                               self.lm_head)
+
+    def _topk_rows(self, h: torch.Tensor, k: int, return_logits: bool, packed, dense: torch.Tensor):
+        """``topk`` over one form of the head's rows: packed panels (the fused op), a GGUF file's
+        blocks (the head's product, then torch's top-k: no fused op reads blocks), or dense rows."""
+        from ..ops import mtp as mtp_ops
+        from ..ops.gguf import GgufLinear
+
+        if isinstance(packed, GgufLinear):
+            from .layers import project
+
+            logits = project(rms_norm(h.float(), self.norm_weight.float(), self.eps), None, None, packed)
+            if not bool(torch.isfinite(logits).all()):
+                bad = (~torch.isfinite(logits).all(-1)).nonzero().flatten().tolist()
+                raise RuntimeError(f"the LM head's logits of rows {bad} are not finite")
+            values, indices = logits.topk(k, dim=-1)
+            return mtp_ops.HeadTopK(values, indices, logits if return_logits else None)
+        if packed is not None:
+            return mtp_ops.mtp_head_topk_packed(h, self.norm_weight, packed, k, self.eps, return_logits)
+        return mtp_ops.mtp_head_topk(h, self.norm_weight, dense, k, self.eps, return_logits)
 
     def _use_packed(self, h: torch.Tensor) -> bool:
         """A float32 CPU head on an AVX-512 or AVX2 machine (``SPECDEC_PACKED_LINEAR`` not 0), as for
@@ -108,7 +145,7 @@ def target_head(target) -> TargetHead:
         # A packed target keeps its LM head (and a tied embedding) only as panels: the heads get
         # dense copies, and the draft's fused top-k reads the target's own panels (float32 heads).
         lm_head = target.output_weight()
-        embed = lm_head if target.lm_head is None else target.embed_tokens.weight
+        embed = lm_head if target.lm_head is None else target.embedding_weight()  # (an untied GGUF one: decoded)
         packed = target._head_packed if lm_head.dtype == torch.float32 else None
         return TargetHead(embed, target.norm.weight, target.norm.eps, lm_head, target.config, lm_head_packed=packed)
     if isinstance(target, HFCausalLM):
@@ -193,9 +230,9 @@ class MedusaHeads(nn.Module):
         out = self(h)[:, :depth]  # [B, depth, H]
         if self.renorm and self.lm_heads is None:
             return head.topk(out.reshape(B * depth, H), k).indices.view(B, depth, k)
-        if head.lm_head_w4 is not None:
-            raise ValueError("the 4-bit LM head (w4_lm_head=True) drafts through the fused op of the library's own "
-                             "heads; these heads (published layout) read the LM head in plain torch")
+        if head.lm_head_w4 is not None or head.vocab is not None:
+            raise ValueError("the 4-bit LM head (w4_lm_head=True) and a draft vocabulary draft through the fused op "
+                             "of the library's own heads; these heads (published layout) read the LM head in plain torch")
         if self.renorm:
             out = rms_norm(out, head.norm_weight, head.eps)
         if self.lm_heads is None:

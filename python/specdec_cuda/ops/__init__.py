@@ -14,7 +14,7 @@ from .ddtree import ddtree_build  # noqa: E402,F401
 from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention over the int4 KV cache)
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
 from .skinny_linear import pack_weight, skinny_linear, skinny_linear_packed  # noqa: E402,F401  (few-row linears, CPU)
-from .decoder_layer import decoder_layer  # noqa: E402,F401  (one decoder layer as one op, CPU)
+from .decoder_layer import context_kv, decoder_layer  # noqa: E402,F401  (one decoder layer as one op, CPU)
 from . import gguf  # noqa: E402,F401  (GGUF k-quant / legacy blocks read as stored in the file)
 from .gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_linear, gguf_matmul, gguf_rows, gguf_weight  # noqa: E402,F401,E501
 
@@ -28,6 +28,6 @@ __all__ = [
     "quant_kv_attention",
     "mtp",
     "skinny_linear", "pack_weight", "skinny_linear_packed",
-    "decoder_layer",
+    "decoder_layer", "context_kv",
     "gguf", "GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_rows", "gguf_dequantize",
 ]

@@ -19,16 +19,17 @@ import torch
 from .. import ops
 from ..contract import Draft, DraftKind, StepState
 from ..methods import MethodSpec, register
-from .dflash import DFlashBase, load_drafter
+from .dflash import DRAFT_VOCAB_OPTION, DFlashBase, draft_vocab_of, load_drafter
 
 
 class DDTreeProposer(DFlashBase):
     """Trees of at most ``budget`` nodes, at most ``block_size - 1`` deep (module docstring)."""
 
-    def __init__(self, drafter, budget: int = 16, block_size: int | None = None, trim_block: bool = True) -> None:
+    def __init__(self, drafter, budget: int = 16, block_size: int | None = None, trim_block: bool = True,
+                 vocab=None) -> None:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValueError(f"budget must be an int >= 1 (draft nodes per row), got {budget!r}")
-        super().__init__(drafter, block_size, trim_block)
+        super().__init__(drafter, block_size, trim_block, vocab)
         self.budget = budget
 
     def max_pending_tokens(self) -> int:
@@ -43,19 +44,22 @@ class DDTreeProposer(DFlashBase):
         if depth == 0:
             return None
         one_time = self.catch_up()
-        logits = self.block_logits(state, depth).float()  # [B, D, V]
+        # [B, D, V], or [B, D, N] over a draft vocabulary: q renormalised over it (0 elsewhere)
+        logits = self.block_logits(state, depth).float()
         temperature = state.params.temperature.to(logits.device)
         scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
         logprobs = torch.log_softmax(logits / scale[:, None, None], dim=-1)
-        values, tokens = logprobs.topk(min(self.budget, logprobs.shape[-1]), dim=-1)  # [B, D, K]
-        tree = ops.ddtree_build(values, tokens, limit, self.budget)
+        values, index = logprobs.topk(min(self.budget, logprobs.shape[-1]), dim=-1)  # [B, D, K]
+        tree = ops.ddtree_build(values, self.draft_ids(index), limit, self.budget)
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
 
 
 def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None,
-                         trim_block: bool = True) -> DDTreeProposer:
+                         trim_block: bool = True, draft_vocab=None) -> DDTreeProposer:
     """The ``method="ddtree"`` proposer for ``target``."""
-    return DDTreeProposer(load_drafter(target, drafter), budget=budget, block_size=block_size, trim_block=trim_block)
+    drafter = load_drafter(target, drafter)
+    return DDTreeProposer(drafter, budget=budget, block_size=block_size, trim_block=trim_block,
+                          vocab=draft_vocab_of(target, drafter, draft_vocab))
 
 
 register(MethodSpec(
@@ -69,5 +73,6 @@ register(MethodSpec(
         "block_size": "drafter block length; the tree is at most block_size - 1 deep (default: the drafter's)",
         "trim_block": "True (default): a step granted a shallower tree runs only the root and that many masks "
                       "through the drafter; False: always the whole block",
+        "draft_vocab": DRAFT_VOCAB_OPTION,
     },
 ))

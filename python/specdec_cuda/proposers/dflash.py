@@ -37,19 +37,28 @@ import torch
 from .. import ops
 from ..contract import Draft, DraftKind, Outcome, PrefillContext, Proposer, StepState
 from ..methods import MethodSpec, register
+from ..models.draft_vocab import VocabSubset, target_vocab_subset
 from ..reference.philox import Purpose
 
 DRAFT_SAMPLING = ("sampled", "greedy", "coupled")
+DRAFT_VOCAB_OPTION = ("the drafter's LM head over part of the vocabulary (FR-Spec): an int n (ids 0 .. n-1) or token "
+                      'ids; "all" for the whole vocabulary; default: the drafter\'s own (DFlashConfig.draft_vocab, '
+                      "the most frequent ids of its training text), else the whole vocabulary")
 
 
 class DFlashBase(Proposer):
     """The drafter's cache, kept in step with the committed text (shared by DFlash and DDTree)."""
 
-    def __init__(self, drafter, block_size: int | None = None, trim_block: bool = True) -> None:
+    def __init__(self, drafter, block_size: int | None = None, trim_block: bool = True,
+                 vocab: VocabSubset | None = None) -> None:
         block_size = int(block_size or drafter.config.block_size)
         if block_size < 2:
             raise ValueError(f"block_size must be >= 2 (the anchor and at least one mask), got {block_size}")
         self.drafter, self.block_size, self.trim_block = drafter, block_size, bool(trim_block)
+        # The draft vocabulary (FR-Spec): the head runs over these target rows only; block logits
+        # are then in the subset's id order (``draft_ids`` maps them back).
+        self.vocab = vocab
+        self.run = None  # the drafter's weights as its forwards read them (per generate call)
         self.hidden_layers = tuple(drafter.config.target_layers)
         self.max_draft = block_size - 1
 
@@ -62,6 +71,7 @@ class DFlashBase(Proposer):
         # Slack: extend writes a whole accepted path (<= block_size tokens) or a catch-up of up to
         # MAX_PENDING plain steps at once, scratch entries included.
         self.cache = self.drafter.new_cache(batch, ctx.max_length + max(self.block_size, self.MAX_PENDING))
+        self.run = self.drafter.inference()
         self.all_greedy = bool((ctx.params.temperature == 0).all())
         # Features not yet in the cache, fed at the next proposal: the prompt's (positions 0 ..
         # prompt_len - 1, the first root comes next; layer -> [B, P, H] and the prompt lengths [B]),
@@ -82,18 +92,19 @@ class DFlashBase(Proposer):
             return 0.0
         started = time.perf_counter()
         if self.pending_prompt is not None:  # ragged: its own call
-            self.drafter.extend(self.cache, *self.pending_prompt)
+            self.drafter.extend(self.cache, *self.pending_prompt, self.run)
             self.pending_prompt = None
         if self.pending:
             layers = self.pending[0][0].keys()
             hidden = {i: torch.cat([h[i] for h, _ in self.pending], dim=1) for i in layers}  # [B, n, H]
             counts = torch.stack([c for _, c in self.pending]).sum(0)  # [B]
             self.pending.clear()
-            self.drafter.extend(self.cache, hidden, counts)
+            self.drafter.extend(self.cache, hidden, counts, self.run)
         return time.perf_counter() - started
 
     def block_logits(self, state: StepState, depth: int) -> torch.Tensor:
-        """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V].
+        """The drafter's logits of the ``depth`` tokens after each root. Shape: [B, depth, V], or
+        [B, depth, len(vocab)] over a draft vocabulary (``draft_ids`` maps indices to token ids).
 
         ``trim_block``: when the step drafts fewer than ``block_size - 1`` tokens (the speculation
         policy granted fewer), the block is the root and ``depth`` masks only: the drafter's cost
@@ -101,7 +112,15 @@ class DFlashBase(Proposer):
         kept positions then see a shorter block than in training, so their distributions differ a
         little from the full block's (acceptance measured in docs/benchmarks.md); lossless either way."""
         blk = depth + 1 if self.trim_block else self.block_size
-        return self.drafter.draft(self.cache, state.last_tokens, blk, depth)
+        return self.drafter.draft(self.cache, state.last_tokens, blk, depth, self.vocab, self.run)
+
+    def draft_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into ``block_logits``' last dimension (the same without a draft vocabulary)."""
+        return index if self.vocab is None else self.vocab.ids.to(index.device)[index]
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``block_logits`` over the whole vocabulary: ``MASKED`` outside a draft vocabulary."""
+        return logits if self.vocab is None else self.vocab.expand(logits)
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
         """Add the committed path's context features: the root and the accepted drafts; after a
@@ -112,17 +131,17 @@ class DFlashBase(Proposer):
             if len(self.pending) >= self.MAX_PENDING:
                 self.catch_up()
             return
-        self.drafter.extend(self.cache, outcome.hidden_states, num_new)
+        self.drafter.extend(self.cache, outcome.hidden_states, num_new, self.run)
 
 
 class DFlashProposer(DFlashBase):
     """Chains of up to ``block_size - 1`` tokens from one drafter forward (module docstring)."""
 
     def __init__(self, drafter, block_size: int | None = None, draft_sampling: str = "coupled",
-                 trim_block: bool = True) -> None:
+                 trim_block: bool = True, vocab: VocabSubset | None = None) -> None:
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
-        super().__init__(drafter, block_size, trim_block)
+        super().__init__(drafter, block_size, trim_block, vocab)
         self.draft_sampling = draft_sampling
 
     def propose(self, state: StepState) -> Draft | None:
@@ -131,10 +150,11 @@ class DFlashProposer(DFlashBase):
         if k == 0:
             return None
         one_time = self.catch_up()
-        logits = self.block_logits(state, k)  # [B, k, V]
-        B, V = logits.shape[0], logits.shape[-1]
+        logits = self.block_logits(state, k)  # [B, k, V] (or [B, k, N] over a draft vocabulary)
         if self.draft_sampling == "greedy" or self.all_greedy:
-            return Draft(logits.argmax(-1), limit, DraftKind.GUESS, one_time_seconds=one_time)
+            return Draft(self.draft_ids(logits.argmax(-1)), limit, DraftKind.GUESS, one_time_seconds=one_time)
+        logits = self.full_logits(logits)
+        B, V = logits.shape[0], logits.shape[-1]
         # Every position drawn from its own q_i in one call: keyed by its absolute position (on the
         # target's own stream when coupled).
         coupled = self.draft_sampling == "coupled"
@@ -173,11 +193,26 @@ def load_drafter(target, drafter=None):
     return drafter.attach(target)
 
 
+def draft_vocab_of(target, drafter, draft_vocab=None) -> VocabSubset | None:
+    """The draft vocabulary a DFlash / DDTree proposer runs the drafter's head over: ``draft_vocab``
+    (an int n: ids 0 .. n - 1, or token ids; "all": the whole vocabulary) or, when None, the one the
+    drafter was trained with (``DFlashConfig.draft_vocab``; none: the whole vocabulary). The target's
+    head rows in the form its own forward multiplies them (``vocab_subset``), or dense rows of a
+    target without that extension (a transformers model)."""
+    if isinstance(draft_vocab, str):
+        if draft_vocab != "all":
+            raise ValueError(f'draft_vocab: an int, token ids, "all" or None, got {draft_vocab!r}')
+        return None
+    spec = drafter.config.draft_vocab if draft_vocab is None else draft_vocab
+    return None if spec is None else target_vocab_subset(target, spec, drafter._head)
+
+
 def make_dflash_proposer(target, drafter=None, block_size: int | None = None,
-                         draft_sampling: str = "coupled", trim_block: bool = True) -> DFlashProposer:
+                         draft_sampling: str = "coupled", trim_block: bool = True, draft_vocab=None) -> DFlashProposer:
     """The ``method="dflash"`` proposer for ``target``."""
-    return DFlashProposer(load_drafter(target, drafter), block_size=block_size, draft_sampling=draft_sampling,
-                          trim_block=trim_block)
+    drafter = load_drafter(target, drafter)
+    return DFlashProposer(drafter, block_size=block_size, draft_sampling=draft_sampling, trim_block=trim_block,
+                          vocab=draft_vocab_of(target, drafter, draft_vocab))
 
 
 register(MethodSpec(
@@ -190,6 +225,7 @@ register(MethodSpec(
         "block_size": "block length: the anchor and block_size - 1 drafted tokens (default: the drafter's)",
         "trim_block": "True (default): a step granted fewer drafts runs only the root and that many masks "
                       "through the drafter; False: always the whole block",
+        "draft_vocab": DRAFT_VOCAB_OPTION,
         "draft_sampling": '"coupled" (default: T > 0 drafts drawn with the target\'s own sampling noise, '
                           'sample-and-match: the autoregressive samples exactly), "sampled" (drafts drawn from '
                           'q_i, rejection sampling) or "greedy" (argmax drafts, sample-and-match)',

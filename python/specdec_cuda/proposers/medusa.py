@@ -37,6 +37,10 @@ VERIFICATION_MODES = ("match", "typical")
 TOPK_PER_HEAD = 10  # candidate ranks a static tree may use per head
 
 
+HEADS_DRAFT_VOCAB_OPTION = ("the LM head over part of the vocabulary when drafting (FR-Spec): an int n (ids 0 .. n-1) or "
+                            "token ids; other tokens are never drafted (default: the whole vocabulary)")
+
+
 def default_topk_accuracy(num_heads: int, topk: int = TOPK_PER_HEAD) -> list[list[float]]:
     """A prior for heads without measurements: rank r of head i right with 0.6^i * 0.5^(r+1)."""
     return [[0.6 ** (i + 1) * 0.5 ** (r + 1) for r in range(topk)] for i in range(num_heads)]
@@ -101,6 +105,9 @@ class MedusaProposer(Proposer):
                 raise ValueError(f"tree paths must be prefix-closed; the parent of {missing[0]} is missing")
             if verification == "typical":
                 raise ValueError("typical acceptance is defined for chains only (tree=None, budget=None)")
+        if tree is not None and head.vocab is not None and 1 + max(max(p) for p in tree) > len(head.vocab):
+            raise ValueError(f"the tree ranks {1 + max(max(p) for p in tree)} candidates per head, more than the "
+                             f"draft vocabulary's {len(head.vocab)} tokens")
         self.head, self.heads, self.tree = head, heads, tree
         self.kind = DraftKind.TYPICAL if verification == "typical" else DraftKind.GUESS
         device = head.lm_head.device
@@ -153,6 +160,22 @@ class MedusaProposer(Proposer):
         self.hidden = torch.where(outcome.active[:, None], newest, self.hidden)
 
 
+def heads_target_head(target, w4_lm_head: bool, draft_vocab) -> TargetHead:
+    """The target's head as the heads draft through it: a 4-bit copy (``w4_lm_head``), or over a
+    draft vocabulary (``draft_vocab``: FR-Spec, an int n for ids 0 .. n - 1 or token ids; tokens
+    outside it are never drafted), or as it is."""
+    head = target_head(target)
+    if w4_lm_head and draft_vocab is not None:
+        raise ValueError("give w4_lm_head or draft_vocab, not both (each is a cheaper LM head for the drafts)")
+    if w4_lm_head:
+        head.use_w4()
+    if draft_vocab is not None:
+        from ..models.draft_vocab import target_vocab_subset
+
+        head.vocab = target_vocab_subset(target, draft_vocab, head.lm_head)
+    return head
+
+
 def resolve_heads(target, heads, kind: str):
     """``heads`` as a module in the target's dtype and device: a module or a folder. Checks that
     its kind and hidden size fit the target. None: the heads the drafter cache holds for this
@@ -174,11 +197,9 @@ def resolve_heads(target, heads, kind: str):
 
 
 def make_medusa_proposer(target, heads=None, tree=None, budget: int | None = None,
-                         verification: str = "match", w4_lm_head: bool = False) -> MedusaProposer:
+                         verification: str = "match", w4_lm_head: bool = False, draft_vocab=None) -> MedusaProposer:
     """The ``method="medusa"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
-    head = target_head(target)
-    if w4_lm_head:
-        head.use_w4()
+    head = heads_target_head(target, w4_lm_head, draft_vocab)
     heads = resolve_heads(target, heads, "medusa")
     return MedusaProposer(head, heads, tree=tree, budget=budget, verification=verification)
 
@@ -194,5 +215,6 @@ register(MethodSpec(
         "budget": "tree nodes chosen from the heads' measured top-k accuracy (16 / 32 / 64; default: chain)",
         "verification": '"match" (greedy / sample-and-match, lossless; default) or "typical" (LOSSY, chains)',
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
+        "draft_vocab": HEADS_DRAFT_VOCAB_OPTION,
     },
 ))

@@ -36,9 +36,9 @@ from .. import ops
 from ..contract import (SAMPLED_VERIFICATION_OPTION, Draft, DraftKind, Outcome, PrefillContext, Proposer,
                         StepState, check_sampled_verification, sampled_draft_kind)
 from ..methods import MethodSpec, register
-from ..models.heads import MTPModules, TargetHead, target_head
+from ..models.heads import MTPModules, TargetHead
 from ..reference.philox import Purpose
-from .medusa import resolve_heads
+from .medusa import HEADS_DRAFT_VOCAB_OPTION, heads_target_head, resolve_heads
 
 
 class MTPProposer(Proposer):
@@ -173,11 +173,9 @@ class MTPProposer(Proposer):
 
 
 def make_mtp_proposer(target, heads=None, k: int | None = None, w4_lm_head: bool = False,
-                      verification: str = "coupled") -> MTPProposer:
+                      verification: str = "coupled", draft_vocab=None) -> MTPProposer:
     """The ``method="mtp"`` proposer for ``target`` (built-in model or ``HFCausalLM``)."""
-    head = target_head(target)
-    if w4_lm_head:
-        head.use_w4()
+    head = heads_target_head(target, w4_lm_head, draft_vocab)
     if heads is None:  # modules trained for this target (the drafter cache)
         from ..drafters import find
 
@@ -203,5 +201,6 @@ register(MethodSpec(
         "k": "draft tokens per step (default: the number of modules; more reuses the last module)",
         "w4_lm_head": "draft through a 4-bit copy of the LM head (CPU; default False; verification unchanged)",
         "verification": SAMPLED_VERIFICATION_OPTION,
+        "draft_vocab": HEADS_DRAFT_VOCAB_OPTION,
     },
 ))

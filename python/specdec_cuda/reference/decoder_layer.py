@@ -1,5 +1,6 @@
 """Reference for ``decoder_layer``: the Llama/Qwen decoder layer in plain torch, one batch row at a
-time, with unpacked ``[N, K]`` weights (the kernel's sums differ from it by rounding only)."""
+time, with unpacked ``[N, K]`` weights (the kernel's sums differ from it by rounding only); and for
+``context_kv``, KV injection's context keys and values (the DFlash drafter)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,19 @@ def decoder_layer(x, norm1, norm2, eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_
         gate, up = F.linear(_rms(y, norm2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
         out[b] = y + F.linear(F.silu(gate) * up, down_w, down_b)
     return out
+
+
+def context_kv(hidden, fc_w, context_norm, kv_w, kv_b, k_norm, eps, cos, sin, k_cache, v_cache, lengths):
+    """Shape: hidden [B, n, F]; fc_w [H, F]; context_norm [H]; kv_w [L * 2 * Hkv * D, H] (per layer
+    k_proj then v_proj), kv_b or None; k_norm [L, D]; cos / sin [B, n, D]; k_cache / v_cache
+    [L, B, Hkv, T, D] (slots lengths[b] + i are written); lengths [B]."""
+    B, n, _ = hidden.shape
+    L, _, Hkv, _, D = k_cache.shape
+    for b in range(B):
+        start = int(lengths[b])
+        feats = _rms(F.linear(hidden[b], fc_w), context_norm, eps)  # [n, H]
+        kv = F.linear(feats, kv_w, kv_b).view(n, L, 2, Hkv, D)
+        for layer in range(L):
+            k = _rope(_rms(kv[:, layer, 0], k_norm[layer], eps), cos[b, :, None], sin[b, :, None])  # [n, Hkv, D]
+            k_cache[layer, b, :, start: start + n] = k.transpose(0, 1)
+            v_cache[layer, b, :, start: start + n] = kv[:, layer, 1].transpose(0, 1)

@@ -46,6 +46,9 @@ class DrafterSpec:
     dflash_layers: int = 2
     dflash_block_size: int = 16
     dflash_gamma: float = 7.0  # decay of the block loss's position weights exp(-(i - 1) / gamma)
+    # The DFlash drafter's own draft vocabulary (FR-Spec): the n ids most frequent in the training
+    # sequences, which its LM head then runs over by default; None: the whole vocabulary.
+    dflash_draft_vocab: int | None = None
     eagle3_steps: int = 7  # EAGLE-3's training-time test: rolled-out steps per position
     eagle3_draft_vocab: int = 32768  # the reduced draft vocabulary (the whole one when it is smaller)
 
@@ -179,7 +182,8 @@ def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
 
         config = DFlashConfig.for_target(model, num_layers=drafter.dflash_layers, block_size=drafter.dflash_block_size,
                                          intermediate_size=int(model.config.intermediate_size))
-        return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma)
+        return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma,
+                            draft_vocab=drafter.dflash_draft_vocab)
     from .eagle3 import train_eagle3
 
     return train_eagle3(model, features, drafter.eagle3_steps, drafter.eagle3_draft_vocab, loop, checkpoint, log,

@@ -53,7 +53,9 @@ def parser() -> argparse.ArgumentParser:
                         "training on the first drafted tokens, the ones a chain accepts when the drafter learns "
                         "the target slowly")
     p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
-    p.add_argument("--draft-vocab", type=int, default=DrafterSpec.eagle3_draft_vocab, help="eagle3: draft vocabulary")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="eagle3 / dflash: the draft vocabulary, the N ids most frequent in the training sequences "
+                        f"(eagle3 default {DrafterSpec.eagle3_draft_vocab}; dflash default: the whole vocabulary)")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="which weights of the folder the target runs on (models.load)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -68,8 +70,12 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        print(f"error: --draft-vocab must be >= 1, got {args.draft_vocab}", file=sys.stderr)
+        return 2
     drafter = DrafterSpec(dflash_block_size=args.block_size, dflash_gamma=args.gamma, eagle3_steps=args.ttt_steps,
-                          eagle3_draft_vocab=args.draft_vocab)
+                          eagle3_draft_vocab=args.draft_vocab or DrafterSpec.eagle3_draft_vocab,
+                          dflash_draft_vocab=args.draft_vocab)
     if args.heads is not None:
         field = {"medusa": "medusa_heads", "mtp": "mtp_modules", "dflash": "dflash_layers"}.get(args.kind)
         if field is None:

@@ -122,9 +122,13 @@ def dflash_report(drafter: DFlashDrafter, features: FeatureSet, blocks: int = 8)
 
 
 def train_dflash(target, features: FeatureSet, config: DFlashConfig, loop, checkpoint, log, held_out: FeatureSet,
-                 anchors_per_sequence: int = 8, gamma: float = GAMMA):
+                 anchors_per_sequence: int = 8, gamma: float = GAMMA, draft_vocab: int | None = None):
     from .loop import optimise
 
+    covered = None
+    if draft_vocab is not None and draft_vocab < config.vocab_size:
+        config.draft_vocab, covered = frequent_ids(features, config.vocab_size, draft_vocab)
+        log(f"[train] dflash: draft vocabulary of {draft_vocab} ids ({100 * covered:.1f}% of the training tokens)")
     torch.manual_seed(loop.seed)
     drafter = DFlashDrafter.random(config, seed=loop.seed).attach(target)
     drafter = drafter.float()
@@ -139,4 +143,18 @@ def train_dflash(target, features: FeatureSet, config: DFlashConfig, loop, check
                                                        loop.seed * 1_000_003 + step, gamma),
              len(features), loop, checkpoint, log, "dflash")
     drafter.requires_grad_(False).eval()
-    return drafter, dict(dflash_report(drafter, held_out), warm_started_layers=warm)
+    report = dict(dflash_report(drafter, held_out), warm_started_layers=warm)
+    if covered is not None:
+        report["draft_vocab_coverage"] = round(covered, 4)
+    return drafter, report
+
+
+def frequent_ids(features: FeatureSet, vocab_size: int, n: int) -> tuple[tuple[int, ...], float]:
+    """The ``n`` ids most frequent in the training sequences (ties to the lower id), sorted, and the
+    share of the sequences' tokens they cover."""
+    from ..models.eagle3 import draft_vocab_from_counts
+
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
+    _, chosen = draft_vocab_from_counts(counts, n)
+    return tuple(chosen.nonzero().flatten().tolist()), float(counts[chosen].sum() / counts.sum().clamp(min=1))
