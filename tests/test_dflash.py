@@ -150,6 +150,35 @@ def test_save_load_roundtrip(target, tmp_path):
         DFlashDrafter.load(tmp_path / "bad")
 
 
+def test_a_drafters_own_draft_vocabulary_is_saved_and_used_by_default(target, tmp_path):
+    # DFlashConfig.draft_vocab travels with the checkpoint; the method runs the head over it unless
+    # told "all" or other ids; the logits over it are the whole head's columns.
+    import specdec_cuda
+    from specdec_cuda.proposers.dflash import draft_vocab_of
+
+    drafter = _drafter(target)
+    ids = tuple(range(1, target.vocab_size, 3))
+    drafter.config.draft_vocab = ids
+    drafter.save(tmp_path / "d")
+    loaded = DFlashDrafter.load(tmp_path / "d").attach(target)
+    assert loaded.config.draft_vocab == ids
+    assert draft_vocab_of(target, loaded).ids.tolist() == list(ids)
+    assert draft_vocab_of(target, loaded, "all") is None
+    assert draft_vocab_of(target, loaded, 5).ids.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="draft_vocab"):
+        draft_vocab_of(target, loaded, "most")
+    vocab = draft_vocab_of(target, loaded)
+    full = loaded.draft(loaded.new_cache(1, 8), torch.tensor([3]))
+    sub = loaded.draft(loaded.new_cache(1, 8), torch.tensor([3]), vocab=vocab)
+    torch.testing.assert_close(sub, full[..., list(ids)], rtol=1e-5, atol=1e-5)
+    ar = specdec_cuda.generate(target, PROMPTS[:2], max_new_tokens=8).tokens
+    out = specdec_cuda.generate(target, PROMPTS[:2], method="dflash", drafter=tmp_path / "d", max_new_tokens=8,
+                                policy="fixed")
+    assert out.tokens == ar and sum(out.metrics.drafted) > 0
+    with pytest.raises(ValueError, match="draft_vocab"):
+        DFlashConfig(**{**drafter.config.__dict__, "draft_vocab": (target.vocab_size,)})
+
+
 def test_target_layers_are_evenly_spaced():
     assert default_target_layers(12, 4) == (1, 4, 7, 10)
     assert default_target_layers(2, 4) == (0, 1)
