@@ -15,9 +15,7 @@ folder or a registry name (default ``qwen2.5-coder-1.5b``); absent, the bench sa
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,19 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench/
 
 from bench.bench_real_step import find_model  # noqa: E402
+from bench.timing import time_cpu  # noqa: E402
 from specdec_cuda import models  # noqa: E402
 from specdec_cuda.models.draft_vocab import target_vocab_subset  # noqa: E402
 from specdec_cuda.models.heads import target_head  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * time_cpu(lambda _: fn(), repeats)
 
 
 def main() -> int:

@@ -39,6 +39,18 @@ void check_packed(const at::Tensor& packed, const std::optional<at::Tensor>& bia
   if (bias.has_value()) check_f32(op, *bias, "a bias", {N});
 }
 
+// lengths (B,) int64, each row's n new tokens within its T cache slots; returns its data.
+const int64_t* check_lengths(const char* op, const at::Tensor& lengths, int64_t B, int64_t n, int64_t T) {
+  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() && lengths.sizes() == at::IntArrayRef{B},
+              op, ": lengths must be a contiguous int64 [", B, "] tensor; got ", lengths.scalar_type(), " ",
+              lengths.sizes());
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(len[b] >= 0 && len[b] + n <= T, op, ": row ", b, " holds ", len[b], " tokens; ", n,
+                " more do not fit its ", T, " cache slots");
+  return len;
+}
+
 // The checked geometry of one call: x (B, n, Hd), caches (B, Hkv, T, D), Hq query heads.
 struct LayerShape {
   int64_t B, n, Hd, M, Hq, Hkv, D, T, QKV;
@@ -76,14 +88,7 @@ LayerShape check_layer(const char* op, const at::Tensor& x, const at::Tensor& no
     check_f32(op, *q_norm, "q_norm", {s.D});
     check_f32(op, *k_norm, "k_norm", {s.D});
   }
-  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() &&
-                  lengths.sizes() == at::IntArrayRef{s.B},
-              op, ": lengths must be a contiguous int64 [", s.B, "] tensor; got ", lengths.scalar_type(), " ",
-              lengths.sizes());
-  s.lengths = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < s.B; ++b)
-    TORCH_CHECK(s.lengths[b] >= 0 && s.lengths[b] + s.n <= s.T, op, ": row ", b, " holds ", s.lengths[b], " tokens; ",
-                s.n, " more do not fit its ", s.T, " cache slots");
+  s.lengths = check_lengths(op, lengths, s.B, s.n, s.T);
   s.tree_mask = nullptr;
   if (tree_mask.has_value()) {
     TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->is_contiguous() &&
@@ -242,13 +247,7 @@ void context_kv_cpu(const at::Tensor& hidden, const at::Tensor& fc_w, const at::
   check_f32(op, sin, "sin", {B, n, D});
   check_packed(fc_w, std::nullopt, "fc_w", H, F, op);
   check_packed(kv_w, kv_b, "kv_w", L * W, H, op);
-  TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() && lengths.sizes() == at::IntArrayRef{B},
-              op, ": lengths must be a contiguous int64 [", B, "] tensor; got ", lengths.scalar_type(), " ",
-              lengths.sizes());
-  const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(len[b] >= 0 && len[b] + n <= T, op, ": row ", b, " holds ", len[b], " tokens; ", n,
-                " more do not fit its ", T, " cache slots");
+  const int64_t* len = check_lengths(op, lengths, B, n, T);
   if (M == 0) return;
   // Scratch: fc [M, H], feats [M, H], kv [M, L W], one layer's k|v [M, W]; per thread, grown only.
   static thread_local std::vector<float> scratch;

@@ -42,7 +42,7 @@ from ..ops.decoder_layer import context_kv
 from ..ops.mtp import mtp_head_topk_packed
 from ..ops.skinny_linear import PackedWeight, pack_weight
 from .draft_vocab import VocabSubset
-from .layers import dense_of, packed_path_wanted, project
+from .layers import packed_path_wanted, project
 from .rope import apply_rope
 
 MODEL_TYPE = "dflash_drafter"
@@ -357,11 +357,16 @@ class DFlashDrafter(nn.Module):
         path's ``extend`` runs it inside the ``context_kv`` op).
 
         Shape: hidden_states layer -> [B, n, H]; returns [B, n, H]."""
+        return F.rms_norm(self.fc(self._target_hidden(hidden_states)), (self.config.hidden_size,), self.context_norm,
+                          self.config.rms_norm_eps)
+
+    def _target_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The target's hidden states at ``target_layers`` concatenated, in the drafter's dtype:
+        [B, n, layers_read * H]; ValueError naming the layers missing."""
         missing = [i for i in self.config.target_layers if i not in hidden_states]
         if missing:
-            raise ValueError(f"context_features: the target's hidden states of layers {missing} are missing")
-        cat = torch.cat([hidden_states[i].to(self.dtype) for i in self.config.target_layers], dim=-1)
-        return F.rms_norm(self.fc(cat), (self.config.hidden_size,), self.context_norm, self.config.rms_norm_eps)
+            raise ValueError(f"the target's hidden states of layers {missing} are missing")
+        return torch.cat([hidden_states[i].to(self.dtype) for i in self.config.target_layers], dim=-1)
 
     def block_input(self, anchor_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
         """Embeddings of ``[anchor, MASK x (blk - 1)]`` per anchor. Shape: anchor_tokens [...];
@@ -402,10 +407,7 @@ class DFlashDrafter(nn.Module):
         run = self.inference() if inference is None else inference
         c = self.config
         if run.io is not None:  # the packed CPU path: features and every layer's K/V as one op
-            missing = [i for i in c.target_layers if i not in hidden_states]
-            if missing:
-                raise ValueError(f"extend: the target's hidden states of layers {missing} are missing")
-            hidden = torch.cat([hidden_states[i] for i in c.target_layers], dim=-1).float()  # [B, n, k*H]
+            hidden = self._target_hidden(hidden_states)  # [B, n, k*H] float32 (the packed path's dtype)
             B, n = hidden.shape[:2]
         else:
             feats = self.context_features(hidden_states)  # [B, n, H]
@@ -502,8 +504,7 @@ class DFlashDrafter(nn.Module):
         if head is None or torch.is_grad_enabled() or not packed_path_wanted(self.device, self.dtype):
             if vocab is None:
                 return self.logits(x)
-            weight = vocab.weight if vocab.weight is not None else dense_of(vocab.packed, self.dtype)
-            return F.linear(F.rms_norm(x, x.shape[-1:], self.norm, eps), weight)
+            return F.linear(F.rms_norm(x, x.shape[-1:], self.norm, eps), vocab.rows(self.dtype))
         if isinstance(head, PackedWeight):  # the norm and the head in one op (the top-1 it also finds is unused)
             H = x.shape[-1]
             logits = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, 1, eps, return_logits=True).logits

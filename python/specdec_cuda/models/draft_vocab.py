@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,7 @@ class VocabSubset:
     packed: PackedWeight | GgufLinear | None
     model_id: int
     form: str
+    _dense: dict = field(default_factory=dict, compare=False, repr=False)  # rows(dtype), decoded on demand
 
     @property
     def prefix(self) -> bool:
@@ -58,6 +59,18 @@ class VocabSubset:
 
     def __len__(self) -> int:
         return self.ids.numel()
+
+    def rows(self, dtype: torch.dtype) -> torch.Tensor:
+        """The rows as a dense ``[N, H]`` tensor: ``weight``, or ``packed`` decoded once per dtype
+        (a drafter off the packed path over a packed or GGUF target's subset)."""
+        if self.weight is not None:
+            return self.weight
+        dense = self._dense.get(dtype)
+        if dense is None:
+            from .layers import dense_of
+
+            dense = self._dense[dtype] = dense_of(self.packed, dtype)
+        return dense
 
     def expand(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Subset logits [..., N] -> full-vocabulary logits [..., V], ``MASKED`` outside the subset.

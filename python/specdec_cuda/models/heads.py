@@ -89,11 +89,7 @@ class TargetHead:
 
             wanted = packed_path_wanted(h.device, h.dtype) and self.lm_head.dtype == torch.float32
             rows = self.vocab.packed if isinstance(self.vocab.packed, GgufLinear) or wanted else None
-            dense = self.vocab.weight
-            if rows is None and dense is None:
-                from .layers import dense_of
-
-                dense = self.__dict__.setdefault("_vocab_dense", dense_of(self.vocab.packed, self.lm_head.dtype))
+            dense = None if rows is not None else self.vocab.rows(self.lm_head.dtype)
             out = self._topk_rows(h, k, return_logits, rows, dense)
             ids = self.vocab.ids.to(out.indices.device)
             return mtp_ops.HeadTopK(out.values, ids[out.indices],
