@@ -73,6 +73,13 @@ class _Checked(DFlashProposer):
                 self.checked += 1
         return logits
 
+    def block_tokens(self, state, depth):
+        # A greedy chain's tokens: the checked logits' argmax (the op ranks them itself).
+        want = self.draft_ids(self.block_logits(state, depth).argmax(-1))
+        tokens = super().block_tokens(state, depth)
+        assert torch.equal(tokens, want)
+        return tokens
+
     def accept(self, draft, outcome):
         super().accept(draft, outcome)
         for b, active in enumerate(outcome.active.tolist()):
@@ -285,3 +292,72 @@ def test_the_block_as_decoder_layer_ops_equals_the_torch_layers(tmp_path_factory
         assert drafter._packed_io() is not None and drafter.__dict__.get("_head_op") is not None
     for got, want in zip(run(True), run(False)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_draft_tokens_are_the_argmax_of_the_drafts_logits(tmp_path_factory, monkeypatch):
+    """``draft_tokens`` (a greedy chain: on the packed path the head op ranks the rows itself, into
+    buffers the run keeps) gives the token ids of ``draft``'s argmax, over the whole vocabulary
+    and over a draft vocabulary, at batch 1 (the anchor's embedding written into the run's block
+    buffer) and 2, on both paths; each call's tokens stay as they were after the next call."""
+    from specdec_cuda.models.layers import packed_kernel_available
+    from specdec_cuda.proposers.dflash import draft_vocab_of
+
+    target = load_backend(make_checkpoint(tmp_path_factory.mktemp("dflash_top1") / "target", layers=3, seed=0),
+                          "builtin", dtype=torch.float32)
+    drafter = DFlashDrafter.random(DFlashConfig.for_target(target, block_size=5), seed=3, std=0.2).attach(target)
+    g = torch.Generator().manual_seed(4)
+    hidden = {l: torch.randn(2, 6, target.hidden_size, generator=g) for l in drafter.config.target_layers}
+    for packed in ("1", "0"):
+        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", packed)
+        vocab = draft_vocab_of(target, drafter, list(range(3, target.vocab_size, 2)))  # the head in this path's form
+        for B in (1, 2):
+            run = drafter.inference()
+            cache = drafter.new_cache(B, 16)
+            drafter.extend(cache, {l: h[:B] for l, h in hidden.items()}, torch.tensor([6, 4][:B]), run)
+            kept = []
+            for last in ([7, 9], [2, 11]):
+                last = torch.tensor(last[:B])
+                for sub in (None, vocab):
+                    logits = drafter.draft(cache, last, 4, 3, sub, run)
+                    want = logits.argmax(-1) if sub is None else sub.ids[logits.argmax(-1)]
+                    got = drafter.draft_tokens(cache, last, 4, 3, sub, run)
+                    assert got.shape == (B, 3) and torch.equal(got, want)
+                    # the op ranks on the packed path (where the kernel is vectorised)
+                    assert (drafter._run_head(run, sub)[0] is not None) == (packed == "1" and packed_kernel_available())
+                    kept.append((got, want))
+            assert all(torch.equal(got, want) for got, want in kept)
+
+
+def test_bfloat16_weights_are_saved_as_bfloat16_and_packed_as_bfloat16(target, tmp_path, monkeypatch):
+    """A drafter whose weights are bfloat16 numbers (``train dflash --dflash-weights bfloat16``) is
+    saved in bfloat16 (the same values, half the file), loads to the same float32 values, and its
+    packed CPU path streams bfloat16 panels with the torch path's logits."""
+    from safetensors import safe_open
+
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    t32 = load_backend(make_checkpoint(tmp_path / "target", layers=3, seed=0), "builtin", dtype=torch.float32)
+    drafter = DFlashDrafter.random(DFlashConfig.for_target(t32, block_size=4), seed=3, std=0.2)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.copy_(p.bfloat16())
+    drafter.save(tmp_path / "d")
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    loaded = DFlashDrafter.load(tmp_path / "d").attach(t32)
+    for (name, a), b in zip(drafter.named_parameters(), loaded.parameters()):
+        assert b.dtype == torch.float32 and torch.equal(a, b), name
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU")
+    run = loaded.inference()
+    assert run.native[0][2].panels.dtype == torch.bfloat16 and run.io.fc.panels.dtype == torch.bfloat16
+    g = torch.Generator().manual_seed(2)
+    hidden = {l: torch.randn(1, 5, t32.hidden_size, generator=g) for l in loaded.config.target_layers}
+
+    def logits(packed: str):
+        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", packed)
+        cache = loaded.new_cache(1, 16)
+        loaded.extend(cache, hidden, torch.tensor([5]))
+        return loaded.draft(cache, torch.tensor([7]))
+
+    torch.testing.assert_close(logits("1"), logits("0"), rtol=1e-5, atol=1e-5)

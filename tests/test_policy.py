@@ -210,3 +210,58 @@ def test_lookahead_draft_passes_its_drafters_catch_up_on(tmp_path):
     assert 0.0 <= seconds and seconds + first.one_time_seconds <= time.perf_counter() - started
     proposer.arm = "lookahead"  # an arm without the drafter's chain: nothing one-time
     assert proposer.propose(state).one_time_seconds == 0.0
+
+
+def test_a_hopeless_run_settles_on_plain_decoding():
+    # Drafting at batch 1 costs 2.5 plain steps per token and is rarely right: once every length is
+    # measured or predicted and none comes within the probe margin, drafting is over for the run
+    # (and only then); a new run starts unsettled.
+    policy = CostAwarePolicy()
+    policy.start(1)
+    _drive(policy, 12, 1, 4, lambda b, k: 1.0 + 1.5 * k, lambda b: 0.2)
+    assert policy.drafting_over()
+    policy.start(1)
+    assert not policy.drafting_over()
+    cheap = CostAwarePolicy()
+    cheap.start(1)
+    _drive(cheap, 12, 1, 4, lambda b, k: 1.0 + 0.02 * k, lambda b: 0.9)
+    assert not cheap.drafting_over()
+
+
+def test_a_settled_run_decodes_on_without_the_proposer(tmp_path):
+    # When the policy says drafting is over, the loop stops calling the proposer and asking the
+    # target for its hidden states; the output is the autoregressive one all the same.
+    import torch
+
+    from specdec_cuda.contract import SamplingParams
+    from specdec_cuda.decoding import decode
+    from specdec_cuda.proposers.ngram import PromptLookupProposer
+
+    target = _tiny_draft(tmp_path)
+
+    class Counting(PromptLookupProposer):
+        hidden_layers = (-1,)  # as a drafter that keeps features would (DFlash, the heads)
+
+        def __init__(self):
+            super().__init__(k=3)
+            self.proposed = self.accepted = 0
+
+        def propose(self, state):
+            self.proposed += 1
+            return super().propose(state)
+
+        def accept(self, draft, outcome):
+            self.accepted += 1
+            assert -1 in outcome.hidden_states
+            super().accept(draft, outcome)
+
+    policy = CostAwarePolicy()
+    policy.start(1)
+    _drive(policy, 12, 1, 3, lambda b, k: 1.0 + 1.5 * k, lambda b: 0.2)  # what earlier runs measured
+    prompts = [[1, 2, 3, 4, 5, 6]]
+    params = SamplingParams.make(1, 0.0, 0, 1.0, [0])
+    ar = decode(target, prompts, params, 24).tokens
+    proposer = Counting()
+    out = decode(target, prompts, params, 24, proposer=proposer, policy=policy)
+    assert out.tokens == ar
+    assert policy.drafting_over() and 0 < proposer.accepted <= 3 and proposer.proposed == 0

@@ -246,6 +246,31 @@ def test_a_dflash_draft_vocabulary_is_the_training_texts_most_frequent_ids(tmp_p
         assert out.tokens == ar and sum(out.metrics.drafted) > 0
 
 
+def test_dflash_weights_rounded_to_bfloat16_are_what_is_reported_and_saved(tmp_path, target_dir):
+    # --dflash-weights bfloat16: the weights are bfloat16 numbers before the held-out report, the
+    # file holds them in bfloat16, and the drafter decodes losslessly from them.
+    from safetensors import safe_open
+
+    from specdec_cuda.models.dflash import DFlashDrafter
+
+    prompts = _prompts()
+    result = T.train("dflash", target_dir, prompts=prompts, distill=DISTILL, loop=LOOP, out=tmp_path / "d",
+                     drafter=T.DrafterSpec(dflash_block_size=4, dflash_weights="bfloat16"), log=lambda s: None)
+    assert json.loads((result.folder / "report.json").read_text())["drafter"]["dflash_weights"] == "bfloat16"
+    with safe_open(str(result.folder / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    loaded = DFlashDrafter.load(result.folder)
+    assert all(torch.equal(p, p.bfloat16().float()) for p in loaded.parameters())
+    target = models.load(target_dir)
+    ar = specdec_cuda.generate(target, prompts[:3], max_new_tokens=10).tokens
+    out = specdec_cuda.generate(target, prompts[:3], method="dflash", drafter=result.folder, max_new_tokens=10,
+                                policy="fixed")
+    assert out.tokens == ar and sum(out.metrics.drafted) > 0
+    with pytest.raises(ValueError, match="dflash weights"):
+        T.train("dflash", target_dir, prompts=prompts, distill=DISTILL, loop=LOOP, out=tmp_path / "e",
+                drafter=T.DrafterSpec(dflash_block_size=4, dflash_weights="float16"), log=lambda s: None)
+
+
 def test_the_cli_trains_from_a_prompts_file(tmp_path):
     from specdec_cuda.train.__main__ import main
 

@@ -77,8 +77,11 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
     metrics.prefill_seconds = step_start - start
     while not all(rows.done):
         active, limits = plan(rows, proposer, policy, adaptable)   # who runs, drafts granted per row
+        if proposer is not None and drafting_over(policy, active, adaptable):
+            proposer, hidden_layers = None, ()  # plain decoding to the end: no drafter bookkeeping
         state = StepState(last, lengths, torch.tensor(active, device=device),
-                          torch.tensor(limits, dtype=torch.int64, device=device), params)
+                          torch.tensor(limits, dtype=torch.int64, device=device), params,
+                          [n if a else 0 for n, a in zip(limits, active)])
         t = time.perf_counter()
         draft, extra = propose(proposer, state, limits)             # a tree (or chain) per row, + riding rows
         metrics.propose_seconds += time.perf_counter() - t
@@ -165,6 +168,13 @@ def plan(rows: RowOutputs, proposer: Proposer | None, policy: "SpeculationPolicy
     if policy is not None:
         limits = policy.plan(active, limits, adaptable, remaining)
     return active, limits
+
+
+def drafting_over(policy: "SpeculationPolicy | None", active: list[bool], adaptable: list[bool]) -> bool:
+    """Whether the policy will grant no more drafts in this run (``drafting_over``), every active
+    row being one it decides for (a row it leaves alone keeps its full draft length)."""
+    over = getattr(policy, "drafting_over", None)
+    return (over is not None and all(ad for a, ad in zip(active, adaptable) if a) and over())
 
 
 def propose(proposer: Proposer | None, state: StepState,

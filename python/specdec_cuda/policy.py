@@ -82,6 +82,9 @@ class SpeculationPolicy(Protocol):
         """The step that was planned last: per row drafted depth and accepted drafts, the width
         of the target forward (root + drafts + extra rows) and the step's wall time."""
 
+    # Optional: ``drafting_over() -> bool``, True once the policy will grant no more drafts in this
+    # run whatever its steps measure (the loop then drops the proposer: ``CostAwarePolicy``).
+
 
 class FixedPolicy:
     """Always grant the most the method drafts (within each row's budget)."""
@@ -198,6 +201,7 @@ class CostAwarePolicy:
         self.last_k = 0
         self.hold, self.hold_rows = 0, None  # steps plain decoding is kept without a decision, for these rows
         self.caught_up = False  # whether this run has drafted (its drafter has seen the prompt)
+        self.settled = False  # drafting_over(): this run decodes plainly to its end
         self.history: list[int] = []  # K chosen per step of this run (for reports)
 
     # -- acceptance ---------------------------------------------------------------------------
@@ -305,10 +309,24 @@ class CostAwarePolicy:
                     k = self.probed = probe
                 else:
                     self.next_probe = self.steps + self.probe_interval
+            # Plain decoding, every row the policy's, every length measured or predicted and none
+            # within the probe margin of plain decoding: nothing a plain step measures can bring
+            # one back (acceptance moves only when rows draft, drafted costs only when measured),
+            # so this run would never draft again.
+            if (k == 0 and not fixed and self.steps >= 1 and 0 in rates and len(rates) == k_max + 1
+                    and all(r < (1.0 - self.probe_margin) * rates[0] for kk, r in rates.items() if kk)):
+                self.settled = True
         self.last_k = k
         key = (len(rows), max(k, fixed))
         self.explored[key] = self.explored.get(key, 0) + 1
         return [(min(k, lim) if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
+
+    def drafting_over(self) -> bool:
+        """Whether this run will draft no more (see ``plan``): the loop then decodes the rest of it
+        without the proposer, so a drafter that keeps the committed text's features (DFlash,
+        EAGLE-3, the heads) stops paying for them on every plain step (~4% of a zoo step). A
+        later run starts afresh from what this one measured."""
+        return self.settled
 
     def _unmeasured(self, rows: int, k: int) -> bool:
         """Whether ``(rows, k)`` still lacks its warm measurements and has not been granted often

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.decoder_layer import context_kv
-from ..ops.mtp import mtp_head_topk_packed
+from ..ops.decoder_layer import context_kv, decoder_layer
+from ..ops.mtp import HeadTopK, mtp_head_topk_packed
 from ..ops.skinny_linear import PackedWeight, pack_weight
 from .draft_vocab import VocabSubset
 from .layers import packed_path_wanted, project
@@ -126,6 +126,14 @@ class _PackedIO(NamedTuple):
 
     fc: PackedWeight  # of fc [H, layers_read * H]
     kv: PackedWeight  # of every layer's k_proj and v_proj stacked [layers * 2 * kv_heads * D, H]
+
+
+def _length_range(lengths: torch.Tensor) -> tuple[int, int]:
+    """The shortest and longest of the rows' lengths [B] (0, 0 for no rows): one read of the
+    tensor, the rest on the host (``aminmax``, ``stack`` and ``tolist`` were three ops of ~10 us
+    each in a zoo block's drafting)."""
+    host = lengths.tolist()
+    return (min(host), max(host)) if host else (0, 0)
 
 
 class DFlashInference(NamedTuple):
@@ -282,7 +290,9 @@ class DFlashDrafter(nn.Module):
         return self.fc.weight.dtype
 
     def save(self, folder) -> Path:
-        """``config.json`` + ``model.safetensors`` (the drafter's own weights only) in ``folder``."""
+        """``config.json`` + ``model.safetensors`` (the drafter's own weights only) in ``folder``: each
+        tensor in bfloat16 when all its values are bfloat16 numbers (a drafter trained with
+        bfloat16 weights: the same values in half the bytes), else float32."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
@@ -291,8 +301,11 @@ class DFlashDrafter(nn.Module):
         config["target_layers"] = list(self.config.target_layers)
         config["model_type"] = MODEL_TYPE
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file({k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()},
-                  str(folder / "model.safetensors"))
+        def stored(t: torch.Tensor) -> torch.Tensor:
+            t = t.detach().float().cpu()
+            return (t.bfloat16() if torch.equal(t.bfloat16().float(), t) else t).contiguous()
+
+        save_file({k: stored(v) for k, v in self.state_dict().items()}, str(folder / "model.safetensors"))
         return folder
 
     @classmethod
@@ -327,17 +340,20 @@ class DFlashDrafter(nn.Module):
         return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
 
     def rope_at(self, start: int, n: int, batch: int, run: DFlashInference | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rope`` of positions ``start .. start + n - 1`` on every one of ``batch`` rows (rows of one
-        length): slices of the table, no gather; ``run`` keeps the table at hand (looking it up by
-        dtype and device was most of a slice's ~40 us). Shape: two [batch, n, 1, D]."""
+        """cos and signed sin of positions ``start .. start + n - 1`` on every one of ``batch`` rows
+        (rows of one length): slices of the table, no gather, contiguous at batch 1 (the ops take
+        them as they are); ``run`` keeps the table at hand (looking it up by dtype and device was
+        most of a slice's ~40 us). Shape: two [batch, n, D] (``rope``'s without its heads dim)."""
         table = None if run is None else run.buffers.get("rope")
         if table is None or table[0].shape[0] < start + n:
             table = self._rope_table(start + n, self.device)
             if run is not None:
                 run.buffers["rope"] = table
         cos, sin = table
+        if batch == 1:
+            return cos[None, start: start + n], sin[None, start: start + n]
         D = cos.shape[-1]
-        return (cos[start: start + n, None].expand(batch, n, 1, D), sin[start: start + n, None].expand(batch, n, 1, D))
+        return cos[start: start + n].expand(batch, n, D), sin[start: start + n].expand(batch, n, D)
 
     def _rope_table(self, need: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [P, D] of positions 0 .. P - 1, P >= ``need``."""
@@ -414,7 +430,7 @@ class DFlashDrafter(nn.Module):
             B, n = feats.shape[:2]
         if n == 0:
             return
-        shortest, longest = torch.stack(torch.aminmax(cache.lengths)).tolist() if B else (0, 0)
+        shortest, longest = _length_range(cache.lengths)
         # Every given token is written at slot lengths[b] + j; those past num_new[b] land in scratch
         # slots past the row's new length, which nothing reads before a later extend overwrites
         # them. So all n slots must fit (the proposer sizes the cache with a block of slack).
@@ -422,17 +438,18 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"DFlashCache overflow: a row holds {longest} tokens and {n} are written, but the "
                              f"cache has {cache.max_length} slots")
         if shortest == longest:  # rows of one length (always at batch 1): slices of the table, no gather
-            cos, sin = self.rope_at(longest, n, B, run)
+            cos, sin = self.rope_at(longest, n, B, run)  # [B, n, D]
         else:
             slots = cache.lengths[:, None] + torch.arange(n, device=cache.lengths.device)  # [B, n]
-            cos, sin = self.rope(slots)
+            cos, sin = (t.squeeze(2) for t in self.rope(slots))
         if run.io is not None:
             _, bias, k_norm = run.stacked
             context_kv(hidden.contiguous(), run.io.fc, self.context_norm.detach(), run.io.kv, bias,
-                       k_norm.reshape(c.num_layers, c.head_dim), c.rms_norm_eps, cos[:, :, 0].contiguous(),
-                       sin[:, :, 0].contiguous(), cache.all_keys, cache.all_values, cache.lengths)
+                       k_norm.reshape(c.num_layers, c.head_dim), c.rms_norm_eps, cos.contiguous(),
+                       sin.contiguous(), cache.all_keys, cache.all_values, cache.lengths)
         else:
-            k, v = self.context_kv(feats, cos, sin, run.stacked)  # [layers, B, kv_heads, n, D] each
+            # [layers, B, kv_heads, n, D] each
+            k, v = self.context_kv(feats, cos.unsqueeze(2), sin.unsqueeze(2), run.stacked)
             if shortest == longest:
                 cache.all_keys[:, :, :, longest: longest + n] = k
                 cache.all_values[:, :, :, longest: longest + n] = v
@@ -478,7 +495,8 @@ class DFlashDrafter(nn.Module):
         return stacked
 
     def _packed_io(self) -> "_PackedIO | None":
-        """fc and the stacked k/v projections as float32 panels for the ``context_kv`` op, for
+        """fc and the stacked k/v projections as panels for the ``context_kv`` op (bfloat16 when
+        every weight is a bfloat16 number, as ``pack_weight`` picks; else float32), for
         inference on a float32 CPU drafter (``models.layers.packed_path_wanted``; the LM head:
         ``head_logits``).
         None while training or elsewhere. Repacked whenever a parameter changed."""
@@ -488,7 +506,7 @@ class DFlashDrafter(nn.Module):
         if cached is not None and cached[0] == key:
             return cached[1]
         weight, _, _ = self._stacked_kv()
-        io = _PackedIO(pack_weight(self.fc.weight.detach(), torch.float32), pack_weight(weight.detach(), torch.float32))
+        io = _PackedIO(pack_weight(self.fc.weight.detach()), pack_weight(weight.detach()))
         self.__dict__["_packed"] = (key, io)
         return io
 
@@ -529,6 +547,48 @@ class DFlashDrafter(nn.Module):
         the zoo pair, 16-token blocks over a 4096-token vocabulary, the head over all 15 was ~45% of
         a block forward). ``inference``: the weights as ``inference()`` gave them (default: made or
         checked now)."""
+        return self.head_logits(self._block_states(cache, last_tokens, block_size, depth, inference), vocab)
+
+    @torch.no_grad()
+    def draft_tokens(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None = None,
+                     depth: int | None = None, vocab: VocabSubset | None = None,
+                     inference: DFlashInference | None = None) -> torch.Tensor:
+        """``draft``'s most likely token per position, as ids of the target's vocabulary: a greedy
+        chain. On the packed CPU path the head op ranks while it computes (no logits tensor, no
+        argmax and id lookup as torch ops: ~0.1 ms of a ~1.5 ms zoo block on an AVX2 EPYC). Ties
+        may resolve to another of the tied ids than ``draft(...).argmax(-1)`` does.
+
+        Shape: last_tokens [B]; returns [B, depth] int64."""
+        run = self.inference() if inference is None else inference
+        x = self._block_states(cache, last_tokens, block_size, depth, run)  # [B, depth, H]
+        head, ids = self._run_head(run, vocab)
+        B, depth, H = x.shape
+        if head is not None:
+            found = run.buffers.get(("top1", B * depth))
+            if found is None:
+                found = run.buffers[("top1", B * depth)] = HeadTopK(torch.empty(B * depth, 1),
+                                                                      torch.empty(B * depth, 1, dtype=torch.int64), None)
+            index = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, 1, self.config.rms_norm_eps,
+                                         out=found).indices.view(B, depth)  # the run's buffer: copied below
+            return index.clone() if ids is None else ids[index]
+        index = self.head_logits(x, vocab).argmax(-1)
+        return index if ids is None else ids[index]
+
+    def _run_head(self, run: DFlashInference, vocab: VocabSubset | None) -> tuple:
+        """For ``draft_tokens`` over ``vocab``, decided once per run: the packed LM head (a
+        ``PackedWeight``) the head op ranks, or None (``head_logits`` then ``argmax``), and the
+        vocabulary's ids on the drafter's device (None: the whole vocabulary)."""
+        cached = run.buffers.get("head")
+        if cached is None or cached[0] is not vocab:
+            head = self.__dict__.get("_head_op") if vocab is None else vocab.packed
+            if not (isinstance(head, PackedWeight) and packed_path_wanted(self.device, self.dtype)):
+                head = None
+            cached = run.buffers["head"] = (vocab, head, None if vocab is None else vocab.ids.to(self.device))
+        return cached[1:]
+
+    def _block_states(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None,
+                      depth: int | None, inference: DFlashInference | None) -> torch.Tensor:
+        """The block's states before the final norm at positions 1 .. depth: [B, depth, H] (``draft``)."""
         blk = block_size or self.config.block_size
         depth = blk - 1 if depth is None else int(depth)
         if not 0 <= depth <= blk - 1:
@@ -536,14 +596,15 @@ class DFlashDrafter(nn.Module):
         run = self.inference() if inference is None else inference
         B = last_tokens.shape[0]
         lengths = cache.lengths
-        shortest, span = torch.stack(torch.aminmax(lengths)).tolist() if B else (0, 0)
+        shortest, span = _length_range(lengths)
         if shortest == span:
-            cos, sin = self.rope_at(span, blk, B, run)
+            cos, sin = self.rope_at(span, blk, B, run)  # [B, blk, D]
         else:
-            cos, sin = self.rope(lengths[:, None] + torch.arange(blk, device=lengths.device))
+            cos, sin = (t.squeeze(2) for t in self.rope(lengths[:, None] + torch.arange(blk, device=lengths.device)))
         x = self._block_input(run, last_tokens, blk)  # [B, blk, H]
         if run.native is not None and span + blk <= cache.max_length:
-            return self.head_logits(self._native_block(run, x, cos, sin, cache)[:, :depth], vocab)
+            return self._native_block(run, x, cos, sin, cache)[:, :depth]
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, blk, 1, D]: the torch layers' form
         mask = None  # rows of one length see every context slot and the whole block
         if shortest != span:
             # Row b sees its context slots < lengths[b] and the whole block.
@@ -553,22 +614,25 @@ class DFlashDrafter(nn.Module):
             mask = mask[:, None, None, :]  # [B, 1, 1, span + blk]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
-        return self.head_logits(x[:, 1: 1 + depth], vocab)
+        return x[:, 1: 1 + depth]
 
     def _block_input(self, run: DFlashInference, last_tokens: torch.Tensor, blk: int) -> torch.Tensor:
         """``block_input`` in the drafter's dtype, into the run's buffer for this (batch, block):
-        the MASK rows stay written, each draft writes the anchors' embeddings. [B, blk, H]."""
+        the MASK rows stay written, each draft writes the anchors' embeddings (at batch 1 straight
+        into the buffer's row: ~7 us where an indexed assignment took ~18). [B, blk, H]."""
         B = last_tokens.shape[0]
         buffer = run.buffers.get((B, blk))
         if buffer is None:
             buffer = run.buffers[(B, blk)] = self.block_input(last_tokens, blk).to(self.dtype).contiguous()
+        elif B == 1 and self._embed.dtype == buffer.dtype:
+            torch.index_select(self._embed, 0, last_tokens, out=buffer[:, 0])
         else:
             buffer[:, 0] = F.embedding(last_tokens, self._embed)
         return buffer
 
     def _native_layers(self) -> list[tuple] | None:
         """Per drafter layer, its weights as the ``decoder_layer`` op takes them (q|k|v, o, gate|up,
-        down packed), where a block forward can run as one op per layer: float32 on a CPU whose
+        down packed: bfloat16 panels for bfloat16 values, half the bytes streamed), where a block forward can run as one op per layer: float32 on a CPU whose
         packed kernel is vectorised (``models.layers.packed_path_wanted``). Packed on first use and
         again whenever a parameter was replaced or written (``.to()``, ``load_state_dict``, a
         training step); None elsewhere (the torch layers run)."""
@@ -585,10 +649,10 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             qkv = (layer.q_proj, layer.k_proj, layer.v_proj)
             layers.append((layer.input_norm.detach(), layer.post_norm.detach(),
-                           pack_weight(cat(*(m.weight for m in qkv)), torch.float32),
-                           pack_weight(layer.o_proj.weight.detach(), torch.float32),
-                           pack_weight(layer.gate_up.weight.detach(), torch.float32),
-                           pack_weight(layer.down.weight.detach(), torch.float32),
+                           pack_weight(cat(*(m.weight for m in qkv))),
+                           pack_weight(layer.o_proj.weight.detach()),
+                           pack_weight(layer.gate_up.weight.detach()),
+                           pack_weight(layer.down.weight.detach()),
                            (cat(*(m.bias for m in qkv)), cat(layer.o_proj.bias), None, None),
                            (layer.q_norm.detach(), layer.k_norm.detach())))
         self.__dict__["_native"] = (key, layers)
@@ -600,20 +664,22 @@ class DFlashDrafter(nn.Module):
         is the op's over the cache (the context slots < ``lengths[b]``, then the block, written to
         the scratch slots ``lengths[b] + i`` past them, which the next ``extend`` overwrites) with
         an all-true tree mask (the block sees itself bidirectionally), the same function as
-        ``DFlashLayer.forward``. x [B, blk, H] -> the states of positions 1 .. blk - 1 [B, blk - 1, H]."""
-        from ..ops.decoder_layer import decoder_layer
-
+        ``DFlashLayer.forward``. x [B, blk, H], cos / sin [B, blk, D] -> the states of positions
+        1 .. blk - 1 [B, blk - 1, H]."""
         c = self.config
         B, blk, _ = x.shape
-        cos, sin = cos[:, :, 0].contiguous(), sin[:, :, 0].contiguous()  # [B, blk, D]
+        cos, sin = cos.contiguous(), sin.contiguous()  # [B, blk, D] (at batch 1 already)
         sees = run.buffers.get(("sees", B, blk))
         if sees is None:
             sees = run.buffers[("sees", B, blk)] = torch.ones(B, blk, blk, dtype=torch.bool, device=x.device)
+        outs = run.buffers.get(("states", B, blk))  # the layers write these in turn
+        if outs is None:
+            outs = run.buffers[("states", B, blk)] = (torch.empty_like(x), torch.empty_like(x))
         x = x.contiguous()
         for i, (norm1, norm2, qkv, o, gate_up, down, biases, qk_norm) in enumerate(run.native):
             x = decoder_layer(x, norm1, norm2, c.rms_norm_eps, qkv, o, gate_up, down, cos, sin, cache.keys[i],
                               cache.values[i], cache.lengths, c.num_heads, biases=biases, qk_norm=qk_norm,
-                              tree_mask=sees, sm_scale=c.head_dim ** -0.5)
+                              tree_mask=sees, sm_scale=c.head_dim ** -0.5, out=outs[i % 2])
         return x[:, 1:]
 
     # -- training -----------------------------------------------------------------------------

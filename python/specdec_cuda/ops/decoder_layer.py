@@ -30,7 +30,8 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
                   o: PackedWeight, gate_up: PackedWeight, down: PackedWeight, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, num_heads: int, *,
                   biases: tuple = (None, None, None, None), qk_norm: tuple | None = None,
-                  tree_mask: torch.Tensor | None = None, sm_scale: float | None = None) -> torch.Tensor:
+                  tree_mask: torch.Tensor | None = None, sm_scale: float | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer over ``x``; returns the layer's output and writes the caches' new slots.
 
     Shape: x ``[B, n, hidden]`` float32; norm1 / norm2 ``[hidden]``; the projections packed with
@@ -38,9 +39,10 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
     hidden]``, down ``[hidden, I]``); cos / signed sin ``[B, n, D]`` (``models.rope.rope_cos_sin``
     without its heads dim); k_cache / v_cache ``[B, Hkv, T, D]`` float32; lengths ``[B]`` int64;
     ``biases``: (q|k|v, o, gate|up, down) float32 or None; ``qk_norm``: (q weight, k weight) ``[D]``
-    or None; tree_mask ``[B, n, n]`` bool or None (causal); sm_scale defaults to ``D ** -0.5``.
+    or None; tree_mask ``[B, n, n]`` bool or None (causal); sm_scale defaults to ``D ** -0.5``;
+    ``out``: a contiguous float32 tensor of x's shape to write (not x itself), default a new one.
     """
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     q_norm, k_norm = qk_norm if qk_norm is not None else (None, None)
     scale = k_cache.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     torch.ops.specdec.decoder_layer(

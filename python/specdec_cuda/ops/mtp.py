@@ -88,6 +88,8 @@ def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int
         x: [M, H] float32 / float16 / bfloat16; norm_weight: [H] of x's dtype.
         lm_head: ``PackedW4`` of a [V, H] weight, packed for the CPU (``quantize_w4(w, device="cpu")``).
         Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None.
+        ``out``: those tensors to write instead of new ones (a caller drafting every step keeps
+        them; ``logits`` None unless ``return_logits``).
 
     Example:
         >>> import torch, specdec_cuda.ops as ops
@@ -103,7 +105,7 @@ def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int
 
 
 def mtp_head_topk_packed(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int, eps: float,
-                         return_logits: bool = False) -> HeadTopK:
+                         return_logits: bool = False, out: HeadTopK | None = None) -> HeadTopK:
     """``mtp_head_topk`` with the LM head packed in column panels (a ``PackedWeight`` from
     ``ops.pack_weight``): the CPU decoding path's layout, bfloat16 panels for a bf16 checkpoint's
     weights (half the bytes of its float32 copy, the same values). CPU only.
@@ -111,6 +113,8 @@ def mtp_head_topk_packed(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k:
     Shape:
         x: [M, H] float32; norm_weight: [H] float32; lm_head: ``PackedWeight`` of a [V, H] weight.
         Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None.
+        ``out``: those tensors to write instead of new ones (a caller drafting every step keeps
+        them; ``logits`` None unless ``return_logits``).
 
     Example:
         >>> import torch, specdec_cuda.ops as ops
@@ -123,11 +127,13 @@ def mtp_head_topk_packed(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k:
                                                values, indices, logits, status)
 
     return _float_head_topk("mtp_head_topk_packed", call, x, lm_head.in_features, lm_head.out_features, k,
-                            return_logits)
+                            return_logits, out)
 
 
-def _float_head_topk(name: str, call, x: torch.Tensor, H: int, V: int, k: int, return_logits: bool) -> HeadTopK:
-    """The float32-output head ops' argument checks, output tensors and status check around ``call``."""
+def _float_head_topk(name: str, call, x: torch.Tensor, H: int, V: int, k: int, return_logits: bool,
+                     out: HeadTopK | None = None) -> HeadTopK:
+    """The float32-output head ops' argument checks, output tensors (``out``'s when given; the op
+    checks their shapes) and status check around ``call``."""
     if x.dim() != 2:
         raise ValueError(f"x must be [M, H], got shape {tuple(x.shape)}")
     if H != x.shape[1]:
@@ -136,9 +142,14 @@ def _float_head_topk(name: str, call, x: torch.Tensor, H: int, V: int, k: int, r
         raise ValueError(f"k must lie in [1, min({MAX_K}, V={V})], got {k}")
     x = x.contiguous()
     M = x.shape[0]
-    values = torch.empty(M, k, dtype=torch.float32, device=x.device)
-    indices = torch.empty(M, k, dtype=torch.int64, device=x.device)
-    logits = torch.empty(M, V, dtype=torch.float32, device=x.device) if return_logits else None
+    if out is not None:
+        if (out.logits is not None) != return_logits:
+            raise ValueError("out.logits must be given exactly when return_logits is")
+        values, indices, logits = out
+    else:
+        values = torch.empty(M, k, dtype=torch.float32, device=x.device)
+        indices = torch.empty(M, k, dtype=torch.int64, device=x.device)
+        logits = torch.empty(M, V, dtype=torch.float32, device=x.device) if return_logits else None
     status = torch.empty(M, dtype=torch.int32, device=x.device)
     call(x, values, indices, logits, status)
     if not torch.compiler.is_compiling():

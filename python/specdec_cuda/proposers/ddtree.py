@@ -39,16 +39,16 @@ class DDTreeProposer(DFlashBase):
         return True  # a tree of guesses, sample-and-match at T > 0
 
     def propose(self, state: StepState) -> Draft | None:
-        limit = torch.where(state.active, state.max_draft.clamp(max=self.max_draft), 0)  # [B] tree depth
-        depth = int(limit.max())
+        limit, depth = state.draft_limits(self.max_draft)  # [B] tree depth
         if depth == 0:
             return None
         one_time = self.catch_up()
         # [B, D, V], or [B, D, N] over a draft vocabulary: q renormalised over it (0 elsewhere)
         logits = self.block_logits(state, depth).float()
-        temperature = state.params.temperature.to(logits.device)
-        scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-        logprobs = torch.log_softmax(logits / scale[:, None, None], dim=-1)
+        if not self.all_greedy:  # each row's q at its temperature (greedy rows: T = 1)
+            temperature = state.params.temperature.to(logits.device)
+            logits = logits / torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None, None]
+        logprobs = torch.log_softmax(logits, dim=-1)
         values, index = logprobs.topk(min(self.budget, logprobs.shape[-1]), dim=-1)  # [B, D, K]
         tree = ops.ddtree_build(values, self.draft_ids(index), limit, self.budget)
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)

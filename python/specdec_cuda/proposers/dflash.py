@@ -111,8 +111,16 @@ class DFlashBase(Proposer):
         grows with the block's rows, and the masks past the depth would only be attended to. The
         kept positions then see a shorter block than in training, so their distributions differ a
         little from the full block's (acceptance measured in docs/benchmarks.md); lossless either way."""
-        blk = depth + 1 if self.trim_block else self.block_size
-        return self.drafter.draft(self.cache, state.last_tokens, blk, depth, self.vocab, self.run)
+        return self.drafter.draft(self.cache, state.last_tokens, self.block_len(depth), depth, self.vocab, self.run)
+
+    def block_tokens(self, state: StepState, depth: int) -> torch.Tensor:
+        """``block_logits``' most likely tokens, as token ids: [B, depth] (a greedy chain)."""
+        return self.drafter.draft_tokens(self.cache, state.last_tokens, self.block_len(depth), depth, self.vocab,
+                                         self.run)
+
+    def block_len(self, depth: int) -> int:
+        """The rows of the block that drafts ``depth`` tokens (``trim_block``)."""
+        return depth + 1 if self.trim_block else self.block_size
 
     def draft_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of indices into ``block_logits``' last dimension (the same without a draft vocabulary)."""
@@ -145,15 +153,13 @@ class DFlashProposer(DFlashBase):
         self.draft_sampling = draft_sampling
 
     def propose(self, state: StepState) -> Draft | None:
-        limit = torch.where(state.active, state.max_draft.clamp(max=self.max_draft), 0)  # [B]
-        k = int(limit.max())
+        limit, k = state.draft_limits(self.max_draft)  # [B]
         if k == 0:
             return None
         one_time = self.catch_up()
-        logits = self.block_logits(state, k)  # [B, k, V] (or [B, k, N] over a draft vocabulary)
         if self.draft_sampling == "greedy" or self.all_greedy:
-            return Draft(self.draft_ids(logits.argmax(-1)), limit, DraftKind.GUESS, one_time_seconds=one_time)
-        logits = self.full_logits(logits)
+            return Draft(self.block_tokens(state, k), limit, DraftKind.GUESS, one_time_seconds=one_time)
+        logits = self.full_logits(self.block_logits(state, k))  # [B, k, V]
         B, V = logits.shape[0], logits.shape[-1]
         # Every position drawn from its own q_i in one call: keyed by its absolute position (on the
         # target's own stream when coupled).

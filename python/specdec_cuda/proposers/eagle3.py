@@ -135,8 +135,7 @@ class Eagle3Proposer(Proposer):
     # -- propose ------------------------------------------------------------------------------
 
     def propose(self, state: StepState) -> Draft | None:
-        limit = torch.where(state.active, state.max_draft.clamp(max=self.max_draft), 0)  # [B]
-        k_step = int(limit.max())
+        limit, k_step = state.draft_limits(self.max_draft)  # [B]
         if k_step == 0:
             return None
         started = time.perf_counter()

@@ -135,8 +135,8 @@ class MedusaProposer(Proposer):
         return self.heads.candidates(self.hidden, depth, self.topk, self.head)
 
     def propose(self, state: StepState) -> Draft | None:
-        limit = torch.where(state.active, state.max_draft, 0)  # [B]
-        depth = min(int(limit.max()), self.max_draft)
+        limit, most = state.draft_limits()  # [B]
+        depth = min(most, self.max_draft)
         if depth == 0:
             return None
         cand = self.candidates(depth)  # [B, depth, topk]

@@ -97,8 +97,8 @@ class MTPProposer(Proposer):
 
     def propose(self, state: StepState) -> Draft | None:
         L = state.lengths  # [B]: the root's position
-        limit = torch.where(state.active, state.max_draft, 0)
-        k_step = min(int(limit.max()), self.k)
+        limit, most = state.draft_limits()  # [B]
+        k_step = min(most, self.k)
         if k_step == 0:
             return None
         B, D, rows, last = L.shape[0], self.modules.num_modules, self.rows, self.capacity - 1

@@ -49,6 +49,10 @@ class DrafterSpec:
     # The DFlash drafter's own draft vocabulary (FR-Spec): the n ids most frequent in the training
     # sequences, which its LM head then runs over by default; None: the whole vocabulary.
     dflash_draft_vocab: int | None = None
+    # "bfloat16": the trained DFlash drafter's weights rounded to bfloat16 before its held-out report
+    # and saved so (half the file; the CPU decoding path then streams bfloat16 panels, half the
+    # bytes of a block's drafting); "float32": as trained.
+    dflash_weights: str = "float32"
     eagle3_steps: int = 7  # EAGLE-3's training-time test: rolled-out steps per position
     eagle3_draft_vocab: int = 32768  # the reduced draft vocabulary (the whole one when it is smaller)
 
@@ -182,7 +186,7 @@ def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
 
         config = DFlashConfig.for_target(model, num_layers=drafter.dflash_layers, block_size=drafter.dflash_block_size,
                                          intermediate_size=int(model.config.intermediate_size))
-        return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma,
+        return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma, weights=drafter.dflash_weights,
                             draft_vocab=drafter.dflash_draft_vocab)
     from .eagle3 import train_eagle3
 

@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=int, default=None,
                    help="eagle3 / dflash: the draft vocabulary, the N ids most frequent in the training sequences "
                         f"(eagle3 default {DrafterSpec.eagle3_draft_vocab}; dflash default: the whole vocabulary)")
+    p.add_argument("--dflash-weights", choices=("float32", "bfloat16"), default=DrafterSpec.dflash_weights,
+                   help="dflash: the trained drafter's weights as saved (bfloat16: rounded before the held-out "
+                        "report; half the bytes its CPU decoding path streams per block)")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="which weights of the folder the target runs on (models.load)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -75,7 +78,7 @@ def main(argv=None) -> int:
         return 2
     drafter = DrafterSpec(dflash_block_size=args.block_size, dflash_gamma=args.gamma, eagle3_steps=args.ttt_steps,
                           eagle3_draft_vocab=args.draft_vocab or DrafterSpec.eagle3_draft_vocab,
-                          dflash_draft_vocab=args.draft_vocab)
+                          dflash_draft_vocab=args.draft_vocab, dflash_weights=args.dflash_weights)
     if args.heads is not None:
         field = {"medusa": "medusa_heads", "mtp": "mtp_modules", "dflash": "dflash_layers"}.get(args.kind)
         if field is None:

@@ -122,9 +122,12 @@ def dflash_report(drafter: DFlashDrafter, features: FeatureSet, blocks: int = 8)
 
 
 def train_dflash(target, features: FeatureSet, config: DFlashConfig, loop, checkpoint, log, held_out: FeatureSet,
-                 anchors_per_sequence: int = 8, gamma: float = GAMMA, draft_vocab: int | None = None):
+                 anchors_per_sequence: int = 8, gamma: float = GAMMA, draft_vocab: int | None = None,
+                 weights: str = "float32"):
     from .loop import optimise
 
+    if weights not in ("float32", "bfloat16"):
+        raise ValueError(f"dflash weights must be 'float32' or 'bfloat16', got {weights!r}")
     covered = None
     if draft_vocab is not None and draft_vocab < config.vocab_size:
         config.draft_vocab, covered = frequent_ids(features, config.vocab_size, draft_vocab)
@@ -143,6 +146,10 @@ def train_dflash(target, features: FeatureSet, config: DFlashConfig, loop, check
                                                        loop.seed * 1_000_003 + step, gamma),
              len(features), loop, checkpoint, log, "dflash")
     drafter.requires_grad_(False).eval()
+    if weights == "bfloat16":  # rounded before the report, so that it measures the drafter saved
+        for p in drafter.parameters():
+            p.copy_(p.bfloat16())
+        log("[train] dflash: weights rounded to bfloat16")
     report = dict(dflash_report(drafter, held_out), warm_started_layers=warm)
     if covered is not None:
         report["draft_vocab_coverage"] = round(covered, 4)
