@@ -564,10 +564,11 @@ class DFlashDrafter(nn.Module):
         head, ids = self._run_head(run, vocab)
         B, depth, H = x.shape
         if head is not None:
-            found = run.buffers.get(("top1", B * depth))
+            M = B * depth
+            found = run.buffers.get(("top1", M))
             if found is None:
-                found = run.buffers[("top1", B * depth)] = HeadTopK(torch.empty(B * depth, 1),
-                                                                      torch.empty(B * depth, 1, dtype=torch.int64), None)
+                found = HeadTopK(torch.empty(M, 1), torch.empty(M, 1, dtype=torch.int64), None)
+                run.buffers[("top1", M)] = found
             index = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, 1, self.config.rms_norm_eps,
                                          out=found).indices.view(B, depth)  # the run's buffer: copied below
             return index.clone() if ids is None else ids[index]
@@ -632,8 +633,9 @@ class DFlashDrafter(nn.Module):
 
     def _native_layers(self) -> list[tuple] | None:
         """Per drafter layer, its weights as the ``decoder_layer`` op takes them (q|k|v, o, gate|up,
-        down packed: bfloat16 panels for bfloat16 values, half the bytes streamed), where a block forward can run as one op per layer: float32 on a CPU whose
-        packed kernel is vectorised (``models.layers.packed_path_wanted``). Packed on first use and
+        down packed: bfloat16 panels for bfloat16 values, half the bytes streamed), where a block
+        forward can run as one op per layer: float32 on a CPU whose packed kernel is vectorised
+        (``models.layers.packed_path_wanted``). Packed on first use and
         again whenever a parameter was replaced or written (``.to()``, ``load_state_dict``, a
         training step); None elsewhere (the torch layers run)."""
         if not packed_path_wanted(self.device, self.dtype):

@@ -88,8 +88,6 @@ def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int
         x: [M, H] float32 / float16 / bfloat16; norm_weight: [H] of x's dtype.
         lm_head: ``PackedW4`` of a [V, H] weight, packed for the CPU (``quantize_w4(w, device="cpu")``).
         Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None.
-        ``out``: those tensors to write instead of new ones (a caller drafting every step keeps
-        them; ``logits`` None unless ``return_logits``).
 
     Example:
         >>> import torch, specdec_cuda.ops as ops

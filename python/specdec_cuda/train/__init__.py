@@ -186,8 +186,8 @@ def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
 
         config = DFlashConfig.for_target(model, num_layers=drafter.dflash_layers, block_size=drafter.dflash_block_size,
                                          intermediate_size=int(model.config.intermediate_size))
-        return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma, weights=drafter.dflash_weights,
-                            draft_vocab=drafter.dflash_draft_vocab)
+        return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma,
+                            draft_vocab=drafter.dflash_draft_vocab, weights=drafter.dflash_weights)
     from .eagle3 import train_eagle3
 
     return train_eagle3(model, features, drafter.eagle3_steps, drafter.eagle3_draft_vocab, loop, checkpoint, log,
