@@ -323,9 +323,9 @@ class CostAwarePolicy:
 
     def drafting_over(self) -> bool:
         """Whether this run will draft no more (see ``plan``): the loop then decodes the rest of it
-        without the proposer, so a drafter that keeps the committed text's features (DFlash,
-        EAGLE-3, the heads) stops paying for them on every plain step (~4% of a zoo step). A
-        later run starts afresh from what this one measured."""
+        without a proposer that keeps the target's hidden states (DFlash, EAGLE-3, the heads), which
+        stops paying for them on every plain step (~4% of a zoo step; ``decoding.drafting_over``).
+        A later run starts afresh from what this one measured."""
         return self.settled
 
     def _unmeasured(self, rows: int, k: int) -> bool:
