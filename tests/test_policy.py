@@ -228,9 +228,11 @@ def test_a_hopeless_run_settles_on_plain_decoding():
     assert not cheap.drafting_over()
 
 
-def test_a_settled_run_decodes_on_without_the_proposer(tmp_path):
-    # When the policy says drafting is over, the loop stops calling the proposer and asking the
-    # target for its hidden states; the output is the autoregressive one all the same.
+@pytest.mark.parametrize("layers", [(-1,), ()], ids=["keeps-features", "text-only"])
+def test_a_settled_run_decodes_on_without_the_proposer(tmp_path, layers):
+    # When the policy says drafting is over, the loop stops calling the proposer (and asking the
+    # target for its hidden states): one that keeps features, or one that matches text but offers
+    # no shadow drafts (lookahead); the output is the autoregressive one all the same.
     import torch
 
     from specdec_cuda.contract import SamplingParams
@@ -240,7 +242,7 @@ def test_a_settled_run_decodes_on_without_the_proposer(tmp_path):
     target = _tiny_draft(tmp_path)
 
     class Counting(PromptLookupProposer):
-        hidden_layers = (-1,)  # as a drafter that keeps features would (DFlash, the heads)
+        hidden_layers = layers  # (-1,): as a drafter that keeps features would (DFlash, the heads)
 
         def __init__(self):
             super().__init__(k=3)
@@ -250,9 +252,12 @@ def test_a_settled_run_decodes_on_without_the_proposer(tmp_path):
             self.proposed += 1
             return super().propose(state)
 
+        def shadow_draft(self, depth):
+            return None  # drafts that cost a forward, as a drafter's do
+
         def accept(self, draft, outcome):
             self.accepted += 1
-            assert -1 in outcome.hidden_states
+            assert (-1 in outcome.hidden_states) == bool(layers)
             super().accept(draft, outcome)
 
     policy = CostAwarePolicy()

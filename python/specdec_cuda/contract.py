@@ -265,6 +265,14 @@ class Proposer:
         """Rows to append to this step's verification forward (default: none)."""
         return None
 
+    def shadow_draft(self, depth: list[int]) -> list[list[int]] | None:
+        """On a step the policy decodes plainly: the chain of at most ``depth[b]`` tokens each row
+        would draft now (an empty list for none, and for rows with ``depth[b] == 0``), as host ids.
+        Offered only by proposers whose drafts cost no forward (prompt lookup); the loop scores the
+        chains against what the plain steps emit and tells the policy (``specdec_cuda.shadow``).
+        Called before ``accept``, so the proposer's state is this step's. Default None: none."""
+        return None
+
     def matches_samples(self) -> bool:
         """Whether (after ``prefill``) a sampled row's drafts are all verified by sample-and-match:
         deterministic guesses, or drafts drawn with the target's own sampling noise. Such a row

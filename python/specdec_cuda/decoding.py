@@ -34,6 +34,7 @@ from .contract import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, Prop
 from .models.protocol import batch_invariant, prefill_kwargs
 from .ops.status import raise_for
 from .outputs import GenerationResult, Metrics, RowOutputs, StreamCallback
+from .shadow import ShadowDrafts
 
 if TYPE_CHECKING:
     from .models.protocol import CausalLM, KVCache, ModelOutput
@@ -73,12 +74,16 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         matching = proposer.matches_samples()
         adaptable = [g or matching for g in greedy]
     cache, last, lengths = ctx.cache, ctx.first_tokens, ctx.prompt_lens.clone()
+    # A free proposer's chains on the policy's plain steps, scored against what they emit.
+    shadows = ShadowDrafts(len(prompts)) if offers_shadows(proposer) and hasattr(policy, "observe_shadow") else None
     step_start = time.perf_counter()
     metrics.prefill_seconds = step_start - start
     while not all(rows.done):
         active, limits = plan(rows, proposer, policy, adaptable)   # who runs, drafts granted per row
-        if hidden_layers and drafting_over(policy, active, adaptable):
+        if proposer is not None and shadows is None and drafting_over(policy, active, adaptable):
             proposer, hidden_layers = None, ()  # plain decoding to the end: no drafter bookkeeping
+        if shadows is not None:
+            shadows = start_shadows(shadows, proposer, active, limits, rows, policy)
         state = StepState(last, lengths, torch.tensor(active, device=device),
                           torch.tensor(limits, dtype=torch.int64, device=device), params,
                           [n if a else 0 for n, a in zip(limits, active)])
@@ -100,6 +105,9 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         verdict = verify(fed, draft, out.logits, params, lengths)
         next_tokens, next_lengths = commit(cache, state, verdict)  # cache keeps the accepted path
         num_accepted, emitted = emit(rows, verdict, active, "sampling" if draft is None else "verification")
+        if shadows is not None and shadows.pending():
+            for b, matched, missed, first in shadows.judge(rows.out, rows.done):
+                policy.observe_shadow(b, matched, missed, first)
         drafted = [d if a else 0 for d, a in zip(fed.depth_host, active)]
         metrics.count_step(drafted, [n if a else 0 for n, a in zip(num_accepted, active)], emitted, sum(active))
         if proposer is not None:
@@ -173,12 +181,34 @@ def plan(rows: RowOutputs, proposer: Proposer | None, policy: "SpeculationPolicy
 def drafting_over(policy: "SpeculationPolicy | None", active: list[bool], adaptable: list[bool]) -> bool:
     """Whether the policy will grant no more drafts in this run (``drafting_over``), every active
     row being one it decides for (a row it leaves alone keeps its full draft length). The loop asks
-    only for proposers that keep the target's hidden states (DFlash, EAGLE-3, the heads): their
-    acceptance moves only when they draft. A text-matching one (prompt lookup, lookahead) finds new
-    matches in what plain steps decode, and its bookkeeping is cheap: settling it lost 9% of a
-    real-pair HumanEval run where drafting paid later."""
+    only while the proposer offers no shadow drafts: a free proposer's (prompt lookup's) are what
+    lets plain steps move the acceptance, so it stays (dropping it lost 9% of a real-pair
+    HumanEval run where its drafts paid later)."""
     over = getattr(policy, "drafting_over", None)
     return (over is not None and all(ad for a, ad in zip(active, adaptable) if a) and over())
+
+
+def offers_shadows(proposer: Proposer | None) -> bool:
+    """Whether the proposer overrides ``Proposer.shadow_draft`` (drafts that cost no forward)."""
+    return proposer is not None and type(proposer).shadow_draft is not Proposer.shadow_draft
+
+
+def start_shadows(shadows: ShadowDrafts, proposer: Proposer | None, active: list[bool], limits: list[int],
+                  rows: RowOutputs, policy: "SpeculationPolicy") -> ShadowDrafts | None:
+    """New shadow chains for the rows decoding plainly without one (``specdec_cuda.shadow``),
+    while the policy wants them; None, for the rest of the run, when the proposer returns none."""
+    if proposer is None:
+        return None
+    wants = getattr(policy, "wants_shadows", None)
+    if wants is not None and not wants():
+        return shadows  # none started for now; the pending ones are still judged
+    depth = shadows.wanted(active, limits, rows.budget(), proposer.max_draft)
+    if any(depth):
+        chains = proposer.shadow_draft(depth)
+        if chains is None:
+            return None
+        shadows.start(chains, [len(o) for o in rows.out])
+    return shadows
 
 
 def propose(proposer: Proposer | None, state: StepState,
@@ -237,8 +267,13 @@ def chain_input(state: StepState, draft: Draft | None, limits: list[int]) -> Ste
     if over:
         raise ValueError(f"the proposer drafted {num_nodes_host[over[0]]} tokens for row {over[0]}, "
                          f"more than the {limits[over[0]]} it was granted (StepState.max_draft)")
-    positions = state.lengths[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
-    return StepInput(tokens, positions, None, num_nodes, num_nodes_host, num_nodes_host, tokens.shape[1])
+    # Fed only as wide as the longest row's chain: a proposer that found less than its width (prompt
+    # lookup without a match: none) does not pay for a forward over padding.
+    width = 1 + max(num_nodes_host, default=0)
+    if width < tokens.shape[1]:
+        tokens = tokens[:, :width]
+    positions = state.lengths[:, None] + torch.arange(width, device=tokens.device)
+    return StepInput(tokens, positions, None, num_nodes, num_nodes_host, num_nodes_host, width)
 
 
 def tree_input(state: StepState, draft: Draft) -> StepInput:
@@ -315,16 +350,18 @@ def verify_chain(fed: StepInput, draft: Draft | None, logits: torch.Tensor, para
         zero = torch.zeros(len(position), dtype=torch.int64, device=position.device)
         return Verdict(result.tokens[:, None], zero, result.status, torch.zeros_like(zero)[:, None], None)
     draft_logits = _draft_logits(draft, logits.dtype)
-    k, batch = draft.width, logits.shape[0]
-    logits = logits[:, : fed.width]
+    k, batch = fed.width - 1, logits.shape[0]  # the chain as fed: cut to its longest row (chain_input)
+    logits, tokens = logits[:, : fed.width], draft.tokens[:, :k]
+    if draft_logits is not None:
+        draft_logits = draft_logits[:, :k]
     if all(c == k for c in fed.num_nodes_host):
         # Every row drafted k: the ragged layout verify_chain takes is a plain reshape.
-        draft_tokens, target_logits = draft.tokens.reshape(-1), logits.reshape(batch * (k + 1), -1)
+        draft_tokens, target_logits = tokens.reshape(-1), logits.reshape(batch * (k + 1), -1)
         draft_logits = None if draft_logits is None else draft_logits.reshape(batch * k, -1)
     else:
         steps = torch.arange(k + 1, device=logits.device)
         is_draft = steps[None, :k] < fed.num_nodes[:, None]  # [B, k]
-        draft_tokens = draft.tokens[is_draft]
+        draft_tokens = tokens[is_draft]
         target_logits = logits[steps[None, :] <= fed.num_nodes[:, None]]
         draft_logits = None if draft_logits is None else draft_logits[is_draft]
     cu_num_draft = torch.nn.functional.pad(fed.num_nodes.cumsum(0), (1, 0))

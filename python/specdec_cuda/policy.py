@@ -10,7 +10,10 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   drafted ``d`` and accepted ``a`` adds ``a`` successes and, when ``a < d``, one failure. Counts
   decay by ``decay`` per step the row drafts, so ``alpha_b`` follows the text (a run of
   predictable tokens raises it, as adaptive k does), starting from the pooled estimate of this
-  run's and earlier runs' rows.
+  run's and earlier runs' rows. A proposer whose drafts cost no forward (prompt lookup) also has
+  the chains it would have drafted on plain steps judged against the tokens those steps emit
+  (``observe_shadow``, ``specdec_cuda.shadow``): exact evidence, for free, so a row that starts
+  copying its prompt is seen to at once rather than at the next probe.
 * **Cost of a step**, as a function of the draft length ``K`` granted this step (chains are padded
   to the longest, so the step's cost depends on ``K``, not on each row's length) and of the number
   of active rows ``B``: a table of measured step times per ``(B, K)`` (exponential moving
@@ -31,9 +34,10 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   predicted from the measured ones and measured when chosen. The first
   measurements of a (rows, K) keep their minimum before the moving average starts: the first step
   of a new shape pays one-time costs (allocations, tables), and a length that looked dear once
-  would otherwise never be chosen, so never measured again. Every run drafts one token
-  on its second step, so that its rows show their acceptance, unless no length could win at this
-  batch size even at the average acceptance seen so far. Every ``probe_every`` steps it measures the next length above (or below) the best one
+  would otherwise never be chosen, so never measured again. Every run drafts on its second
+  step (one token, or the best length that costs about what one does), so that its rows show
+  their acceptance, unless no length could win at this batch size even at the average acceptance
+  seen so far. Every ``probe_every`` steps it measures the next length above (or below) the best one
   again, but only when that length is predicted to come within ``probe_margin`` of the best (a
   clearly losing length is not paid for again), and half as often after each probe that lost.
 
@@ -83,7 +87,9 @@ class SpeculationPolicy(Protocol):
         of the target forward (root + drafts + extra rows) and the step's wall time."""
 
     # Optional: ``drafting_over() -> bool``, True once the policy will grant no more drafts in this
-    # run whatever its steps measure (the loop then drops the proposer: ``CostAwarePolicy``).
+    # run whatever its steps measure (the loop then drops the proposer: ``CostAwarePolicy``), and
+    # ``observe_shadow(row, matched, missed, first)``, news of a free proposer's shadow drafts
+    # (``specdec_cuda.shadow``).
 
 
 class FixedPolicy:
@@ -202,6 +208,9 @@ class CostAwarePolicy:
         self.hold, self.hold_rows = 0, None  # steps plain decoding is kept without a decision, for these rows
         self.caught_up = False  # whether this run has drafted (its drafter has seen the prompt)
         self.settled = False  # drafting_over(): this run decodes plainly to its end
+        self.shadowed = False  # shadow drafts were judged: plain steps move the acceptance too
+        self.shadow_run = [0] * batch  # per row: guesses its current shadow chain has repeated
+        self.shadows_wanted = True  # wants_shadows(): decided again at each choice of plain decoding
         self.history: list[int] = []  # K chosen per step of this run (for reports)
 
     # -- acceptance ---------------------------------------------------------------------------
@@ -267,6 +276,7 @@ class CostAwarePolicy:
              remaining: list[int] | None = None) -> list[int]:
         if len(self.success) != len(active):
             self.success, self.failure = [0.0] * len(active), [0.0] * len(active)
+            self.shadow_run = [0] * len(active)
         adapt = [a and (g or self.adapt_sampled) for a, g in zip(active, adaptable)]
         rows = [b for b, a in enumerate(active) if a]
         k_max = max((limits[b] for b in rows), default=0)
@@ -275,7 +285,8 @@ class CostAwarePolicy:
         fixed = max((limits[b] for b in rows if not adapt[b]), default=0)  # rows the policy leaves alone
         # Plain decoding was best a step ago and nothing it depends on moved since but one more plain
         # step's cost and the rows' budgets: decided again only every HOLD steps (a decision costs
-        # ~40 us, 3% of a small target's step).
+        # ~40 us, 3% of a small target's step), or sooner when a shadow draft raised a row's
+        # acceptance (observe_shadow ends the hold).
         holding = bool(self.hold) and self.hold_rows == rows
         self.hold = self.hold - 1 if holding else 0
         # The cheap lengths not yet measured for this batch size.
@@ -288,7 +299,10 @@ class CostAwarePolicy:
         elif untried:  # a new batch size: two cheap lengths fix its cost line (and the longest may be measured)
             k = untried[0]
         elif self.steps == 1 and self._may_pay(rows, limits, adapt, k_max, fixed, remaining):
-            k = 1  # every run drafts once early, so its rows show their acceptance
+            # Every run drafts once early, so its rows show their acceptance: one token, or the best
+            # of the lengths that cost about what one token does (a GGUF target on a CPU: 4 drafts
+            # cost what 1 does past the second row, and show more of the row for the same step).
+            k = self._early_length(rows, limits, adapt, k_max, fixed, remaining)
         else:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
                                 remaining if remaining is not None else [1] * len(active))
@@ -297,6 +311,10 @@ class CostAwarePolicy:
                 k = 0  # a predicted gain within the estimates' noise does not pay for the risk
             if k == 0 and self.steps >= 1:  # (not over the run's early draft at step 1)
                 self.hold, self.hold_rows = max(0, min(self.HOLD, self.next_probe - self.steps - 1)), rows
+                # Shadow drafts only where drafting could win at the acceptance seen on average:
+                # elsewhere (the zoo pair at batch 4, where a drafted step costs ~1.6 plain ones)
+                # judging them would cost every plain step ~2% for evidence that changes nothing.
+                self.shadows_wanted = self._may_pay(rows, limits, adapt, k_max, fixed, remaining)
             if self.probed is not None:
                 # The last probe: adopted if its length is now the best, else probe half as often.
                 won = k == self.probed
@@ -311,9 +329,10 @@ class CostAwarePolicy:
                     self.next_probe = self.steps + self.probe_interval
             # Plain decoding, every row the policy's, every length measured or predicted and none
             # within the probe margin of plain decoding: nothing a plain step measures can bring
-            # one back (acceptance moves only when rows draft, drafted costs only when measured),
-            # so this run would never draft again.
-            if (k == 0 and not fixed and self.steps >= 1 and 0 in rates and len(rates) == k_max + 1
+            # one back (acceptance moves only when rows draft or shadow drafts are judged, drafted
+            # costs only when measured), so this run would never draft again.
+            if (k == 0 and not fixed and not self.shadowed and self.steps >= 1 and 0 in rates
+                    and len(rates) == k_max + 1
                     and all(r < (1.0 - self.probe_margin) * rates[0] for kk, r in rates.items() if kk)):
                 self.settled = True
         self.last_k = k
@@ -321,11 +340,28 @@ class CostAwarePolicy:
         self.explored[key] = self.explored.get(key, 0) + 1
         return [(min(k, lim) if ad else lim) if a else 0 for a, ad, lim in zip(active, adapt, limits)]
 
+    EARLY_COST_MARGIN = 0.05  # the early draft's length may cost this much more than one token
+
+    def _early_length(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
+                      remaining: list[int] | None) -> int:
+        """The run's early draft: of the lengths measured or predicted to cost at most
+        ``EARLY_COST_MARGIN`` more than one draft token, the one with the best predicted rate."""
+        line = self._line(len(rows))
+        one = self._step_seconds(len(rows), max(1, fixed), line)
+        if one is None:
+            return 1
+        rates = self._rates(rows, limits, adapt, k_max, fixed,
+                            remaining if remaining is not None else [1] * len(limits))
+        cheap = [kk for kk in rates if kk and self._step_seconds(len(rows), max(kk, fixed), line)
+                 <= (1.0 + self.EARLY_COST_MARGIN) * one]
+        return max(cheap, key=rates.get, default=1)
+
     def drafting_over(self) -> bool:
-        """Whether this run will draft no more (see ``plan``): the loop then decodes the rest of it
-        without a proposer that keeps the target's hidden states (DFlash, EAGLE-3, the heads), which
-        stops paying for them on every plain step (~4% of a zoo step; ``decoding.drafting_over``).
-        A later run starts afresh from what this one measured."""
+        """Whether this run will draft no more (see ``plan``; never in a run whose shadow drafts
+        were judged): the loop then decodes the rest of it without the proposer, which stops paying
+        for its bookkeeping on every plain step (the target's hidden states for DFlash, EAGLE-3 and
+        the heads, ~4% of a zoo step; a draft model's copy of the text and lookahead's index, ~0.15
+        ms; ``decoding.drafting_over``). A later run starts afresh from what this one measured."""
         return self.settled
 
     def _unmeasured(self, rows: int, k: int) -> bool:
@@ -420,14 +456,52 @@ class CostAwarePolicy:
             self.samples[key] = taken + 1
         for b, (a, d, n) in enumerate(zip(active, drafted, accepted)):
             if a and d > 0:
-                # Decay per draft of the row, not per step: a row that showed it is hard to draft
-                # for stays known as such through the steps it does not draft.
-                self.success[b] *= self.decay
-                self.failure[b] *= self.decay
-                self.success[b] += n
-                self.failure[b] += 1.0 if n < d else 0.0
-                self.seen_success = 0.99 * self.seen_success + n
-                self.seen_failure = 0.99 * self.seen_failure + (1.0 if n < d else 0.0)
+                self._count(b, d, n)
+
+    def wants_shadows(self) -> bool:
+        """Whether the loop should start shadow drafts now: unless the last choice of plain
+        decoding found that no length could win even at the acceptance rows show on average."""
+        return self.shadows_wanted
+
+    SHADOW_RUN = 2  # guesses of one shadow chain repeated in a row that end a hold of plain decoding
+
+    def observe_shadow(self, row: int, matched: int, missed: bool, first: bool) -> None:
+        """Guesses of a shadow draft of ``row`` were judged (``specdec_cuda.shadow``): of the chain
+        its proposer would have drafted on a plain step, ``matched`` more guesses the text repeated
+        and, if ``missed``, the next one it did not; ``first``: the chain's first news (the row's
+        counts then decay, once per chain as per verified draft). The same evidence as a verified
+        draft. A chain that has repeated ``SHADOW_RUN`` guesses ends a hold of plain decoding (the
+        row may have started copying); single matches, frequent in any text, wait for the next
+        decision rather than paying for one every step."""
+        if not 0 <= row < len(self.success):
+            return
+        if first:
+            self._decay(row)
+            self.shadow_run[row] = 0
+        self._add(row, matched, 1.0 if missed else 0.0)
+        self.shadow_run[row] += matched
+        self.shadowed = True
+        if self.hold and not missed and self.shadow_run[row] >= self.SHADOW_RUN:
+            self.hold = 0
+
+    def _count(self, b: int, d: int, n: int) -> None:
+        """Row ``b`` drafted ``d`` tokens and ``n`` were accepted."""
+        self._decay(b)
+        self._add(b, n, 1.0 if n < d else 0.0)
+
+    def _decay(self, b: int) -> None:
+        # Per draft of the row, not per step: a row that showed it is hard to draft for stays known
+        # as such through the steps it does not draft. The pooled counts forget slowly.
+        self.success[b] *= self.decay
+        self.failure[b] *= self.decay
+        self.seen_success *= 0.99
+        self.seen_failure *= 0.99
+
+    def _add(self, b: int, success: float, failure: float) -> None:
+        self.success[b] += success
+        self.failure[b] += failure
+        self.seen_success += success
+        self.seen_failure += failure
 
 
 def make_policy(policy, memory=None) -> SpeculationPolicy | None:

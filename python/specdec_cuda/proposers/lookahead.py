@@ -315,7 +315,14 @@ class LookaheadProposer(Proposer):
     def _drafter_accept(self, draft: Draft | None, outcome: Outcome) -> None:
         # The drafter's cache holds its own chain; it stays valid only as far as the committed path
         # agrees with that chain, whichever branch of the merged tree was accepted.
-        chain = draft.context if draft is not None else None
+        if draft is None:
+            # A plain step (the policy's): nothing drafted, so nothing of the drafter's cache to
+            # judge, and its copy of the sequence gains the one committed token, as after a plain
+            # step of its own (about a dozen small torch ops fewer per step: ~0.15 ms of the zoo
+            # target's ~2.8 ms step).
+            self.drafter.accept(None, outcome)
+            return
+        chain = draft.context
         num_accepted = outcome.num_accepted
         if chain is not None:
             k = min(chain.width, outcome.tokens.shape[1])
