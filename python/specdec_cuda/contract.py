@@ -268,8 +268,10 @@ class Proposer:
     def shadow_draft(self, depth: list[int]) -> list[list[int]] | None:
         """On a step the policy decodes plainly: the chain of at most ``depth[b]`` tokens each row
         would draft now (an empty list for none, and for rows with ``depth[b] == 0``), as host ids.
-        Offered only by proposers whose drafts cost no forward (prompt lookup); the loop scores the
-        chains against what the plain steps emit and tells the policy (``specdec_cuda.shadow``).
+        Offered only by proposers whose drafts cost no forward and are guesses verified greedily or
+        by sample-and-match (prompt lookup), so that a guess equal to the token a plain step emits
+        is one verification would have accepted; the loop scores the chains against what the plain
+        steps emit and tells the policy (``specdec_cuda.shadow``).
         Called before ``accept``, so the proposer's state is this step's. Default None: none."""
         return None
 
