@@ -70,7 +70,7 @@ def test_a_shadowed_run_does_not_settle():
 
 
 def test_the_early_draft_takes_the_best_length():
-    # A GGUF target on a CPU: one drafted token costs nearly what four do; the run's early draft
+    # A step that is mostly fixed work: one drafted token costs nearly what four do; the run's early draft
     # (second step) then drafts the most, since it shows the row's acceptance at no extra cost.
     policy = CostAwarePolicy()
     for (k, seconds) in [(0, 1.0), (1, 2.8), (2, 2.8), (3, 2.85), (4, 2.85)]:

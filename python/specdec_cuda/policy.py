@@ -300,8 +300,8 @@ class CostAwarePolicy:
             k = untried[0]
         elif self.steps == 1 and self._may_pay(rows, limits, adapt, k_max, fixed, remaining):
             # Every run drafts once early, so its rows show their acceptance: one token, or the best
-            # of the lengths that cost about what one token does (a GGUF target on a CPU: 4 drafts
-            # cost what 1 does past the second row, and show more of the row for the same step).
+            # of the lengths that cost about what one token does (where a step is mostly fixed work,
+            # a longer draft shows more of the row for the same price).
             k = self._early_length(rows, limits, adapt, k_max, fixed, remaining)
         else:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
