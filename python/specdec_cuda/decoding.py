@@ -193,12 +193,11 @@ def offers_shadows(proposer: Proposer | None) -> bool:
     return proposer is not None and type(proposer).shadow_draft is not Proposer.shadow_draft
 
 
-def start_shadows(shadows: ShadowDrafts, proposer: Proposer | None, active: list[bool], limits: list[int],
+def start_shadows(shadows: ShadowDrafts, proposer: Proposer, active: list[bool], limits: list[int],
                   rows: RowOutputs, policy: "SpeculationPolicy") -> ShadowDrafts | None:
     """New shadow chains for the rows decoding plainly without one (``specdec_cuda.shadow``),
-    while the policy wants them; None, for the rest of the run, when the proposer returns none."""
-    if proposer is None:
-        return None
+    while the policy wants them; None, for the rest of the run, when the proposer returns none.
+    (A proposer that offers shadows is never dropped from the run: ``drafting_over``.)"""
     wants = getattr(policy, "wants_shadows", None)
     if wants is not None and not wants():
         return shadows  # none started for now; the pending ones are still judged

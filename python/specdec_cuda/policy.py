@@ -14,8 +14,8 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   the chains it would have drafted on plain steps judged against the tokens those steps emit
   (``observe_shadow``, ``specdec_cuda.shadow``): exact evidence, for free, so a row that starts
   copying its prompt is seen to at once rather than at the next probe.
-* **Cost of a step**, as a function of the draft length ``K`` granted this step (chains are padded
-  to the longest, so the step's cost depends on ``K``, not on each row's length) and of the number
+* **Cost of a step**, as a function of the deepest draft ``K`` sent this step (a chain is fed as
+  wide as its longest row's, so the step's cost depends on ``K``, not on each row's length) and of the number
   of active rows ``B``: a table of measured step times per ``(B, K)`` (exponential moving
   averages), read directly where measured and extended linearly in ``K`` through the measured
   drafting lengths (``K >= 1``; with fewer than two, every measured length) of the same ``B``
