@@ -10,7 +10,9 @@ run's mean decoding step (one target forward of one token, measured in the same 
   drafted``: the drafter's forwards, its cache fed the accepted path after each step, a draft
   model's catch-up with the prompt included, host work);
 * ``propose`` / ``accept``: the proposer's ``propose`` and ``accept`` per decoding step (a block,
-  for DFlash / DDTree, which draft one per step), in target steps;
+  for DFlash / DDTree, which draft one per step), in target steps; ``block`` is ``propose`` less its
+  one-time part ``prefill`` (``Metrics.one_time_seconds``: a drafter's prefill of the prompt, spread
+  over the steps here), as the target's step leaves out the target's own prefill;
 * ``verify / step``: the method's mean target forward (a verification of its typical draft, extra
   rows such as lookahead's window included);
 * ``tau``: tokens per target forward. Drafting pays at batch 1 roughly when
@@ -53,15 +55,17 @@ def costs(pair, prompts: list[list[int]], max_new: int, real: bool, only) -> lis
         drafted_per_step = r["tau"] and (r["acceptance"] and (r["tau"] - 1) / r["acceptance"])
         rows.append(dict(method=name, draft_per_step_share=(r["draft_seconds_per_token"] or 0.0) / step,
                          propose_per_step=r["propose_seconds_per_step"] / step,
+                         prefill_per_step=r["one_time_seconds_per_step"] / step,
                          accept_per_step=r["accept_seconds_per_step"] / step,
                          verify_per_step=r["step_seconds"] / step, tau=r["tau"], acceptance=r["acceptance"],
                          drafted_per_step=drafted_per_step, speedup=results["autoregressive"]["seconds"] / r["seconds"],
                          identical=r["outputs"] == results["autoregressive"]["outputs"]))
     print(f"\nautoregressive step: {1e3 * step:.2f} ms")
-    print(f"{'method':16s} {'draft/step':>10s} {'propose':>8s} {'accept':>7s} {'verify/step':>11s} {'tau':>5s} "
-          f"{'drafted/step':>12s} {'speedup':>8s} {'same':>5s}")
+    print(f"{'method':16s} {'draft/step':>10s} {'propose':>8s} {'prefill':>8s} {'block':>6s} {'accept':>7s} "
+          f"{'verify/step':>11s} {'tau':>5s} {'drafted/step':>12s} {'speedup':>8s} {'same':>5s}")
     for r in rows:
         print(f"{r['method']:16s} {r['draft_per_step_share']:10.2f} {r['propose_per_step']:8.2f} "
+              f"{r['prefill_per_step']:8.2f} {r['propose_per_step'] - r['prefill_per_step']:6.2f} "
               f"{r['accept_per_step']:7.2f} {r['verify_per_step']:11.2f} {r['tau']:5.2f} "
               f"{r['drafted_per_step'] or 0:12.2f} {r['speedup']:7.2f}x {'yes' if r['identical'] else 'NO':>5s}")
     return rows

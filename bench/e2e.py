@@ -147,7 +147,8 @@ def engine_group(decoder: SpeculativeDecoder, group: list[list[int]], **kw) -> d
     return dict(tokens=m.new_tokens, seconds=m.seconds, row_steps=m.row_steps,
                 after_prefill=m.new_tokens_after_prefill, drafted=sum(m.drafted), accepted=sum(m.accepted),
                 target_forwards=m.target_forwards, target_seconds=m.target_seconds,
-                propose_seconds=m.propose_seconds, accept_seconds=m.accept_seconds, outputs=out.tokens)
+                propose_seconds=m.propose_seconds, one_time_seconds=m.one_time_seconds,
+                accept_seconds=m.accept_seconds, outputs=out.tokens)
 
 
 def hf_group(model, group: list[list[int]], max_new_tokens: int, eos: int | None, temperature: float = 0.0,
@@ -189,7 +190,7 @@ def combine(parts: list[dict]) -> dict:
     its ``propose`` and ``accept``, so a drafter fed the accepted path after each step, and a draft
     model's catch-up on the prompt, included)."""
     keys = ("tokens", "seconds", "row_steps", "after_prefill", "drafted", "accepted", "target_forwards",
-            "target_seconds", "propose_seconds", "accept_seconds")
+            "target_seconds", "propose_seconds", "one_time_seconds", "accept_seconds")
     total = {key: sum(p.get(key, 0) for p in parts) for key in keys}
     return dict(tokens=total["tokens"], seconds=total["seconds"], tokens_per_s=total["tokens"] / total["seconds"],
                 tau=total["after_prefill"] / total["row_steps"] if total["row_steps"] else None,
@@ -197,9 +198,12 @@ def combine(parts: list[dict]) -> dict:
                 step_seconds=total["target_seconds"] / total["target_forwards"] if total["target_forwards"] else None,
                 draft_seconds_per_token=((total["propose_seconds"] + total["accept_seconds"]) / total["drafted"]
                                          if total["drafted"] else None),
-                # Per decoding step (a block, for a drafter that drafts one per step): propose / accept.
+                # Per decoding step (a block, for a drafter that drafts one per step): propose / accept,
+                # and the one-time part of propose (a drafter's prefill of the prompt: Metrics.one_time_seconds).
                 propose_seconds_per_step=(total["propose_seconds"] / total["target_forwards"]
                                           if total["target_forwards"] else None),
+                one_time_seconds_per_step=(total["one_time_seconds"] / total["target_forwards"]
+                                           if total["target_forwards"] else None),
                 accept_seconds_per_step=(total["accept_seconds"] / total["target_forwards"]
                                          if total["target_forwards"] else None),
                 outputs=[o for p in parts for o in p["outputs"]])

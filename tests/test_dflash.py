@@ -98,6 +98,16 @@ def test_the_cached_block_equals_a_forward_from_scratch(target, temperature, tri
     assert (proposer.trimmed > 0) == trim_block
 
 
+def test_the_prompts_catch_up_is_counted_as_one_time_work(target):
+    # Metrics.one_time_seconds: the drafter's prefill of the prompt (its first catch-up), a part of
+    # propose_seconds that the bench reports apart from the per-block cost.
+    out = decode(target, PROMPTS, SamplingParams.make(len(PROMPTS), 0.0, 0, 1.0, [3, 4, 5]), 6,
+                 proposer=DFlashProposer(_drafter(target)))
+    m = out.metrics
+    assert 0.0 < m.one_time_seconds < m.propose_seconds
+    assert m.as_dict()["one_time_seconds"] == m.one_time_seconds
+
+
 def test_a_trimmed_block_is_not_the_full_block(target):
     # The masks past the depth are attended to: dropping them changes the kept positions' logits,
     # so the trimmed path is a different (cheaper) forward, not a slice of the full one.
@@ -326,6 +336,39 @@ def test_draft_tokens_are_the_argmax_of_the_drafts_logits(tmp_path_factory, monk
                     assert (drafter._run_head(run, sub)[0] is not None) == (packed == "1" and packed_kernel_available())
                     kept.append((got, want))
             assert all(torch.equal(got, want) for got, want in kept)
+
+
+def test_draft_topk_is_the_top_of_the_drafts_log_softmax(tmp_path_factory, monkeypatch):
+    """``draft_topk`` (DDTree's input: on the packed path the head op ranks and takes each row's
+    log-sum-exp itself) gives ``log_softmax(draft(...)).topk(k)`` as token ids, over the whole
+    vocabulary and over a draft vocabulary, at batch 1 and 2, on both paths; each call's results
+    stay as they were after the next call."""
+    from specdec_cuda.proposers.dflash import draft_vocab_of
+
+    target = load_backend(make_checkpoint(tmp_path_factory.mktemp("dflash_topk") / "target", layers=3, seed=0),
+                          "builtin", dtype=torch.float32)
+    drafter = DFlashDrafter.random(DFlashConfig.for_target(target, block_size=5), seed=3, std=0.2).attach(target)
+    g = torch.Generator().manual_seed(5)
+    hidden = {l: torch.randn(2, 6, target.hidden_size, generator=g) for l in drafter.config.target_layers}
+    for packed in ("1", "0"):
+        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", packed)
+        vocab = draft_vocab_of(target, drafter, list(range(3, target.vocab_size, 2)))
+        for B in (1, 2):
+            run = drafter.inference()
+            cache = drafter.new_cache(B, 16)
+            drafter.extend(cache, {l: h[:B] for l, h in hidden.items()}, torch.tensor([6, 4][:B]), run)
+            kept = []
+            for last in ([7, 9], [2, 11]):
+                last = torch.tensor(last[:B])
+                for sub in (None, vocab):
+                    want_lp, index = torch.log_softmax(drafter.draft(cache, last, 4, 3, sub, run), -1).topk(6, -1)
+                    want_ids = index if sub is None else sub.ids[index]
+                    lp, ids = drafter.draft_topk(cache, last, 6, 4, 3, sub, run)
+                    assert lp.shape == ids.shape == (B, 3, 6) and lp.dtype == torch.float32
+                    torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
+                    assert torch.equal(ids, want_ids)
+                    kept.append((lp.clone(), lp, ids.clone(), ids))
+            assert all(torch.equal(a, b) and torch.equal(c, d) for a, b, c, d in kept)
 
 
 def test_bfloat16_weights_are_saved_as_bfloat16_and_packed_as_bfloat16(target, tmp_path, monkeypatch):

@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -135,7 +139,30 @@ def test_head_topk_packed_matches_reference(M, H, V, k, bf16):
     torch.testing.assert_close(out.logits, logits, rtol=1e-4, atol=1e-4)
     _assert_same_topk(out, values, indices)
     plain = mtp_ops.mtp_head_topk_packed(x, w, packed, k, 1e-5)
-    assert plain.logits is None and torch.equal(plain.indices, out.indices)
+    assert plain.logits is None and plain.lse is None and torch.equal(plain.indices, out.indices)
+    # the log-sum-exp over the vocabulary, taken range by range (V = 1000: four ranges of 256)
+    ranked = mtp_ops.mtp_head_topk_packed(x, w, packed, k, 1e-5, return_lse=True)
+    torch.testing.assert_close(ranked.lse, torch.logsumexp(logits, -1), rtol=1e-5, atol=1e-4)
+    assert torch.equal(ranked.indices, out.indices) and ranked.logits is None
+
+
+@pytest.mark.parametrize("cap", ["baseline", "avx2"])
+def test_head_lse_on_each_tier_matches_reference(cap):
+    # SPECDEC_CPU_ISA is read once at load: a fresh process per tier ("baseline": libm's expf per
+    # logit; "avx2": the 8-lane exp, where the CPU has it). Logits spread over a wide range, so that
+    # most exponentials underflow and the largest dominate, as in a trained head.
+    code = (
+        "import torch, specdec_cuda.ops as ops, specdec_cuda.ops.mtp as mtp\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "x, w = torch.randn(5, 64, generator=g) * 4, torch.ones(64)\n"
+        "lm = torch.randn(1100, 64, generator=g) * 3\n"
+        "out = mtp.mtp_head_topk_packed(x, w, ops.pack_weight(lm), 16, 1e-6, return_logits=True, return_lse=True)\n"
+        "torch.testing.assert_close(out.lse, torch.logsumexp(out.logits, -1), rtol=1e-6, atol=1e-5)\n"
+        "lp = torch.log_softmax(out.logits, -1).topk(16, -1).values\n"
+        "torch.testing.assert_close(out.values - out.lse[:, None], lp, rtol=1e-5, atol=1e-4)\n")
+    env = dict(os.environ, SPECDEC_CPU_ISA=cap)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_head_topk_packed_opcheck_and_shape_errors():
@@ -145,6 +172,10 @@ def test_head_topk_packed_opcheck_and_shape_errors():
     packed = ops.pack_weight(lm)
     outs = (torch.empty(3, 4), torch.empty(3, 4, dtype=torch.int64), torch.empty(3, 70), torch.empty(3, dtype=torch.int32))
     torch.library.opcheck(torch.ops.specdec.mtp_head_topk_packed.default, (x, w, packed.panels, 70, 1e-6, *outs))
+    torch.library.opcheck(torch.ops.specdec.mtp_head_topk_packed.default,
+                          (x, w, packed.panels, 70, 1e-6, *outs, torch.empty(3)))
+    with pytest.raises(RuntimeError, match="lse must be"):
+        torch.ops.specdec.mtp_head_topk_packed(x, w, packed.panels, 70, 1e-6, *outs, torch.empty(4))
     with pytest.raises(RuntimeError, match="panels must be"):
         torch.ops.specdec.mtp_head_topk_packed(x, w, packed.panels, 200, 1e-6, *outs[:2], None, outs[3])
     with pytest.raises(RuntimeError, match="x must be a contiguous float32"):

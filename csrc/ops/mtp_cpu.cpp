@@ -130,9 +130,13 @@ void normalize_to_float(const at::Tensor& x, const at::Tensor& w, double eps, at
 // Scan the vocabulary in ranges of kVocabRange rows split over threads, each range's logits
 // [M, range] written by `range_logits(v_begin, v_end, scratch)` into a scratch that stays in cache
 // while it is ranked (never [M, V]); merge the ranges' top-k lists and set the status per row.
+// `lse` [M] float32, when given: each row's log-sum-exp over the vocabulary, from every range's
+// max and sum of exponentials taken while its block is in cache (a draft tree's log-probabilities
+// are then its top-k values minus it, with no [M, V] log-softmax).
 template <typename RangeLogits>
 void rank_vocab_ranges(int64_t M, int64_t V, int64_t k, at::Tensor& values, at::Tensor& indices,
-                       std::optional<at::Tensor>& logits, at::Tensor& status, const RangeLogits& range_logits) {
+                       std::optional<at::Tensor>& logits, at::Tensor& status, const RangeLogits& range_logits,
+                       const std::optional<at::Tensor>& lse = std::nullopt) {
   const int64_t parts = (V + kVocabRange - 1) / kVocabRange;
   at::Tensor part_vals = at::empty({parts, M, k}, values.options());
   at::Tensor part_idx = at::empty({parts, M, k}, indices.options());
@@ -140,6 +144,12 @@ void rank_vocab_ranges(int64_t M, int64_t V, int64_t k, at::Tensor& values, at::
   at::Tensor part_bad = at::zeros({parts, M}, at::TensorOptions().dtype(at::kByte));
   at::Tensor scratch = at::empty({parts, M, kVocabRange}, values.options());
   float* out_logits = logits ? logits->data_ptr<float>() : nullptr;
+  // per range and row: the largest logit and the sum of exponentials below it (lse only)
+  at::Tensor part_mx, part_se;
+  if (lse) {
+    part_mx = at::empty({parts, M}, values.options());
+    part_se = at::empty({parts, M}, values.options());
+  }
   parallel_range(0, parts, 1, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       const int64_t v0 = p * kVocabRange, v1 = std::min(V, v0 + kVocabRange);
@@ -148,10 +158,13 @@ void rank_vocab_ranges(int64_t M, int64_t V, int64_t k, at::Tensor& values, at::
       mtp::rank_logits_block(block, M, v1 - v0, v0, V, static_cast<int>(k), part_vals.data_ptr<float>() + p * M * k,
                              part_idx.data_ptr<int64_t>() + p * M * k, part_n.data_ptr<int>() + p * M,
                              part_bad.data_ptr<uint8_t>() + p * M, out_logits);
+      if (lse)
+        mtp::block_max_sumexp(block, M, v1 - v0, part_mx.data_ptr<float>() + p * M, part_se.data_ptr<float>() + p * M);
     }
   });
   mtp::merge_topk<float>(part_vals.data_ptr<float>(), part_idx.data_ptr<int64_t>(), part_n.data_ptr<int>(), parts, M,
                          static_cast<int>(k), values.data_ptr<float>(), indices.data_ptr<int64_t>());
+  if (lse) mtp::merge_lse(part_mx.data_ptr<float>(), part_se.data_ptr<float>(), parts, M, lse->data_ptr<float>());
   const uint8_t* bad = part_bad.data_ptr<uint8_t>();
   int* st = status.data_ptr<int>();
   for (int64_t m = 0; m < M; ++m) {
@@ -198,7 +211,7 @@ void mtp_head_topk_w4_cpu(const at::Tensor& x, const at::Tensor& norm_weight, co
 
 void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& panels,
                               int64_t vocab_size, double eps, at::Tensor& values, at::Tensor& indices,
-                              std::optional<at::Tensor> logits, at::Tensor& status) {
+                              std::optional<at::Tensor> logits, at::Tensor& status, std::optional<at::Tensor> lse) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "x must be a contiguous float32 [M, H] tensor for a packed LM head; got ", x.scalar_type(), " ",
               x.sizes());
@@ -214,6 +227,9 @@ void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight
               "panels must be a contiguous float32 or bfloat16 packed LM head [", count, ", ", H, ", ", skinny::kPanel,
               "] (ops.pack_weight of a [", V, ", ", H, "] weight); got ", panels.scalar_type(), " ", panels.sizes());
   const int64_t k = check_topk_outputs(M, V, at::kFloat, values, indices, logits, status);
+  if (lse)
+    TORCH_CHECK(lse->dim() == 1 && lse->size(0) == M && lse->scalar_type() == at::kFloat && lse->is_contiguous(),
+                "lse must be a contiguous [", M, "] float32 tensor; got ", lse->scalar_type(), " ", lse->sizes());
   if (M == 0) return;
   at::Tensor xn = at::empty({M, H}, values.options());
   normalize_to_float<float>(x, norm_weight, eps, xn);
@@ -224,7 +240,7 @@ void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight
   rank_vocab_ranges(M, V, k, values, indices, logits, status, [&](int64_t v0, int64_t v1, float* block) {
     mtp::head_logits_packed_range(xn.data_ptr<float>(), M, H, panels.data_ptr(), bf16_rows ? &*bf16_rows : nullptr, V,
                                   v0, v1, block);
-  });
+  }, lse);
 }
 
 }  // namespace

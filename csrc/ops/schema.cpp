@@ -170,10 +170,11 @@ TORCH_LIBRARY(specdec, m) {
       "int vocab_size, float eps, Tensor(a!) values, Tensor(b!) indices, Tensor(c!)? logits, "
       "Tensor(d!) status) -> ()");
   // mtp_head_topk_packed: the same over an LM head packed for the CPU decoding path
-  // (skinny_linear_packed's panels [ceil(vocab_size/64), H, 64], float32 or bfloat16). CPU only.
+  // (skinny_linear_packed's panels [ceil(vocab_size/64), H, 64], float32 or bfloat16); `lse` [M]
+  // float32, when given, each row's log-sum-exp over the vocabulary. CPU only.
   m.def(
       "mtp_head_topk_packed(Tensor x, Tensor norm_weight, Tensor panels, int vocab_size, float eps, "
-      "Tensor(a!) values, Tensor(b!) indices, Tensor(c!)? logits, Tensor(d!) status) -> ()");
+      "Tensor(a!) values, Tensor(b!) indices, Tensor(c!)? logits, Tensor(d!) status, Tensor(e!)? lse=None) -> ()");
   // mtp_input: eh_proj[:, :H] . enorm(embed[tokens]) + eh_proj[:, H:] . hnorm(h), the DeepSeek-V3
   // MTP module's input, without building the [M, 2H] concatenation.
   m.def(

@@ -90,6 +90,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         t = time.perf_counter()
         draft, extra = propose(proposer, state, limits)             # a tree (or chain) per row, + riding rows
         metrics.propose_seconds += time.perf_counter() - t
+        if draft is not None:
+            metrics.one_time_seconds += draft.one_time_seconds
         if draft is None or draft.is_chain:                         # the one place chains and trees part
             fed, verify = chain_input(state, draft, limits), verify_chain
         else:

@@ -65,6 +65,9 @@ class Metrics:
     accepted: list[int] = field(default_factory=list)
     target_seconds: float = 0.0  # in target forwards of decoding steps (wall time; see host_overhead)
     propose_seconds: float = 0.0  # in the proposer's propose() (drafter forwards included)
+    # of which one-time work (Draft.one_time_seconds: a drafter's prefill of the prompt, a catch-up
+    # over plain steps), not the cost of the step's own draft
+    one_time_seconds: float = 0.0
     accept_seconds: float = 0.0  # in the proposer's accept() (e.g. a drafter's cache fed the accepted path)
     # Whether the target's forwards were batch invariant (models.protocol.batch_invariant): then
     # greedy speculative output is the autoregressive output exactly; otherwise equal up to
@@ -102,7 +105,7 @@ class Metrics:
                     tau=self.tau, target_forwards=self.target_forwards,
                     acceptance_rate=self.acceptance_rate, acceptance_per_position=self.acceptance,
                     target_seconds=self.target_seconds, propose_seconds=self.propose_seconds,
-                    accept_seconds=self.accept_seconds,
+                    one_time_seconds=self.one_time_seconds, accept_seconds=self.accept_seconds,
                     host_overhead=self.host_overhead, batch_invariant=self.batch_invariant)
 
     def count_step(self, drafted: list[int], accepted: list[int], emitted: int, rows: int) -> None:

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/cpu_isa.h"
 #include "kernels/common/dtype.h"
+#include "kernels/common/exp_avx2.h"
 #include "kernels/mtp/topk.h"
 #include "kernels/quant/w4_cpu.h"
 #include "kernels/skinny_linear/packed_cpu.h"
@@ -145,6 +148,64 @@ void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void*
                                                p1);
   else
     skinny::packed_linear_cpu_panels_into(xn, M, H, static_cast<const float*>(panels), scratch, width, V, p0, p1);
+}
+
+namespace {
+
+// Σ_j e^(z_j - top) over one row, 8 lanes at a time through the project's AVX2 exp (exp_avx2.h),
+// the tail by libm; the scalar form where AVX2 + FMA are absent or capped.
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) float sum_exp_avx2(const float* z, int64_t n, float top) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 t = _mm256_set1_ps(top);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(z + j), t)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float s = 0.0f;
+  for (float v : lanes) s += v;
+  for (; j < n; ++j) s += std::exp(z[j] - top);
+  return s;
+}
+#endif
+
+float sum_exp_scalar(const float* z, int64_t n, float top) {
+  float s = 0.0f;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(z[j] - top);
+  return s;
+}
+
+}  // namespace
+
+void block_max_sumexp(const float* scores, int64_t M, int64_t width, float* mx, float* se) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_avx2_fma_enabled();
+#else
+  constexpr bool avx2 = false;
+#endif
+  for (int64_t m = 0; m < M; ++m) {
+    const float* z = scores + m * width;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < width; ++j) top = std::max(top, z[j]);
+    mx[m] = top;
+#if defined(__x86_64__)
+    if (avx2) {
+      se[m] = sum_exp_avx2(z, width, top);
+      continue;
+    }
+#endif
+    se[m] = sum_exp_scalar(z, width, top);
+  }
+}
+
+void merge_lse(const float* mx, const float* se, int64_t parts, int64_t M, float* lse) {
+  for (int64_t m = 0; m < M; ++m) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < parts; ++p) top = std::max(top, mx[p * M + m]);
+    double sum = 0.0;  // ~600 ranges on a 151,936-id head: summed in double
+    for (int64_t p = 0; p < parts; ++p) sum += static_cast<double>(se[p * M + m]) * std::exp(mx[p * M + m] - top);
+    lse[m] = top + static_cast<float>(std::log(sum));
+  }
 }
 
 template <typename Acc>

@@ -57,6 +57,16 @@ void head_logits_packed_range(const float* xn, int64_t M, int64_t H, const void*
 void rank_logits_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
                        int64_t* idx, int* n, uint8_t* nonfinite, float* logits);
 
+// Per row m of a block of logits scores [M, width]: its largest value in mx[m] and
+// Σ_j e^(scores[m, j] - mx[m]) in se[m], the pieces merge_lse combines over the vocabulary's
+// ranges (a log-sum-exp in one pass over logits still in cache, instead of a log-softmax over the
+// [M, V] logits afterwards). Values are undefined on rows with a non-finite logit (flagged anyway).
+void block_max_sumexp(const float* scores, int64_t M, int64_t width, float* mx, float* se);
+
+// lse[m] = log Σ over the parts p of se[p, m] e^(mx[p, m]) (laid out [parts, M]), computed as
+// max_p mx + log Σ_p se e^(mx - max): each row's log-sum-exp over the whole vocabulary.
+void merge_lse(const float* mx, const float* se, int64_t parts, int64_t M, float* lse);
+
 // Merge `parts` partial lists (part p: vals/idx [M, k], n [M], laid out [parts, M, ...]) into
 // out_vals / out_idx [M, k]; rows with fewer than k candidates (V < k cannot happen: checked by
 // the glue) are not left short.

@@ -33,11 +33,13 @@ MAX_K = 64
 
 
 class HeadTopK(NamedTuple):
-    """``values`` [M, k] and ``indices`` [M, k] int64 (descending); ``logits`` [M, V] or None."""
+    """``values`` [M, k] and ``indices`` [M, k] int64 (descending); ``logits`` [M, V] or None;
+    ``lse`` [M] (each row's log-sum-exp over the vocabulary) or None."""
 
     values: torch.Tensor
     indices: torch.Tensor
     logits: torch.Tensor | None
+    lse: torch.Tensor | None = None
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -103,16 +105,22 @@ def mtp_head_topk_w4(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int
 
 
 def mtp_head_topk_packed(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k: int, eps: float,
-                         return_logits: bool = False, out: HeadTopK | None = None) -> HeadTopK:
+                         return_logits: bool = False, out: HeadTopK | None = None,
+                         return_lse: bool = False) -> HeadTopK:
     """``mtp_head_topk`` with the LM head packed in column panels (a ``PackedWeight`` from
     ``ops.pack_weight``): the CPU decoding path's layout, bfloat16 panels for a bf16 checkpoint's
     weights (half the bytes of its float32 copy, the same values). CPU only.
 
+    ``return_lse``: also each row's log-sum-exp over the vocabulary, taken range by range while the
+    logits are in cache, so that ``values - lse[:, None]`` are the top-k log-probabilities without a
+    log-softmax over [M, V] (DDTree's tree build).
+
     Shape:
         x: [M, H] float32; norm_weight: [H] float32; lm_head: ``PackedWeight`` of a [V, H] weight.
-        Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None.
+        Returns values [M, k] float32, indices [M, k] int64, logits [M, V] float32 or None, lse [M]
+        float32 or None.
         ``out``: those tensors to write instead of new ones (a caller drafting every step keeps
-        them; ``logits`` None unless ``return_logits``).
+        them; ``logits`` None unless ``return_logits``, ``lse`` None unless ``return_lse``).
 
     Example:
         >>> import torch, specdec_cuda.ops as ops
@@ -120,18 +128,18 @@ def mtp_head_topk_packed(x: torch.Tensor, norm_weight: torch.Tensor, lm_head, k:
         >>> ops.mtp.mtp_head_topk_packed(torch.randn(2, 64), torch.ones(64), packed, k=4, eps=1e-6).indices.shape
         torch.Size([2, 4])
     """
-    def call(x, values, indices, logits, status):
+    def call(x, values, indices, logits, status, lse=None):
         torch.ops.specdec.mtp_head_topk_packed(x, norm_weight, lm_head.panels, lm_head.out_features, float(eps),
-                                               values, indices, logits, status)
+                                               values, indices, logits, status, lse)
 
     return _float_head_topk("mtp_head_topk_packed", call, x, lm_head.in_features, lm_head.out_features, k,
-                            return_logits, out)
+                            return_logits, out, return_lse)
 
 
 def _float_head_topk(name: str, call, x: torch.Tensor, H: int, V: int, k: int, return_logits: bool,
-                     out: HeadTopK | None = None) -> HeadTopK:
+                     out: HeadTopK | None = None, return_lse: bool = False) -> HeadTopK:
     """The float32-output head ops' argument checks, output tensors (``out``'s when given; the op
-    checks their shapes) and status check around ``call``."""
+    checks their shapes) and status check around ``call`` (given ``lse`` only with ``return_lse``)."""
     if x.dim() != 2:
         raise ValueError(f"x must be [M, H], got shape {tuple(x.shape)}")
     if H != x.shape[1]:
@@ -143,16 +151,22 @@ def _float_head_topk(name: str, call, x: torch.Tensor, H: int, V: int, k: int, r
     if out is not None:
         if (out.logits is not None) != return_logits:
             raise ValueError("out.logits must be given exactly when return_logits is")
-        values, indices, logits = out
+        if (out.lse is not None) != return_lse:
+            raise ValueError("out.lse must be given exactly when return_lse is")
+        values, indices, logits, lse = out
     else:
         values = torch.empty(M, k, dtype=torch.float32, device=x.device)
         indices = torch.empty(M, k, dtype=torch.int64, device=x.device)
         logits = torch.empty(M, V, dtype=torch.float32, device=x.device) if return_logits else None
+        lse = torch.empty(M, dtype=torch.float32, device=x.device) if return_lse else None
     status = torch.empty(M, dtype=torch.int32, device=x.device)
-    call(x, values, indices, logits, status)
+    if return_lse:
+        call(x, values, indices, logits, status, lse)
+    else:
+        call(x, values, indices, logits, status)
     if not torch.compiler.is_compiling():
         raise_for(status.tolist(), name, exc=RuntimeError)
-    return HeadTopK(values, indices, logits)
+    return HeadTopK(values, indices, logits, lse)
 
 
 def mtp_input(h: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor, enorm_weight: torch.Tensor,
@@ -199,7 +213,7 @@ def _mtp_head_topk_w4_fake(x, norm_weight, packed, scales, group_size, vocab_siz
 
 
 @torch.library.register_fake("specdec::mtp_head_topk_packed")
-def _mtp_head_topk_packed_fake(x, norm_weight, panels, vocab_size, eps, values, indices, logits, status):
+def _mtp_head_topk_packed_fake(x, norm_weight, panels, vocab_size, eps, values, indices, logits, status, lse=None):
     return None
 
 

@@ -31,6 +31,7 @@ class DDTreeProposer(DFlashBase):
             raise ValueError(f"budget must be an int >= 1 (draft nodes per row), got {budget!r}")
         super().__init__(drafter, block_size, trim_block, vocab)
         self.budget = budget
+        self.vocab_size = drafter.config.vocab_size if vocab is None else len(vocab)
 
     def max_pending_tokens(self) -> int:
         return self.budget
@@ -43,14 +44,17 @@ class DDTreeProposer(DFlashBase):
         if depth == 0:
             return None
         one_time = self.catch_up()
-        # [B, D, V], or [B, D, N] over a draft vocabulary: q renormalised over it (0 elsewhere)
-        logits = self.block_logits(state, depth).float()
-        if not self.all_greedy:  # each row's q at its temperature (greedy rows: T = 1)
+        K = min(self.budget, self.vocab_size)
+        if self.all_greedy:  # q itself (T = 1): ranked in the drafter's head op where it can
+            values, ids = self.block_topk(state, depth, K)  # [B, D, K]
+        else:  # each row's q at its temperature (greedy rows: T = 1)
+            # [B, D, V], or [B, D, N] over a draft vocabulary: q renormalised over it (0 elsewhere)
+            logits = self.block_logits(state, depth).float()
             temperature = state.params.temperature.to(logits.device)
             logits = logits / torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None, None]
-        logprobs = torch.log_softmax(logits, dim=-1)
-        values, index = logprobs.topk(min(self.budget, logprobs.shape[-1]), dim=-1)  # [B, D, K]
-        tree = ops.ddtree_build(values, self.draft_ids(index), limit, self.budget)
+            values, index = torch.log_softmax(logits, dim=-1).topk(K, dim=-1)
+            ids = self.draft_ids(index)
+        tree = ops.ddtree_build(values, ids, limit, self.budget)
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
 
 

@@ -118,6 +118,12 @@ class DFlashBase(Proposer):
         return self.drafter.draft_tokens(self.cache, state.last_tokens, self.block_len(depth), depth, self.vocab,
                                          self.run)
 
+    def block_topk(self, state: StepState, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``block_logits``' top-``k`` log-probabilities and their token ids per position (T = 1):
+        [B, depth, k] float32 and int64, ranked in the head op where it can (a greedy DDTree)."""
+        return self.drafter.draft_topk(self.cache, state.last_tokens, k, self.block_len(depth), depth, self.vocab,
+                                       self.run)
+
     def block_len(self, depth: int) -> int:
         """The rows of the block that drafts ``depth`` tokens (``trim_block``)."""
         return depth + 1 if self.trim_block else self.block_size
