@@ -304,11 +304,12 @@ def test_the_block_as_decoder_layer_ops_equals_the_torch_layers(tmp_path_factory
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_draft_tokens_are_the_argmax_of_the_drafts_logits(tmp_path_factory, monkeypatch):
-    """``draft_tokens`` (a greedy chain: on the packed path the head op ranks the rows itself, into
-    buffers the run keeps) gives the token ids of ``draft``'s argmax, over the whole vocabulary
-    and over a draft vocabulary, at batch 1 (the anchor's embedding written into the run's block
-    buffer) and 2, on both paths; each call's tokens stay as they were after the next call."""
+def test_draft_tokens_and_topk_are_the_ranks_of_the_drafts_logits(tmp_path_factory, monkeypatch):
+    """``draft_tokens`` (a greedy chain) gives the token ids of ``draft``'s argmax, and ``draft_topk``
+    (DDTree's input) ``log_softmax(draft(...)).topk(k)`` as token ids: on the packed path the head
+    op ranks the rows itself (and takes each row's log-sum-exp) into buffers the run keeps. Over the
+    whole vocabulary and a draft vocabulary, at batch 1 (the anchor's embedding written into the
+    run's block buffer) and 2, on both paths; each call's results stay as they were after the next."""
     from specdec_cuda.models.layers import packed_kernel_available
     from specdec_cuda.proposers.dflash import draft_vocab_of
 
@@ -328,47 +329,19 @@ def test_draft_tokens_are_the_argmax_of_the_drafts_logits(tmp_path_factory, monk
             for last in ([7, 9], [2, 11]):
                 last = torch.tensor(last[:B])
                 for sub in (None, vocab):
+                    ids_of = (lambda i: i) if sub is None else (lambda i: sub.ids[i])
                     logits = drafter.draft(cache, last, 4, 3, sub, run)
-                    want = logits.argmax(-1) if sub is None else sub.ids[logits.argmax(-1)]
                     got = drafter.draft_tokens(cache, last, 4, 3, sub, run)
-                    assert got.shape == (B, 3) and torch.equal(got, want)
-                    # the op ranks on the packed path (where the kernel is vectorised)
-                    assert (drafter._run_head(run, sub)[0] is not None) == (packed == "1" and packed_kernel_available())
-                    kept.append((got, want))
-            assert all(torch.equal(got, want) for got, want in kept)
-
-
-def test_draft_topk_is_the_top_of_the_drafts_log_softmax(tmp_path_factory, monkeypatch):
-    """``draft_topk`` (DDTree's input: on the packed path the head op ranks and takes each row's
-    log-sum-exp itself) gives ``log_softmax(draft(...)).topk(k)`` as token ids, over the whole
-    vocabulary and over a draft vocabulary, at batch 1 and 2, on both paths; each call's results
-    stay as they were after the next call."""
-    from specdec_cuda.proposers.dflash import draft_vocab_of
-
-    target = load_backend(make_checkpoint(tmp_path_factory.mktemp("dflash_topk") / "target", layers=3, seed=0),
-                          "builtin", dtype=torch.float32)
-    drafter = DFlashDrafter.random(DFlashConfig.for_target(target, block_size=5), seed=3, std=0.2).attach(target)
-    g = torch.Generator().manual_seed(5)
-    hidden = {l: torch.randn(2, 6, target.hidden_size, generator=g) for l in drafter.config.target_layers}
-    for packed in ("1", "0"):
-        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", packed)
-        vocab = draft_vocab_of(target, drafter, list(range(3, target.vocab_size, 2)))
-        for B in (1, 2):
-            run = drafter.inference()
-            cache = drafter.new_cache(B, 16)
-            drafter.extend(cache, {l: h[:B] for l, h in hidden.items()}, torch.tensor([6, 4][:B]), run)
-            kept = []
-            for last in ([7, 9], [2, 11]):
-                last = torch.tensor(last[:B])
-                for sub in (None, vocab):
-                    want_lp, index = torch.log_softmax(drafter.draft(cache, last, 4, 3, sub, run), -1).topk(6, -1)
-                    want_ids = index if sub is None else sub.ids[index]
+                    assert got.shape == (B, 3) and torch.equal(got, ids_of(logits.argmax(-1)))
+                    want_lp, index = torch.log_softmax(logits, -1).topk(6, -1)
                     lp, ids = drafter.draft_topk(cache, last, 6, 4, 3, sub, run)
                     assert lp.shape == ids.shape == (B, 3, 6) and lp.dtype == torch.float32
                     torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
-                    assert torch.equal(ids, want_ids)
-                    kept.append((lp.clone(), lp, ids.clone(), ids))
-            assert all(torch.equal(a, b) and torch.equal(c, d) for a, b, c, d in kept)
+                    assert torch.equal(ids, ids_of(index))
+                    # the op ranks on the packed path (where the kernel is vectorised)
+                    assert (drafter._run_head(run, sub)[0] is not None) == (packed == "1" and packed_kernel_available())
+                    kept += [(got, got.clone()), (lp, lp.clone()), (ids, ids.clone())]
+            assert all(torch.equal(a, b) for a, b in kept)
 
 
 def test_bfloat16_weights_are_saved_as_bfloat16_and_packed_as_bfloat16(target, tmp_path, monkeypatch):

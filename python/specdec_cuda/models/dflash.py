@@ -559,18 +559,9 @@ class DFlashDrafter(nn.Module):
         may resolve to another of the tied ids than ``draft(...).argmax(-1)`` does.
 
         Shape: last_tokens [B]; returns [B, depth] int64."""
-        run = self.inference() if inference is None else inference
-        x = self._block_states(cache, last_tokens, block_size, depth, run)  # [B, depth, H]
-        head, ids = self._run_head(run, vocab)
-        B, depth, H = x.shape
-        if head is not None:
-            M = B * depth
-            found = run.buffers.get(("top1", M))
-            if found is None:
-                found = HeadTopK(torch.empty(M, 1), torch.empty(M, 1, dtype=torch.int64), None)
-                run.buffers[("top1", M)] = found
-            index = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, 1, self.config.rms_norm_eps,
-                                         out=found).indices.view(B, depth)  # the run's buffer: copied below
+        ranked, x, ids = self._rank_block(cache, last_tokens, block_size, depth, vocab, inference, 1, False)
+        if ranked is not None:
+            index = ranked.indices.view(x.shape[:2])  # the run's buffer: copied below
             return index.clone() if ids is None else ids[index]
         index = self.head_logits(x, vocab).argmax(-1)
         return index if ids is None else ids[index]
@@ -587,23 +578,34 @@ class DFlashDrafter(nn.Module):
 
         Shape: last_tokens [B]; returns log-probabilities [B, depth, k] float32 (descending along
         k) and token ids [B, depth, k] int64, ids of the target's vocabulary."""
-        run = self.inference() if inference is None else inference
-        x = self._block_states(cache, last_tokens, block_size, depth, run)  # [B, depth, H]
-        head, ids = self._run_head(run, vocab)
-        B, depth, H = x.shape
-        if head is not None:
-            M = B * depth
-            found = run.buffers.get(("topk", M, k))
-            if found is None:
-                found = HeadTopK(torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), None, torch.empty(M))
-                run.buffers[("topk", M, k)] = found
-            mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, k, self.config.rms_norm_eps, out=found,
-                                 return_lse=True)
-            logprobs = (found.values - found.lse[:, None]).view(B, depth, k)  # a new tensor: the buffer is reused
-            index = found.indices.view(B, depth, k)
+        ranked, x, ids = self._rank_block(cache, last_tokens, block_size, depth, vocab, inference, k, True)
+        if ranked is not None:
+            shape = (*x.shape[:2], k)
+            logprobs = (ranked.values - ranked.lse[:, None]).view(shape)  # a new tensor: the buffers are reused
+            index = ranked.indices.view(shape)
             return logprobs, (index.clone() if ids is None else ids[index])
         logprobs, index = torch.log_softmax(self.head_logits(x, vocab).float(), dim=-1).topk(k, dim=-1)
         return logprobs, (index if ids is None else ids[index])
+
+    def _rank_block(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None, depth: int | None,
+                    vocab: VocabSubset | None, inference: DFlashInference | None, k: int, lse: bool) -> tuple:
+        """The block's states (``_block_states``: x [B, depth, H]) and, on the packed CPU path, their
+        top-``k`` (and log-sum-exp with ``lse``) from the fused head op, into buffers the run keeps:
+        (``HeadTopK`` over the B * depth rows or None, x, the draft vocabulary's ids or None)."""
+        run = self.inference() if inference is None else inference
+        x = self._block_states(cache, last_tokens, block_size, depth, run)
+        head, ids = self._run_head(run, vocab)
+        if head is None:
+            return None, x, ids
+        M, H = x.shape[0] * x.shape[1], x.shape[2]
+        found = run.buffers.get(("topk", M, k, lse))
+        if found is None:
+            found = HeadTopK(torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), None,
+                             torch.empty(M) if lse else None)
+            run.buffers[("topk", M, k, lse)] = found
+        ranked = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, k, self.config.rms_norm_eps, out=found,
+                                      return_lse=lse)
+        return ranked, x, ids
 
     def _run_head(self, run: DFlashInference, vocab: VocabSubset | None) -> tuple:
         """For ``draft_tokens`` over ``vocab``, decided once per run: the packed LM head (a
