@@ -5,12 +5,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from _isolated import run_capped
 
 from specdec_cuda.ops import mtp as mtp_ops
 from specdec_cuda.reference import mtp as ref
@@ -160,9 +157,7 @@ def test_head_lse_on_each_tier_matches_reference(cap):
         "torch.testing.assert_close(out.lse, torch.logsumexp(out.logits, -1), rtol=1e-6, atol=1e-5)\n"
         "lp = torch.log_softmax(out.logits, -1).topk(16, -1).values\n"
         "torch.testing.assert_close(out.values - out.lse[:, None], lp, rtol=1e-5, atol=1e-4)\n")
-    env = dict(os.environ, SPECDEC_CPU_ISA=cap)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_capped(cap, code, timeout=300)
 
 
 def test_head_topk_packed_opcheck_and_shape_errors():

@@ -90,8 +90,8 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         t = time.perf_counter()
         draft, extra = propose(proposer, state, limits)             # a tree (or chain) per row, + riding rows
         metrics.propose_seconds += time.perf_counter() - t
-        if draft is not None:
-            metrics.one_time_seconds += draft.one_time_seconds
+        one_time = draft.one_time_seconds if draft is not None else 0.0  # not this step's cost (Draft)
+        metrics.one_time_seconds += one_time
         if draft is None or draft.is_chain:                         # the one place chains and trees part
             fed, verify = chain_input(state, draft, limits), verify_chain
         else:
@@ -119,7 +119,6 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
         last, lengths = next_tokens, next_lengths
         if policy is not None:  # last: the step's time includes the proposer's accept()
             now = time.perf_counter()
-            one_time = draft.one_time_seconds if draft is not None else 0.0
             if one_time and hasattr(policy, "one_time"):
                 policy.one_time(one_time)  # before observe: it marks the run as having drafted
             policy.observe(active, drafted, num_accepted, fed.tokens.shape[1], now - step_start - one_time)
