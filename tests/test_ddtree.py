@@ -43,6 +43,20 @@ def test_matches_the_python_heap_node_for_node(B, D, K, M, ties):
     _assert_same(ops.ddtree_build(lp, tok, max_depth, M), ref_build(lp, tok, max_depth, M))
 
 
+def test_out_tensors_are_written_and_checked():
+    """``out``: a caller's buffers (a DDTree proposer keeps them) get the same tree as new ones,
+    written over what an earlier, different tree left there; a wrong shape is named."""
+    lp, tok = _inputs(3, 4, 6, seed=5)
+    other_lp, other_tok = _inputs(3, 4, 6, seed=6)
+    out = ops.ddtree.ddtree_outputs(3, 20)
+    ops.ddtree_build(other_lp, other_tok, 4, 20, out=out)
+    tree = ops.ddtree_build(lp, tok, torch.tensor([4, 1, 3]), 20, out=out)
+    assert all(a is b for a, b in zip(tree, out))
+    _assert_same(tree, ref_build(lp, tok, torch.tensor([4, 1, 3]), 20))
+    with pytest.raises(RuntimeError, match="tree_mask: expected shape"):
+        ops.ddtree_build(lp, tok, 4, 20, out=out._replace(tree_mask=torch.empty(3, 20, 20, dtype=torch.bool)))
+
+
 def test_the_tree_holds_the_most_probable_prefixes():
     # Brute force on a small case: every prefix's score, the M best; the tree's node scores must be them.
     D, K, M = 3, 3, 10

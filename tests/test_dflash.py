@@ -366,7 +366,7 @@ def test_bfloat16_weights_are_saved_as_bfloat16_and_packed_as_bfloat16(target, t
     if not packed_kernel_available():
         pytest.skip("no vectorised packed kernel on this CPU")
     run = loaded.inference()
-    assert run.native[0][2].panels.dtype == torch.bfloat16 and run.io.fc.panels.dtype == torch.bfloat16
+    assert run.native[0][3].dtype == torch.bfloat16 and run.io.fc.panels.dtype == torch.bfloat16  # q|k|v panels
     g = torch.Generator().manual_seed(2)
     hidden = {l: torch.randn(1, 5, t32.hidden_size, generator=g) for l in loaded.config.target_layers}
 

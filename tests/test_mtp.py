@@ -144,19 +144,28 @@ def test_head_topk_packed_matches_reference(M, H, V, k, bf16):
 
 
 @pytest.mark.parametrize("cap", ["baseline", "avx2"])
-def test_head_lse_on_each_tier_matches_reference(cap):
-    # SPECDEC_CPU_ISA is read once at load: a fresh process per tier ("baseline": libm's expf per
-    # logit; "avx2": the 8-lane exp, where the CPU has it). Logits spread over a wide range, so that
-    # most exponentials underflow and the largest dominate, as in a trained head.
+def test_head_rank_and_lse_on_each_tier_match_reference(cap):
+    # SPECDEC_CPU_ISA is read once at load: a fresh process per tier ("baseline": every logit
+    # through the running top-k and libm's expf; "avx2": groups of 8 dismissed by one compare, the
+    # 8-lane exp, where the CPU has it). Logits spread over a wide range, so that most exponentials
+    # underflow and the largest dominate, as in a trained head; exact ties in row 0's top-k, in
+    # one range and across ranges (ids 3, 5, 700, 1050: the lower id first); a NaN row flagged.
     code = (
-        "import torch, specdec_cuda.ops as ops, specdec_cuda.ops.mtp as mtp\n"
+        "import pytest, torch, specdec_cuda.ops as ops, specdec_cuda.ops.mtp as mtp\n"
         "g = torch.Generator().manual_seed(3)\n"
         "x, w = torch.randn(5, 64, generator=g) * 4, torch.ones(64)\n"
         "lm = torch.randn(1100, 64, generator=g) * 3\n"
+        "lm[3] = lm[5] = lm[700] = lm[1050] = x[0] / 2\n"
         "out = mtp.mtp_head_topk_packed(x, w, ops.pack_weight(lm), 16, 1e-6, return_logits=True, return_lse=True)\n"
+        "order = [sorted(range(1100), key=lambda j: (-z[j], j))[:16] for z in out.logits.tolist()]\n"
+        "assert out.indices.tolist() == order and order[0][:4] == [3, 5, 700, 1050]\n"
+        "assert torch.equal(out.values, out.logits.gather(1, out.indices))\n"
         "torch.testing.assert_close(out.lse, torch.logsumexp(out.logits, -1), rtol=1e-6, atol=1e-5)\n"
         "lp = torch.log_softmax(out.logits, -1).topk(16, -1).values\n"
-        "torch.testing.assert_close(out.values - out.lse[:, None], lp, rtol=1e-5, atol=1e-4)\n")
+        "torch.testing.assert_close(out.values - out.lse[:, None], lp, rtol=1e-5, atol=1e-4)\n"
+        "x[2, 7] = float('nan')\n"
+        "with pytest.raises(RuntimeError, match='row 2'):\n"
+        "    mtp.mtp_head_topk_packed(x, w, ops.pack_weight(lm), 16, 1e-6)\n")
     run_capped(cap, code, timeout=300)
 
 

@@ -129,7 +129,10 @@ void normalize_to_float(const at::Tensor& x, const at::Tensor& w, double eps, at
 
 // Scan the vocabulary in ranges of kVocabRange rows split over threads, each range's logits
 // [M, range] written by `range_logits(v_begin, v_end, scratch)` into a scratch that stays in cache
-// while it is ranked (never [M, V]); merge the ranges' top-k lists and set the status per row.
+// while it is ranked (never [M, V]); merge the threads' top-k lists and set the status per row.
+// A thread ranks its consecutive ranges into one list (that of its first range; the others stay
+// empty): a list started afresh per range takes ~k (1 + ln(range / k)) insertions each time, which
+// at k = 16 over a 1,024-id draft vocabulary was a third of the op.
 // `lse` [M] float32, when given: each row's log-sum-exp over the vocabulary, from every range's
 // max and sum of exponentials taken while its block is in cache (a draft tree's log-probabilities
 // are then its top-k values minus it, with no [M, V] log-softmax).
@@ -155,8 +158,8 @@ void rank_vocab_ranges(int64_t M, int64_t V, int64_t k, at::Tensor& values, at::
       const int64_t v0 = p * kVocabRange, v1 = std::min(V, v0 + kVocabRange);
       float* block = scratch.data_ptr<float>() + p * M * kVocabRange;  // [M, v1 - v0]
       range_logits(v0, v1, block);
-      mtp::rank_logits_block(block, M, v1 - v0, v0, V, static_cast<int>(k), part_vals.data_ptr<float>() + p * M * k,
-                             part_idx.data_ptr<int64_t>() + p * M * k, part_n.data_ptr<int>() + p * M,
+      mtp::rank_logits_block(block, M, v1 - v0, v0, V, static_cast<int>(k), part_vals.data_ptr<float>() + b * M * k,
+                             part_idx.data_ptr<int64_t>() + b * M * k, part_n.data_ptr<int>() + b * M,
                              part_bad.data_ptr<uint8_t>() + p * M, out_logits);
       if (lse)
         mtp::block_max_sumexp(block, M, v1 - v0, part_mx.data_ptr<float>() + p * M, part_se.data_ptr<float>() + p * M);

@@ -117,15 +117,61 @@ void head_topk_range(const Acc* xn, int64_t M, int64_t H, const T* lm_head, int6
   }
 }
 
+namespace {
+
+// One row's scores z [width] (ids v0 ..) into its running top-k: every score through topk_insert.
+void rank_row_scalar(const float* z, int64_t width, int64_t v0, int k, float* vals, int64_t* idx, int& n,
+                     uint8_t& nonfinite) {
+  for (int64_t j = 0; j < width; ++j) {
+    if (!std::isfinite(z[j])) nonfinite = 1;
+    topk_insert(vals, idx, k, n, z[j], v0 + j);
+  }
+}
+
+#if defined(__x86_64__)
+// The same list, 8 scores at a time: a lane goes to topk_insert only when the list is not full,
+// the score is above the list's last value (a later id never wins a tie: ids rise along the row),
+// or it is not finite (flagged; NaN and -inf are then rejected by topk_insert as in the scalar
+// pass). Past the first few dozen ids almost every group of 8 is dismissed by one compare.
+__attribute__((target("avx2,fma"))) void rank_row_avx2(const float* z, int64_t width, int64_t v0, int k,
+                                                       float* vals, int64_t* idx, int& n, uint8_t& nonfinite) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= width; j += 8) {
+    const __m256 v = _mm256_loadu_ps(z + j);
+    int lanes = 0xff;
+    if (n == k) {
+      const __m256 odd = _mm256_cmp_ps(_mm256_and_ps(v, magnitude), inf, _CMP_NLT_UQ);  // NaN, +-inf
+      lanes = _mm256_movemask_ps(_mm256_or_ps(odd, _mm256_cmp_ps(v, _mm256_set1_ps(vals[k - 1]), _CMP_GT_OQ)));
+    }
+    for (; lanes != 0; lanes &= lanes - 1) {
+      const int l = __builtin_ctz(lanes);
+      if (!std::isfinite(z[j + l])) nonfinite = 1;
+      topk_insert(vals, idx, k, n, z[j + l], v0 + j + l);
+    }
+  }
+  rank_row_scalar(z + j, width - j, v0 + j, k, vals, idx, n, nonfinite);
+}
+#endif
+
+}  // namespace
+
 void rank_logits_block(const float* scores, int64_t M, int64_t width, int64_t v0, int64_t V, int k, float* vals,
                        int64_t* idx, int* n, uint8_t* nonfinite, float* logits) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_avx2_fma_enabled();
+#endif
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j < width; ++j) {
-      const float z = scores[m * width + j];
-      if (!std::isfinite(z)) nonfinite[m] = 1;
-      if (logits != nullptr) logits[m * V + v0 + j] = z;
-      topk_insert(vals + m * k, idx + m * k, k, n[m], z, v0 + j);
+    const float* z = scores + m * width;
+    if (logits != nullptr) std::copy(z, z + width, logits + m * V + v0);
+#if defined(__x86_64__)
+    if (avx2) {
+      rank_row_avx2(z, width, v0, k, vals + m * k, idx + m * k, n[m], nonfinite[m]);
+      continue;
     }
+#endif
+    rank_row_scalar(z, width, v0, k, vals + m * k, idx + m * k, n[m], nonfinite[m]);
   }
 }
 

@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.decoder_layer import context_kv, decoder_layer
+from ..ops.decoder_layer import context_kv
 from ..ops.mtp import HeadTopK, mtp_head_topk_packed
+from ..ops.status import raise_for
 from ..ops.skinny_linear import PackedWeight, pack_weight
 from .draft_vocab import VocabSubset
 from .layers import packed_path_wanted, project
@@ -562,7 +563,7 @@ class DFlashDrafter(nn.Module):
         ranked, x, ids = self._rank_block(cache, last_tokens, block_size, depth, vocab, inference, 1, False)
         if ranked is not None:
             index = ranked.indices.view(x.shape[:2])  # the run's buffer: copied below
-            return index.clone() if ids is None else ids[index]
+            return index.clone() if ids is None else ids.take(index)
         index = self.head_logits(x, vocab).argmax(-1)
         return index if ids is None else ids[index]
 
@@ -581,9 +582,9 @@ class DFlashDrafter(nn.Module):
         ranked, x, ids = self._rank_block(cache, last_tokens, block_size, depth, vocab, inference, k, True)
         if ranked is not None:
             shape = (*x.shape[:2], k)
-            logprobs = (ranked.values - ranked.lse[:, None]).view(shape)  # a new tensor: the buffers are reused
+            logprobs = torch.sub(ranked.values, ranked.lse.unsqueeze(1)).view(shape)  # new: the buffers are reused
             index = ranked.indices.view(shape)
-            return logprobs, (index.clone() if ids is None else ids[index])
+            return logprobs, (index.clone() if ids is None else ids.take(index))
         logprobs, index = torch.log_softmax(self.head_logits(x, vocab).float(), dim=-1).topk(k, dim=-1)
         return logprobs, (index if ids is None else ids[index])
 
@@ -600,11 +601,16 @@ class DFlashDrafter(nn.Module):
         M, H = x.shape[0] * x.shape[1], x.shape[2]
         found = run.buffers.get(("topk", M, k, lse))
         if found is None:
-            found = HeadTopK(torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), None,
-                             torch.empty(M) if lse else None)
-            run.buffers[("topk", M, k, lse)] = found
-        ranked = mtp_head_topk_packed(x.reshape(-1, H), self.norm, head, k, self.config.rms_norm_eps, out=found,
-                                      return_lse=lse)
+            found = run.buffers[("topk", M, k, lse)] = (
+                HeadTopK(torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), None, torch.empty(M) if lse else None),
+                torch.empty(M, dtype=torch.int32))
+        ranked, status = found
+        # The op itself, as ``ops.mtp.mtp_head_topk_packed`` calls it, on the run's buffers (whose
+        # shapes the op checks): that wrapper's checks and allocations were ~20 us of a ~1 ms zoo block.
+        torch.ops.specdec.mtp_head_topk_packed(x.reshape(M, H), self.norm, head.panels, head.out_features,
+                                               self.config.rms_norm_eps, ranked.values, ranked.indices, None,
+                                               status, ranked.lse)
+        raise_for(status.tolist(), "the drafter's head", exc=RuntimeError)
         return ranked, x, ids
 
     def _run_head(self, run: DFlashInference, vocab: VocabSubset | None) -> tuple:
@@ -636,7 +642,7 @@ class DFlashDrafter(nn.Module):
             cos, sin = (t.squeeze(2) for t in self.rope(lengths[:, None] + torch.arange(blk, device=lengths.device)))
         x = self._block_input(run, last_tokens, blk)  # [B, blk, H]
         if run.native is not None and span + blk <= cache.max_length:
-            return self._native_block(run, x, cos, sin, cache)[:, :depth]
+            return self._native_block(run, x, cos, sin, cache).narrow(1, 1, depth)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, blk, 1, D]: the torch layers' form
         mask = None  # rows of one length see every context slot and the whole block
         if shortest != span:
@@ -652,24 +658,28 @@ class DFlashDrafter(nn.Module):
     def _block_input(self, run: DFlashInference, last_tokens: torch.Tensor, blk: int) -> torch.Tensor:
         """``block_input`` in the drafter's dtype, into the run's buffer for this (batch, block):
         the MASK rows stay written, each draft writes the anchors' embeddings (at batch 1 straight
-        into the buffer's row: ~7 us where an indexed assignment took ~18). [B, blk, H]."""
+        into the buffer's row, a view kept with it: ~7 us where an indexed assignment took ~18).
+        [B, blk, H]."""
         B = last_tokens.shape[0]
-        buffer = run.buffers.get((B, blk))
-        if buffer is None:
-            buffer = run.buffers[(B, blk)] = self.block_input(last_tokens, blk).to(self.dtype).contiguous()
-        elif B == 1 and self._embed.dtype == buffer.dtype:
-            torch.index_select(self._embed, 0, last_tokens, out=buffer[:, 0])
+        found = run.buffers.get((B, blk))
+        if found is None:
+            buffer = self.block_input(last_tokens, blk).to(self.dtype).contiguous()
+            run.buffers[(B, blk)] = (buffer, buffer.select(1, 0))
+            return buffer
+        buffer, anchors = found  # [B, blk, H], its row 0 [B, H]
+        if B == 1 and self._embed.dtype == buffer.dtype:
+            torch.index_select(self._embed, 0, last_tokens, out=anchors)
         else:
-            buffer[:, 0] = F.embedding(last_tokens, self._embed)
+            anchors.copy_(F.embedding(last_tokens, self._embed))
         return buffer
 
     def _native_layers(self) -> list[tuple] | None:
-        """Per drafter layer, its weights as the ``decoder_layer`` op takes them (q|k|v, o, gate|up,
-        down packed: bfloat16 panels for bfloat16 values, half the bytes streamed), where a block
-        forward can run as one op per layer: float32 on a CPU whose packed kernel is vectorised
-        (``models.layers.packed_path_wanted``). Packed on first use and
-        again whenever a parameter was replaced or written (``.to()``, ``load_state_dict``, a
-        training step); None elsewhere (the torch layers run)."""
+        """Per drafter layer, the ``decoder_layer`` op's arguments from ``norm1`` to ``k_norm``
+        (its weights packed: q|k|v, o, gate|up, down; bfloat16 panels for bfloat16 values, half
+        the bytes streamed), where a block forward can run as one op per layer: float32 on a CPU
+        whose packed kernel is vectorised (``models.layers.packed_path_wanted``). Packed on first
+        use and again whenever a parameter was replaced or written (``.to()``, ``load_state_dict``,
+        a training step); None elsewhere (the torch layers run)."""
         if not packed_path_wanted(self.device, self.dtype):
             return None
         key, cached = self._weights_key(), self.__dict__.get("_native")
@@ -682,13 +692,12 @@ class DFlashDrafter(nn.Module):
         layers = []
         for layer in self.layers:
             qkv = (layer.q_proj, layer.k_proj, layer.v_proj)
-            layers.append((layer.input_norm.detach(), layer.post_norm.detach(),
-                           pack_weight(cat(*(m.weight for m in qkv))),
-                           pack_weight(layer.o_proj.weight.detach()),
-                           pack_weight(layer.gate_up.weight.detach()),
-                           pack_weight(layer.down.weight.detach()),
-                           (cat(*(m.bias for m in qkv)), cat(layer.o_proj.bias), None, None),
-                           (layer.q_norm.detach(), layer.k_norm.detach())))
+            layers.append((layer.input_norm.detach(), layer.post_norm.detach(), self.config.rms_norm_eps,
+                           pack_weight(cat(*(m.weight for m in qkv))).panels, cat(*(m.bias for m in qkv)),
+                           pack_weight(layer.o_proj.weight.detach()).panels, cat(layer.o_proj.bias),
+                           pack_weight(layer.gate_up.weight.detach()).panels, None,
+                           pack_weight(layer.down.weight.detach()).panels, None,
+                           layer.q_norm.detach(), layer.k_norm.detach()))
         self.__dict__["_native"] = (key, layers)
         return layers
 
@@ -698,23 +707,26 @@ class DFlashDrafter(nn.Module):
         is the op's over the cache (the context slots < ``lengths[b]``, then the block, written to
         the scratch slots ``lengths[b] + i`` past them, which the next ``extend`` overwrites) with
         an all-true tree mask (the block sees itself bidirectionally), the same function as
-        ``DFlashLayer.forward``. x [B, blk, H], cos / sin [B, blk, D] -> the states of positions
-        1 .. blk - 1 [B, blk - 1, H]."""
+        ``DFlashLayer.forward``. The op is called as ``ops.decoder_layer`` calls it, with its
+        arguments bound once per run (``_native_layers``): that wrapper's conversions were ~10 us
+        per layer of a ~1 ms zoo block. x [B, blk, H] contiguous, cos / sin [B, blk, D] -> the
+        block's states [B, blk, H] (position 0, the anchor's, included), in a buffer of the run."""
         c = self.config
         B, blk, _ = x.shape
-        cos, sin = cos.contiguous(), sin.contiguous()  # [B, blk, D] (at batch 1 already)
-        sees = run.buffers.get(("sees", B, blk))
-        if sees is None:
-            sees = run.buffers[("sees", B, blk)] = torch.ones(B, blk, blk, dtype=torch.bool, device=x.device)
-        outs = run.buffers.get(("states", B, blk))  # the layers write these in turn
-        if outs is None:
-            outs = run.buffers[("states", B, blk)] = (torch.empty_like(x), torch.empty_like(x))
-        x = x.contiguous()
-        for i, (norm1, norm2, qkv, o, gate_up, down, biases, qk_norm) in enumerate(run.native):
-            x = decoder_layer(x, norm1, norm2, c.rms_norm_eps, qkv, o, gate_up, down, cos, sin, cache.keys[i],
-                              cache.values[i], cache.lengths, c.num_heads, biases=biases, qk_norm=qk_norm,
-                              tree_mask=sees, sm_scale=c.head_dim ** -0.5, out=outs[i % 2])
-        return x[:, 1:]
+        found = run.buffers.get(("layers", B, blk))
+        if found is None:  # the all-true mask, and the states the layers write in turn
+            found = run.buffers[("layers", B, blk)] = (
+                torch.ones(B, blk, blk, dtype=torch.bool, device=x.device), (torch.empty_like(x), torch.empty_like(x)))
+        sees, outs = found
+        if B > 1:  # batch 1: slices of the table, contiguous already
+            cos, sin = cos.contiguous(), sin.contiguous()
+        scale, lengths = c.head_dim ** -0.5, cache.lengths
+        for i, args in enumerate(run.native):
+            out = outs[i % 2]
+            torch.ops.specdec.decoder_layer(x, *args, cos, sin, cache.keys[i], cache.values[i], lengths, sees,
+                                            c.num_heads, c.num_kv_heads, scale, out)
+            x = out
+        return x
 
     # -- training -----------------------------------------------------------------------------
 

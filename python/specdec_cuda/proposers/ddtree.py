@@ -32,6 +32,7 @@ class DDTreeProposer(DFlashBase):
         super().__init__(drafter, block_size, trim_block, vocab)
         self.budget = budget
         self.vocab_size = drafter.config.vocab_size if vocab is None else len(vocab)
+        self._kept: ops.ddtree.DDTree | None = None  # ddtree_build's outputs no Draft holds (_tree_outputs)
 
     def max_pending_tokens(self) -> int:
         return self.budget
@@ -54,8 +55,20 @@ class DDTreeProposer(DFlashBase):
             logits = logits / torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None, None]
             values, index = torch.log_softmax(logits, dim=-1).topk(K, dim=-1)
             ids = self.draft_ids(index)
-        tree = ops.ddtree_build(values, ids, limit, self.budget)
+        tree = ops.ddtree_build(values, ids, limit, self.budget, out=self._tree_outputs(values.shape[0], values.device))
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
+
+    def _tree_outputs(self, batch: int, device: torch.device) -> ops.ddtree.DDTree:
+        """``ddtree_build``'s outputs: new tokens, parents and node counts (the Draft's, which the
+        loop may hold past the next step), the depth, tree mask and status of the last call of this
+        batch size reused (nothing reads them after the build)."""
+        kept = self._kept
+        if kept is None or kept.status.shape[0] != batch or kept.status.device != device:
+            kept = self._kept = ops.ddtree.ddtree_outputs(batch, self.budget, device)
+        M = self.budget
+        return kept._replace(tokens=torch.empty(batch, M, dtype=torch.int64, device=device),
+                             parents=torch.empty(batch, M, dtype=torch.int64, device=device),
+                             num_nodes=torch.empty(batch, dtype=torch.int64, device=device))
 
 
 def make_ddtree_proposer(target, drafter=None, budget: int = 16, block_size: int | None = None,
