@@ -59,9 +59,9 @@ class DDTreeProposer(DFlashBase):
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
 
     def _tree_outputs(self, batch: int, device: torch.device) -> ops.ddtree.DDTree:
-        """``ddtree_build``'s outputs: new tokens, parents and node counts (the Draft's, which the
-        loop may hold past the next step), the depth, tree mask and status of the last call of this
-        batch size reused (nothing reads them after the build)."""
+        """``ddtree_build``'s outputs: new tokens, parents and node counts (the Draft's, which a
+        caller may hold past the next step), the depth, tree mask and status of the last call of
+        this batch size reused (nothing reads them after the build)."""
         kept = self._kept
         if kept is None or kept.status.shape[0] != batch or kept.status.device != device:
             kept = self._kept = ops.ddtree.ddtree_outputs(batch, self.budget, device)
