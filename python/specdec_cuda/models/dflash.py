@@ -607,7 +607,7 @@ class DFlashDrafter(nn.Module):
         ranked, status = found
         # The op itself, as ``ops.mtp.mtp_head_topk_packed`` calls it, on the run's buffers (whose
         # shapes the op checks): that wrapper's checks and allocations were ~20 us of a ~1 ms zoo block.
-        torch.ops.specdec.mtp_head_topk_packed(x.reshape(M, H), self.norm, head.panels, head.out_features,
+        torch.ops.specdec.mtp_head_topk_packed(x.reshape(M, H).contiguous(), self.norm, head.panels, head.out_features,
                                                self.config.rms_norm_eps, ranked.values, ranked.indices, None,
                                                status, ranked.lse)
         raise_for(status.tolist(), "the drafter's head", exc=RuntimeError)
