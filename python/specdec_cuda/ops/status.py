@@ -86,8 +86,9 @@ def flagged_rows(status: torch.Tensor | list[int]) -> list[tuple[int, int]]:
 
     Shape: status [N] int32 (an op's ``status`` output), or a list of ints already on the host.
     """
-    if isinstance(status, torch.Tensor):  # tolist reads any device (~1 us on the CPU, where detach,
-        status = (status if status.dim() == 1 else status.reshape(-1)).tolist()  # flatten, cpu added ~4)
+    if isinstance(status, torch.Tensor):
+        # tolist reads any device: ~1 us on the CPU, where detach / flatten / cpu first added ~4
+        status = (status if status.dim() == 1 else status.reshape(-1)).tolist()
     return [(row, int(code)) for row, code in enumerate(status) if code != STATUS_OK]
 
 
