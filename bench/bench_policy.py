@@ -14,7 +14,8 @@ prompts of the same shape, as a server's earlier requests would (the policy lear
 and machine's costs at this batch size there, starting from a fresh memory folder), then times
 them on held-out prompts the bench never tunes on (zoo: held-out openings of the corpus, the
 warm-up on the next ones; real: the HumanEval held-out half, the warm-up on the bench half). Batch 1 decodes four prompts one at a time; batch b decodes b prompts as
-one batch. Configurations run interleaved per repeat, each cell's time the median of its repeats.
+one batch. Configurations run interleaved per repeat (15 on the zoo pair, ``--real-repeats`` 1 on
+the real one), each cell's time the median of its repeats.
 Each cell: method time / autoregressive time at the same batch and temperature, and whether the
 output is the autoregressive output (greedy) or the same samples of the same seeds (T > 0: so for
 methods verified by sample-and-match; rejection sampling gives other samples of the same
@@ -297,7 +298,10 @@ def _plot_grid(rows: list[dict], path: Path) -> None:
 def grid(args) -> int:
     # A fresh memory: what the policy knows comes from this run's warm-up requests, not earlier runs.
     os.environ["SPECDEC_POLICY_CACHE"] = tempfile.mkdtemp(prefix="specdec-policy-bench-")
-    repeats = args.repeats or (1 if args.quick else 3)
+    # 15 repeats: on a shared 2-core VM a configuration's time moves +-10% between runs (the same
+    # autoregressive decoding, 4 x 48 tokens: 233-287 ms over 30 runs), and with 3 a grid of 72
+    # cells had 16 to 28 below 0.95x in two runs minutes apart, different ones each time.
+    repeats = args.repeats or (1 if args.quick else 15)
     max_new = args.max_new_tokens or (24 if args.quick else 48)
     rows, not_benched = [], {}
     if "zoo" in args.pairs:
@@ -349,7 +353,7 @@ def main() -> int:
     parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 0.8])
     parser.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--k", type=int, default=4, help="--sweep: policy / adaptive k start (up to 2k)")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="grid: 15 on the zoo pair (1 with --quick); sweep: 3")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads on the zoo pair")
     parser.add_argument("--real-batches", type=int, nargs="*", default=[1, 4])

@@ -10,7 +10,7 @@ import torch
 import specdec_cuda
 from decoding_models import load_backend, make_checkpoint
 from specdec_cuda import policy_memory
-from specdec_cuda.policy import CostAwarePolicy
+from specdec_cuda.policy import CostAwarePolicy, sampling_label
 from specdec_cuda.policy_memory import PolicyMemory, memory_key
 from test_policy import _drive
 
@@ -51,6 +51,49 @@ def test_unreadable_or_foreign_files_are_ignored(tmp_path):
                                 "seen_success": "many"}))
     policy = CostAwarePolicy(memory=PolicyMemory(path))
     assert policy.cost == {(1, 0): 1.0} and policy.seen_success == 0.0
+
+
+def test_acceptance_is_remembered_per_kind_of_sampling(tmp_path):
+    memory = PolicyMemory(tmp_path / "m.json")
+    policy = CostAwarePolicy(memory=memory)
+    policy.start(1)
+    _drive(policy, 30, 1, 4, lambda rows, k: 1.0, lambda b: 0.9)  # greedy runs: drafts accepted
+    greedy = (policy.seen_success, policy.seen_failure)
+    assert greedy[0] > 5 * greedy[1]
+    sampled = sampling_label([0.8], [0], [1.0])
+    policy.start(1)
+    policy.set_sampling(sampled)  # (the loop's order)
+    # A sampled run starts from no evidence, not from the greedy runs' acceptance ...
+    assert (policy.seen_success, policy.seen_failure) == (0.0, 0.0) and policy._pooled() == policy.prior
+    _drive(policy, 30, 1, 4, lambda rows, k: 1.0, lambda b: 0.1)
+    hot = (policy.seen_success, policy.seen_failure)
+    assert hot[1] > hot[0]
+    policy.set_sampling("greedy")  # ... and neither kind's evidence moves the other's
+    assert (policy.seen_success, policy.seen_failure) == greedy
+    policy.finish()
+    saved = json.loads((tmp_path / "m.json").read_text())["seen"]
+    assert saved == {"greedy": list(greedy), sampled: list(hot)}
+    again = CostAwarePolicy(memory=memory)
+    assert (again.seen_success, again.seen_failure) == greedy
+    again.set_sampling(sampled)
+    assert (again.seen_success, again.seen_failure) == hot
+
+
+def test_a_file_of_one_pooled_count_is_read_as_greedy_evidence(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"format": policy_memory.FORMAT, "cost": [], "seen_success": 12.0,
+                                "seen_failure": 3.0}))
+    policy = CostAwarePolicy(memory=PolicyMemory(path))
+    assert (policy.seen_success, policy.seen_failure) == (12.0, 3.0)
+    policy.set_sampling("T=0.8 top_k=0 top_p=1.00")
+    assert (policy.seen_success, policy.seen_failure) == (0.0, 0.0)
+
+
+def test_sampling_labels():
+    assert sampling_label([0.0, 0.0], [0, 0], [1.0, 1.0]) == "greedy"
+    # The hottest row and the loosest truncation (top_k 0: none) name a mixed batch.
+    assert sampling_label([0.0, 0.8, 0.71], [40, 0, 20], [0.9, 0.95, 1.0]) == "T=0.8 top_k=0 top_p=1.00"
+    assert sampling_label([0.5], [40], [0.9]) == "T=0.5 top_k=40 top_p=0.90"
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
@@ -105,10 +148,13 @@ class Recording:
     """Grants every limit and records what the loop says may be adapted."""
 
     def __init__(self):
-        self.adaptable = None
+        self.adaptable = self.sampling = None
 
     def start(self, batch):
         pass
+
+    def set_sampling(self, label):
+        self.sampling = label
 
     def plan(self, active, limits, adaptable, remaining=None):
         self.adaptable = list(adaptable)
@@ -133,3 +179,4 @@ def test_the_loop_marks_greedy_and_matching_rows_adaptable(pair, method, options
     specdec_cuda.generate(target, [[1, 2, 3], [4, 5]], method=method, max_new_tokens=6,
                           temperature=[0.0, 0.8], policy=policy, **options)
     assert policy.adaptable == [True, matching]
+    assert policy.sampling == "T=0.8 top_k=0 top_p=1.00"  # the loop names how the run's rows sample

@@ -34,6 +34,7 @@ from .contract import Draft, DraftKind, ExtraRows, Outcome, PrefillContext, Prop
 from .models.protocol import batch_invariant, prefill_kwargs
 from .ops.status import raise_for
 from .outputs import GenerationResult, Metrics, RowOutputs, StreamCallback
+from .policy import sampling_label
 from .shadow import ShadowDrafts
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ def decode(target: "CausalLM", prompts: Sequence[Sequence[int]], params: Samplin
     start = time.perf_counter()
     if policy is not None:
         policy.start(len(prompts))
+        if hasattr(policy, "set_sampling"):  # acceptance evidence is kept per kind of sampling
+            policy.set_sampling(sampling_label(params.temperature.tolist(), params.top_k.tolist(),
+                                               params.top_p.tolist()))
     ctx = prefill(target, prompts, params, max_new_tokens, proposer, hidden_layers)
     for b, t in enumerate(ctx.first_tokens.tolist()):
         rows.emit(b, [t])

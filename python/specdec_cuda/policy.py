@@ -10,7 +10,8 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   drafted ``d`` and accepted ``a`` adds ``a`` successes and, when ``a < d``, one failure. Counts
   decay by ``decay`` per step the row drafts, so ``alpha_b`` follows the text (a run of
   predictable tokens raises it, as adaptive k does), starting from the pooled estimate of this
-  run's and earlier runs' rows. A proposer whose drafts cost no forward (prompt lookup) also has
+  run's and earlier runs' rows (earlier runs that sampled alike: greedy, or the same temperature
+  and truncation; ``set_sampling``). A proposer whose drafts cost no forward (prompt lookup) also has
   the chains it would have drafted on plain steps judged against the tokens those steps emit
   (``observe_shadow``, ``specdec_cuda.shadow``): exact evidence, for free, so a row that starts
   copying its prompt is seen to at once rather than at the next probe.
@@ -87,9 +88,10 @@ class SpeculationPolicy(Protocol):
         of the target forward (root + drafts + extra rows) and the step's wall time."""
 
     # Optional: ``drafting_over() -> bool``, True once the policy will grant no more drafts in this
-    # run whatever its steps measure (the loop then drops the proposer: ``CostAwarePolicy``), and
+    # run whatever its steps measure (the loop then drops the proposer: ``CostAwarePolicy``),
     # ``observe_shadow(row, matched, missed, first)``, news of a free proposer's shadow drafts
-    # (``specdec_cuda.shadow``).
+    # (``specdec_cuda.shadow``), and ``set_sampling(label)``, called after ``start`` with how the
+    # run's rows sample (``sampling_label``).
 
 
 class FixedPolicy:
@@ -150,7 +152,11 @@ class CostAwarePolicy:
         self.adapt_sampled, self.smoothing, self.min_gain = adapt_sampled, smoothing, min_gain
         self.cost: dict[tuple[int, int], float] = {}  # (active rows, K) -> EMA of the step's seconds
         self.samples: dict[tuple[int, int], int] = {}  # (active rows, K) -> measurements taken
-        self.seen_success = self.seen_failure = 0.0  # acceptance counts over earlier runs (decayed)
+        # Acceptance counts over earlier runs (decayed), of the runs sampling as this one does
+        # (``sampling``); other kinds of sampling keep theirs in ``seen_by_sampling``.
+        self.seen_success = self.seen_failure = 0.0
+        self.sampling = "greedy"
+        self.seen_by_sampling: dict[str, tuple[float, float]] = {}
         self.explored: dict[tuple[int, int], int] = {}  # (active rows, K) -> times granted
         # Seconds of a run's first proposal spent catching the drafter up with the prompt (a draft
         # model's prefill, DFlash's prompt features): paid once per run that drafts at all, so a
@@ -165,9 +171,10 @@ class CostAwarePolicy:
 
     def state(self) -> dict:
         """What outlives a run and a process: step costs per (rows, K), how many measurements each
-        holds, the pooled acceptance counts. JSON-able."""
+        holds, the pooled acceptance counts per kind of sampling. JSON-able."""
+        seen = dict(self.seen_by_sampling, **{self.sampling: (self.seen_success, self.seen_failure)})
         return {"cost": [[b, k, t, self.samples.get((b, k), 0)] for (b, k), t in sorted(self.cost.items())],
-                "seen_success": self.seen_success, "seen_failure": self.seen_failure,
+                "seen": {label: list(counts) for label, counts in sorted(seen.items())},
                 "catch_up_seconds": self.catch_up_seconds}
 
     def load_state(self, state: dict) -> None:
@@ -179,10 +186,17 @@ class CostAwarePolicy:
                 continue
             if b > 0 and k >= 0 and t > 0 and math.isfinite(t):
                 self.cost[(b, k)], self.samples[(b, k)] = t, max(0, n)
-        for name in ("seen_success", "seen_failure", "catch_up_seconds"):
-            value = state.get(name)
-            if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
-                setattr(self, name, float(value))
+        seen = state.get("seen")
+        if not isinstance(seen, dict):  # a file of the single pooled count: taken as the greedy runs'
+            seen = {"greedy": [state.get("seen_success"), state.get("seen_failure")]}
+        for label, counts in seen.items():
+            if (isinstance(label, str) and isinstance(counts, (list, tuple)) and len(counts) == 2
+                    and all(isinstance(c, (int, float)) and math.isfinite(c) and c >= 0 for c in counts)):
+                self.seen_by_sampling[label] = (float(counts[0]), float(counts[1]))
+        self.seen_success, self.seen_failure = self.seen_by_sampling.pop(self.sampling, (0.0, 0.0))
+        value = state.get("catch_up_seconds")
+        if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+            self.catch_up_seconds = float(value)
 
     def one_time(self, seconds: float) -> None:
         """The last proposal spent ``seconds`` on one-time work (a catch-up); the first of a run
@@ -195,6 +209,18 @@ class CostAwarePolicy:
         """A run ended: save what was learned (when given a memory)."""
         if self.memory is not None:
             self.memory.save(self.state())
+
+    def set_sampling(self, label: str) -> None:
+        """This run's rows sample as ``label`` says (``sampling_label``: greedy, or a temperature
+        and truncation). A draft's acceptance depends on it (of prompt lookup's guesses on the zoo
+        pair, ~45% are accepted greedy, ~16% at T = 0.8), so a new run starts from the pooled
+        acceptance of earlier runs that sampled the same way, not of whatever ran before: a server
+        alternating greedy and sampled requests would otherwise draft its sampled ones on its
+        greedy ones' evidence. (Step costs do not depend on it and stay shared.)"""
+        if label != self.sampling:
+            self.seen_by_sampling[self.sampling] = (self.seen_success, self.seen_failure)
+            self.seen_success, self.seen_failure = self.seen_by_sampling.pop(label, (0.0, 0.0))
+            self.sampling = label
 
     def start(self, batch: int) -> None:
         """A new run: per-row acceptance and the step schedule start afresh; the measured step
@@ -502,6 +528,17 @@ class CostAwarePolicy:
         self.failure[b] += failure
         self.seen_success += success
         self.seen_failure += failure
+
+
+def sampling_label(temperature: list[float], top_k: list[int], top_p: list[float]) -> str:
+    """The kind of sampling a run's rows do, for ``CostAwarePolicy.set_sampling`` (per-row values):
+    ``"greedy"`` when every row is, else the hottest row's temperature and the loosest truncation,
+    rounded (nearby settings accept alike; the hottest row is the one that accepts least)."""
+    hot = max(temperature, default=0.0)
+    if hot <= 0.0:
+        return "greedy"
+    k = 0 if any(v <= 0 for v in top_k) else max(top_k)
+    return f"T={hot:.1f} top_k={k} top_p={max(top_p):.2f}"
 
 
 def make_policy(policy, memory=None) -> SpeculationPolicy | None:

@@ -2,8 +2,9 @@
 
 A ``SpeculativeDecoder`` keeps its policy for its life, so its later calls skip the exploration of
 the first. This file carries the same knowledge to the next process: the measured step costs per
-(active rows, draft length) and the pooled acceptance, in one small JSON file per key under
-``$SPECDEC_POLICY_CACHE`` (default ``~/.cache/specdec_cuda/policy``; ``off`` disables it).
+(active rows, draft length) and the pooled acceptance per kind of sampling, in one small JSON file
+per key under ``$SPECDEC_POLICY_CACHE`` (default ``~/.cache/specdec_cuda/policy``; ``off``
+disables it).
 
 The key names what the costs belong to: the target (its class, config, dtype and device), the
 method and its options (a model passed as an option by its class and config), and the machine
