@@ -142,6 +142,28 @@ def test_the_loop_judges_prompt_lookup_chains_exactly(tmp_path):
     assert policy.news == _expected_news(prompt, ar[0], 3, 1, 4, 32)
 
 
+def test_sampled_runs_judge_no_shadows(tmp_path):
+    from test_policy import _tiny_draft
+
+    from specdec_cuda.contract import SamplingParams
+    from specdec_cuda.decoding import decode
+    from specdec_cuda.proposers.ngram import PromptLookupProposer
+
+    class Counting(PromptLookupProposer):
+        def shadow_draft(self, depth):
+            self.asked = getattr(self, "asked", 0) + 1
+            return super().shadow_draft(depth)
+
+    target = _tiny_draft(tmp_path)
+    prompt = [3, 9, 4, 3, 9, 4, 3, 9, 4, 12, 3, 9]
+    for temperature, judged in ((0.0, True), (0.8, False), ([0.0, 0.8], False)):  # a mixed batch: none
+        batch = 2 if isinstance(temperature, list) else 1
+        policy, proposer = _Recording(), Counting(k=3)
+        params = SamplingParams.make(batch, temperature, 0, 1.0, list(range(batch)))
+        decode(target, [prompt] * batch, params, 24, proposer=proposer, policy=policy)
+        assert (getattr(proposer, "asked", 0) > 0) == judged and bool(policy.news) == judged
+
+
 def test_a_proposer_with_a_cost_offers_no_shadows(tmp_path):
     from test_policy import _tiny_draft
 
