@@ -11,8 +11,9 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   decay by ``decay`` per step the row drafts, so ``alpha_b`` follows the text (a run of
   predictable tokens raises it, as adaptive k does), starting from the pooled estimate of this
   run's and earlier runs' rows (earlier runs that sampled alike: greedy, or the same temperature
-  and truncation; ``set_sampling``). A proposer whose drafts cost no forward (prompt lookup) also has
-  the chains it would have drafted on plain steps judged against the tokens those steps emit
+  and truncation; ``set_sampling``). In greedy runs, a proposer whose drafts cost no forward
+  (prompt lookup) also has the chains it would have drafted on plain steps judged against the
+  tokens those steps emit
   (``observe_shadow``, ``specdec_cuda.shadow``): exact evidence, for free, so a row that starts
   copying its prompt is seen to at once rather than at the next probe.
 * **Cost of a step**, as a function of the deepest draft ``K`` sent this step (a chain is fed as
