@@ -271,7 +271,7 @@ class Proposer:
         Offered only by proposers whose drafts cost no forward and are guesses verified greedily or
         by sample-and-match (prompt lookup), so that a guess equal to the token a plain step emits
         is one verification would have accepted; the loop scores the chains against what the plain
-        steps emit and tells the policy (``specdec_cuda.shadow``).
+        steps emit and tells the policy (``specdec_cuda.shadow``). Asked in greedy runs only.
         Called before ``accept``, so the proposer's state is this step's. Default None: none."""
         return None
 

@@ -191,9 +191,9 @@ def plan(rows: RowOutputs, proposer: Proposer | None, policy: "SpeculationPolicy
 def drafting_over(policy: "SpeculationPolicy | None", active: list[bool], adaptable: list[bool]) -> bool:
     """Whether the policy will grant no more drafts in this run (``drafting_over``), every active
     row being one it decides for (a row it leaves alone keeps its full draft length). The loop asks
-    only while the proposer offers no shadow drafts: a free proposer's (prompt lookup's) are what
-    lets plain steps move the acceptance, so it stays (dropping it lost 9% of a real-pair
-    HumanEval run where its drafts paid later)."""
+    only in runs that judge no shadow drafts (a proposer without them, or a sampled run): a free
+    proposer's (prompt lookup's) are what lets plain steps move the acceptance, so in a greedy run
+    it stays (dropping it lost 9% of a real-pair HumanEval run where its drafts paid later)."""
     over = getattr(policy, "drafting_over", None)
     return (over is not None and all(ad for a, ad in zip(active, adaptable) if a) and over())
 
@@ -207,7 +207,7 @@ def start_shadows(shadows: ShadowDrafts, proposer: Proposer, active: list[bool],
                   rows: RowOutputs, policy: "SpeculationPolicy") -> ShadowDrafts | None:
     """New shadow chains for the rows decoding plainly without one (``specdec_cuda.shadow``),
     while the policy wants them; None, for the rest of the run, when the proposer returns none.
-    (A proposer that offers shadows is never dropped from the run: ``drafting_over``.)"""
+    (A run that judges shadow drafts never drops its proposer: ``drafting_over``.)"""
     wants = getattr(policy, "wants_shadows", None)
     if wants is not None and not wants():
         return shadows  # none started for now; the pending ones are still judged

@@ -13,9 +13,8 @@ decoding. ``CostAwarePolicy`` measures instead of guessing:
   run's and earlier runs' rows (earlier runs that sampled alike: greedy, or the same temperature
   and truncation; ``set_sampling``). In greedy runs, a proposer whose drafts cost no forward
   (prompt lookup) also has the chains it would have drafted on plain steps judged against the
-  tokens those steps emit
-  (``observe_shadow``, ``specdec_cuda.shadow``): exact evidence, for free, so a row that starts
-  copying its prompt is seen to at once rather than at the next probe.
+  tokens those steps emit (``observe_shadow``, ``specdec_cuda.shadow``): exact evidence, for free,
+  so a row that starts copying its prompt is seen to at once rather than at the next probe.
 * **Cost of a step**, as a function of the deepest draft ``K`` sent this step (a chain is fed as
   wide as its longest row's, so the step's cost depends on ``K``, not on each row's length) and of the number
   of active rows ``B``: a table of measured step times per ``(B, K)`` (exponential moving
