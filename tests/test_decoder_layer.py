@@ -305,3 +305,201 @@ def test_narrower_tiers_match_reference(cap):
             "t.test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(); "
             "t.test_context_kv_matches_reference_and_leaves_other_slots(3, 2, 8, True, 4)") % tests_dir
     run_capped(cap, code)
+
+
+# -- dflash_block_topk: the DFlash drafter's block forward as one op (draft_topk / draft_tokens) --
+
+def _dflash_drafter():
+    """A random drafter with a random embedding and LM head in place of a target's, its cache
+    holding contexts of unequal lengths (4 and 9 tokens) from the torch path's extend."""
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
+
+    c = DFlashConfig(hidden_size=HIDDEN, vocab_size=64, target_layers=(0, 2, 3), num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=12, intermediate_size=40, block_size=5)
+    drafter = DFlashDrafter.random(c, seed=3, std=0.2)
+    g = torch.Generator().manual_seed(5)
+    drafter._embed, drafter._head = torch.randn(64, HIDDEN, generator=g), torch.randn(64, HIDDEN, generator=g) * 0.3
+    cache = drafter.new_cache(2, T)
+    drafter.extend(cache, {i: torch.randn(2, 9, HIDDEN, generator=g) for i in c.target_layers}, torch.tensor([4, 9]))
+    return drafter, cache
+
+
+def _dflash_op_args(drafter, cache, anchors, depth, k, head_rows=None, log_probs=True):
+    from specdec_cuda.ops.dflash import LAYER_WEIGHTS
+
+    layers = [w for args in drafter.inference().native for w in args[:2] + args[3:]]
+    assert len(layers) == len(LAYER_WEIGHTS) * drafter.config.num_layers
+    head = drafter._head if head_rows is None else drafter._head[head_rows]
+    block = drafter.block_input(anchors, drafter.config.block_size).contiguous()
+    block[:, 0] = float("nan")  # the op writes the anchors' row
+    cos, sin = drafter._rope_table(64, "cpu")
+    c = drafter.config
+    return (anchors, drafter._embed, block, cos, sin, layers, c.rms_norm_eps, cache.keys, cache.values, cache.lengths,
+            c.num_heads, c.head_dim ** -0.5, depth, drafter.norm.detach(), pack_weight(head).panels, head.shape[0],
+            head_rows, k, log_probs)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 4])
+def test_dflash_block_topk_matches_the_drafters_torch_path(monkeypatch, depth):
+    # The op is the drafter's torch block (layers over the cache, the block seeing itself whole,
+    # rows of unequal context lengths) then log_softmax and topk over the whole vocabulary or a
+    # draft vocabulary's head rows (ids mapped back), as log-probabilities or logits.
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    drafter, cache = _dflash_drafter()
+    anchors = torch.tensor([7, 30])
+    monkeypatch.setenv("SPECDEC_PACKED_LINEAR", "0")
+    with torch.no_grad():
+        logits = drafter.draft(cache, anchors, 5, depth)  # [2, depth, 64]: the torch layers
+    monkeypatch.setenv("SPECDEC_PACKED_LINEAR", "1")
+    sub = torch.arange(1, 64, 3)
+    for rows, log_probs in ((None, True), (sub, True), (sub, False)):
+        part = logits if rows is None else logits[..., rows]
+        want, index = (torch.log_softmax(part, -1) if log_probs else part).topk(6, -1)
+        values, ids, status = torch.ops.specdec.dflash_block_topk(
+            *_dflash_op_args(drafter, cache, anchors, depth, 6, rows, log_probs))
+        assert values.shape == ids.shape == (2, depth, 6) and status.tolist() == [0] * (2 * depth)
+        torch.testing.assert_close(values, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(ids, index if rows is None else rows[index])
+    assert cache.lengths.tolist() == [4, 9]  # the context is not extended
+
+
+def test_dflash_block_topk_bad_inputs_raise_naming_the_input():
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    drafter, cache = _dflash_drafter()
+    args = _dflash_op_args(drafter, cache, torch.tensor([7, 30]), 2, 4)
+    op = torch.ops.specdec.dflash_block_topk
+
+    def call(**changed):
+        names = ("anchors", "embed", "block", "rope_cos", "rope_sin", "layers", "norm_eps", "k_caches", "v_caches",
+                 "lengths", "num_heads", "sm_scale", "depth", "final_norm", "head", "vocab_size", "vocab_ids", "k",
+                 "log_probs")
+        return op(*(changed.get(n, a) for n, a in zip(names, args)))
+
+    with pytest.raises(RuntimeError, match="depth must lie in"):
+        call(depth=5)
+    with pytest.raises(RuntimeError, match=r"anchors\[1\] = 64 is outside the vocabulary"):
+        call(anchors=torch.tensor([7, 64]))
+    with pytest.raises(RuntimeError, match="past the rope tables"):
+        call(rope_cos=args[3][:12].contiguous(), rope_sin=args[4][:12].contiguous())
+    with pytest.raises(RuntimeError, match="layer weights do not make layers"):
+        call(layers=args[5][:-1])
+    with pytest.raises(RuntimeError, match="cache slots"):
+        call(lengths=torch.tensor([4, T - 2]))
+    with pytest.raises(RuntimeError, match="vocab_ids must be"):
+        call(vocab_ids=torch.arange(10))
+    values, ids, status = call(final_norm=torch.full((HIDDEN,), float("nan")))
+    assert status.tolist() == [1] * 4  # STATUS_NONFINITE_LOGITS on every drafted row
+
+
+def test_dflash_block_topk_opcheck():
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    drafter, cache = _dflash_drafter()
+    torch.library.opcheck(torch.ops.specdec.dflash_block_topk.default,
+                          _dflash_op_args(drafter, cache, torch.tensor([7, 30]), 3, 4, torch.arange(0, 64, 2)))
+
+
+def test_dflash_extend_matches_the_drafters_torch_path(monkeypatch):
+    # The op is the drafter's torch extend (context_features, context_kv, the keys and values
+    # written at slots lengths[b] + j, lengths += num_new): the same caches and lengths, rows of
+    # unequal lengths and a row that takes none of the tokens given included.
+    from specdec_cuda.models.dflash import DFlashConfig, DFlashDrafter
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    c = DFlashConfig(hidden_size=HIDDEN, vocab_size=64, target_layers=(0, 2, 3), num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=12, intermediate_size=40, block_size=5)
+    drafter = DFlashDrafter.random(c, seed=3, std=0.2)
+    g = torch.Generator().manual_seed(6)
+    steps = [({i: torch.randn(2, 9, HIDDEN, generator=g) for i in c.target_layers}, torch.tensor([4, 9])),
+             ({i: torch.randn(2, 3, HIDDEN, generator=g) for i in c.target_layers}, torch.tensor([2, 0]))]
+
+    def extended(packed: str):
+        monkeypatch.setenv("SPECDEC_PACKED_LINEAR", packed)
+        run = drafter.inference()
+        assert (run.io is not None) == (packed == "1")
+        cache = drafter.new_cache(2, T)
+        for hidden, num_new in steps:
+            drafter.extend(cache, hidden, num_new, run)
+        return cache
+
+    got, want = extended("1"), extended("0")
+    assert got.lengths.tolist() == want.lengths.tolist() == [6, 9]
+    torch.testing.assert_close(got.all_keys, want.all_keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.all_values, want.all_values, rtol=1e-5, atol=1e-5)
+
+
+def _dflash_extend_args(drafter, cache, n=3):
+    run = drafter.inference()
+    _, bias, k_norm = run.stacked
+    c = drafter.config
+    cos, sin = drafter._rope_table(64, "cpu")
+    hidden = [torch.randn(2, n, HIDDEN) for _ in c.target_layers]
+    return (hidden, run.io.fc.panels, drafter.context_norm.detach(), run.io.kv.panels, bias,
+            k_norm.reshape(c.num_layers, c.head_dim).contiguous(), c.rms_norm_eps, cos, sin, cache.all_keys,
+            cache.all_values, cache.lengths.clone(), torch.tensor([1, n]))
+
+
+def test_dflash_extend_bad_inputs_raise_naming_the_input():
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    drafter, cache = _dflash_drafter()
+    args = _dflash_extend_args(drafter, cache)
+    names = ("hidden", "fc_w", "context_norm", "kv_w", "kv_b", "k_norm", "norm_eps", "rope_cos", "rope_sin", "k_cache",
+             "v_cache", "lengths", "num_new")
+
+    def call(**changed):
+        return torch.ops.specdec.dflash_extend(*(changed.get(n, a) for n, a in zip(names, args)))
+
+    with pytest.raises(RuntimeError, match=r"hidden\[1\] must be a contiguous float32"):
+        call(hidden=[args[0][0], args[0][1][:, :2].contiguous(), args[0][2]])
+    with pytest.raises(RuntimeError, match=r"num_new\[1\] = 4 is outside \[0, 3\]"):
+        call(num_new=torch.tensor([0, 4]))
+    with pytest.raises(RuntimeError, match="past the rope tables"):
+        call(rope_cos=args[7][:10].contiguous(), rope_sin=args[8][:10].contiguous())
+    with pytest.raises(RuntimeError, match="fc_w"):
+        call(hidden=args[0][:2])  # two layers' features where fc reads three
+    with pytest.raises(RuntimeError, match="cache slots"):
+        call(lengths=torch.tensor([4, T - 2]))
+    lengths = args[11]
+    call()
+    assert lengths.tolist() == [5, 12]  # 4 + 1, 9 + 3: advanced in place
+
+
+def test_dflash_extend_opcheck():
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    drafter, cache = _dflash_drafter()
+    torch.library.opcheck(torch.ops.specdec.dflash_extend.default, _dflash_extend_args(drafter, cache))
+
+
+def test_the_dflash_wrappers_call_the_ops():
+    from specdec_cuda import ops
+    from specdec_cuda.models.layers import packed_kernel_available
+
+    if not packed_kernel_available():
+        pytest.skip("no vectorised packed kernel on this CPU: the drafter's packed weights are not made")
+    drafter, cache = _dflash_drafter()
+    args = _dflash_op_args(drafter, cache, torch.tensor([7, 30]), 3, 4)
+    want = torch.ops.specdec.dflash_block_topk(*args)
+    got = ops.dflash_block_topk(*args[:10], drafter.config.num_heads, 3, args[13], pack_weight(drafter._head), 4)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    run = drafter.inference()
+    x = _dflash_extend_args(drafter, cache)
+    kc, vc, lengths = x[9].clone(), x[10].clone(), x[11].clone()
+    torch.ops.specdec.dflash_extend(*x)
+    ops.dflash_extend(x[0], run.io.fc, *x[2:3], run.io.kv, *x[4:9], kc, vc, lengths, x[12])
+    assert torch.equal(kc, x[9]) and torch.equal(vc, x[10]) and torch.equal(lengths, x[11])

@@ -13,6 +13,7 @@
 #include "kernels/decoder_layer/decoder_layer_cpu.h"
 #include "kernels/skinny_linear/packed_cpu.h"
 #include "ops/claim_parallel.h"
+#include "ops/decoder_layer_cpu.h"
 #include "ops/gguf_linear.h"
 #include "ops/packed_linear.h"
 
@@ -147,6 +148,8 @@ void run_layer(const LayerShape& s, int64_t I, const at::Tensor& x, const at::Te
   for (int64_t e = 0; e < M * Hd; ++e) y[e] += h[e];
 }
 
+}  // namespace
+
 void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double norm_eps,
                        const at::Tensor& qkv_w, const std::optional<at::Tensor>& qkv_b, const at::Tensor& o_w,
                        const std::optional<at::Tensor>& o_b, const at::Tensor& gate_up_w,
@@ -175,6 +178,8 @@ void decoder_layer_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::T
               packed_linear(in, M, K, *weights[p], data_or_null(*biases[p]), y, N, activations == 1);
             });
 }
+
+namespace {
 
 void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const at::Tensor& norm2, double norm_eps,
                             at::TensorList weights, at::IntArrayRef types, at::IntArrayRef parts,
@@ -219,6 +224,8 @@ void decoder_layer_gguf_cpu(const at::Tensor& x, const at::Tensor& norm1, const 
               gguf_linear(in, M, K, linears[p], data_or_null(*biases[p]), y, N, mode);
             });
 }
+
+}  // namespace
 
 void context_kv_cpu(const at::Tensor& hidden, const at::Tensor& fc_w, const at::Tensor& context_norm,
                     const at::Tensor& kv_w, const std::optional<at::Tensor>& kv_b, const at::Tensor& k_norm,
@@ -272,8 +279,6 @@ void context_kv_cpu(const at::Tensor& hidden, const at::Tensor& fc_w, const at::
                           len, shape);
   }
 }
-
-}  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("decoder_layer", &decoder_layer_cpu);

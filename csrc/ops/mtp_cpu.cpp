@@ -11,6 +11,7 @@
 #include "kernels/common/status.h"
 #include "kernels/mtp/mtp_cpu.h"
 #include "ops/mtp_common.h"
+#include "ops/mtp_cpu.h"
 #include "ops/quant_common.h"
 #include "ops/quant_parallel.h"
 #include "kernels/quant/w4_cpu.h"
@@ -212,6 +213,8 @@ void mtp_head_topk_w4_cpu(const at::Tensor& x, const at::Tensor& norm_weight, co
   });
 }
 
+}  // namespace
+
 void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& panels,
                               int64_t vocab_size, double eps, at::Tensor& values, at::Tensor& indices,
                               std::optional<at::Tensor> logits, at::Tensor& status, std::optional<at::Tensor> lse) {
@@ -245,8 +248,6 @@ void mtp_head_topk_packed_cpu(const at::Tensor& x, const at::Tensor& norm_weight
                                   v0, v1, block);
   }, lse);
 }
-
-}  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("mtp_head_topk_w4", &mtp_head_topk_w4_cpu);

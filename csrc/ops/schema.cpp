@@ -137,6 +137,28 @@ TORCH_LIBRARY(specdec, m) {
       "float norm_eps, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor lengths) -> ()");
   // ---- end family: decoder_layer ----
 
+  // ---- family: dflash (ops/dflash_cpu.cpp; CPU only) ----
+  // dflash_block_topk: the DFlash drafter's block forward for a draft, one op: anchors' embeddings
+  // into row 0 of block (B, n, H) (its MASK rows as given), per layer the decoder_layer op over
+  // that layer's cache with the block seeing itself whole (layers: 12 weights per layer, norm1,
+  // norm2, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_up_b, down_w, down_b, q_norm, k_norm; RoPE rows
+  // lengths[b] + i of the (P, D) tables), then rows 1 .. depth through the final norm and the
+  // packed LM head's top-k: values (B, depth, k) (log-probabilities with log_probs), token ids
+  // (B, depth, k) (through vocab_ids when given), status (B * depth,) (models/dflash.py's torch path).
+  m.def(
+      "dflash_block_topk(Tensor anchors, Tensor embed, Tensor(a!) block, Tensor rope_cos, Tensor rope_sin, "
+      "Tensor?[] layers, float norm_eps, Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, Tensor lengths, "
+      "int num_heads, float sm_scale, int depth, Tensor final_norm, Tensor head, int vocab_size, "
+      "Tensor? vocab_ids, int k, bool log_probs) -> (Tensor, Tensor, Tensor)");
+  // dflash_extend: the drafter's cache extended by committed tokens: hidden (per target layer read,
+  // (B, n, H_l), concatenated along features) through context_kv with the RoPE rows lengths[b] + i
+  // of the (P, D) tables, then lengths[b] += num_new[b] (models/dflash.py's torch path).
+  m.def(
+      "dflash_extend(Tensor[] hidden, Tensor fc_w, Tensor context_norm, Tensor kv_w, Tensor? kv_b, Tensor k_norm, "
+      "float norm_eps, Tensor rope_cos, Tensor rope_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor(c!) lengths, Tensor num_new) -> ()");
+  // ---- end family: dflash ----
+
   // ---- family: diffusion (csrc/kernels/diffusion, ops/diffusion_{cpu,cuda}.cpp) ----
   // diffusion_unmask: one step of masked-diffusion generation over a window of positions: a token
   // and its confidence per masked position (tokens == mask_id), then the positions to unmask (top

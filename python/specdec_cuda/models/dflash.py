@@ -38,8 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.decoder_layer import context_kv
-from ..ops.mtp import HeadTopK, mtp_head_topk_packed
+from ..ops.mtp import mtp_head_topk_packed
 from ..ops.status import raise_for
 from ..ops.skinny_linear import PackedWeight, pack_weight
 from .draft_vocab import VocabSubset
@@ -144,7 +143,7 @@ class DFlashInference(NamedTuple):
     (a key over every parameter), twice more in each ``extend``.
 
     ``native``: per layer, the ``decoder_layer`` op's packed weights (None: the torch layers run);
-    ``io``: fc and the stacked k/v projections packed for the ``context_kv`` op (None: torch ops);
+    ``io``: fc and the stacked k/v projections packed for the ``dflash_extend`` op (None: torch ops);
     ``stacked``: the stacked k/v weights, biases and k_norms (``_stacked_kv``); ``buffers``: per
     (batch, block) the block's input with its MASK rows written, and its all-true tree mask (the
     anchor row is rewritten by each draft)."""
@@ -345,16 +344,20 @@ class DFlashDrafter(nn.Module):
         (rows of one length): slices of the table, no gather, contiguous at batch 1 (the ops take
         them as they are); ``run`` keeps the table at hand (looking it up by dtype and device was
         most of a slice's ~40 us). Shape: two [batch, n, D] (``rope``'s without its heads dim)."""
-        table = None if run is None else run.buffers.get("rope")
-        if table is None or table[0].shape[0] < start + n:
-            table = self._rope_table(start + n, self.device)
-            if run is not None:
-                run.buffers["rope"] = table
-        cos, sin = table
+        cos, sin = self._run_rope_table(start + n, run)
         if batch == 1:
             return cos[None, start: start + n], sin[None, start: start + n]
         D = cos.shape[-1]
         return cos[start: start + n].expand(batch, n, D), sin[start: start + n].expand(batch, n, D)
+
+    def _run_rope_table(self, need: int, run: DFlashInference | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_rope_table`` of at least ``need`` positions, kept in ``run``'s buffers."""
+        table = None if run is None else run.buffers.get("rope")
+        if table is None or table[0].shape[0] < need:
+            table = self._rope_table(need, self.device)
+            if run is not None:
+                run.buffers["rope"] = table
+        return table
 
     def _rope_table(self, need: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [P, D] of positions 0 .. P - 1, P >= ``need``."""
@@ -371,11 +374,20 @@ class DFlashDrafter(nn.Module):
 
     def context_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """RMSNorm(fc(concat of the target's hidden states at ``target_layers``)) (the packed CPU
-        path's ``extend`` runs it inside the ``context_kv`` op).
+        path's ``extend`` runs it inside the ``dflash_extend`` op).
 
         Shape: hidden_states layer -> [B, n, H]; returns [B, n, H]."""
         return F.rms_norm(self.fc(self._target_hidden(hidden_states)), (self.config.hidden_size,), self.context_norm,
                           self.config.rms_norm_eps)
+
+    def _target_hidden_list(self, hidden_states: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """The target's hidden states at ``target_layers`` as contiguous float32 tensors, in that
+        order (``dflash_extend`` concatenates them): [B, n, H] each; ValueError naming the layers missing."""
+        missing = [i for i in self.config.target_layers if i not in hidden_states]
+        if missing:
+            raise ValueError(f"the target's hidden states of layers {missing} are missing")
+        hidden = [hidden_states[i] for i in self.config.target_layers]
+        return [h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous() for h in hidden]
 
     def _target_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """The target's hidden states at ``target_layers`` concatenated, in the drafter's dtype:
@@ -417,15 +429,16 @@ class DFlashDrafter(nn.Module):
     def extend(self, cache: DFlashCache, hidden_states: dict[int, torch.Tensor], num_new: torch.Tensor,
                inference: DFlashInference | None = None) -> None:
         """Append committed tokens' context K/V: row ``b`` gains the first ``num_new[b]`` of the
-        given tokens, at absolute positions ``cache.lengths[b] + j``. ``inference``: the weights
-        as ``inference()`` gave them (default: made or checked now).
+        given tokens, at absolute positions ``cache.lengths[b] + j``; ``cache.lengths`` is then
+        advanced in place. ``inference``: the weights as ``inference()`` gave them (default: made
+        or checked now).
 
         Shape: hidden_states layer -> [B, n, H]; num_new [B] int64 (0 .. n)."""
         run = self.inference() if inference is None else inference
         c = self.config
-        if run.io is not None:  # the packed CPU path: features and every layer's K/V as one op
-            hidden = self._target_hidden(hidden_states)  # [B, n, k*H] float32 (the packed path's dtype)
-            B, n = hidden.shape[:2]
+        if run.io is not None:  # the packed CPU path: the whole extend as one op
+            hidden = self._target_hidden_list(hidden_states)  # per layer read [B, n, H] float32
+            B, n = hidden[0].shape[:2]
         else:
             feats = self.context_features(hidden_states)  # [B, n, H]
             B, n = feats.shape[:2]
@@ -438,34 +451,42 @@ class DFlashDrafter(nn.Module):
         if longest + n > cache.max_length:
             raise ValueError(f"DFlashCache overflow: a row holds {longest} tokens and {n} are written, but the "
                              f"cache has {cache.max_length} slots")
+        if run.io is not None:
+            # The features' concatenation, context_kv at the RoPE rows lengths[b] + j and the
+            # lengths' advance, in C++: as torch calls around context_kv they were ~140 us of a
+            # ~250 us zoo extend in a decoding run on a Zen 4 EPYC.
+            fixed = run.buffers.get("extend")
+            if fixed is None:  # the op's weights, as it takes them, once per run
+                _, bias, k_norm = run.stacked
+                fixed = run.buffers["extend"] = (run.io.fc.panels, self.context_norm.detach(), run.io.kv.panels, bias,
+                                                 k_norm.reshape(c.num_layers, c.head_dim).contiguous(), c.rms_norm_eps)
+            cos, sin = self._run_rope_table(longest + n, run)  # [P, D] each
+            if num_new.dtype != torch.int64 or not num_new.is_contiguous():
+                num_new = num_new.to(torch.int64).contiguous()
+            torch.ops.specdec.dflash_extend(hidden, *fixed, cos, sin, cache.all_keys, cache.all_values, cache.lengths,
+                                            num_new)
+            return
         if shortest == longest:  # rows of one length (always at batch 1): slices of the table, no gather
             cos, sin = self.rope_at(longest, n, B, run)  # [B, n, D]
         else:
             slots = cache.lengths[:, None] + torch.arange(n, device=cache.lengths.device)  # [B, n]
             cos, sin = (t.squeeze(2) for t in self.rope(slots))
-        if run.io is not None:
-            _, bias, k_norm = run.stacked
-            context_kv(hidden.contiguous(), run.io.fc, self.context_norm.detach(), run.io.kv, bias,
-                       k_norm.reshape(c.num_layers, c.head_dim), c.rms_norm_eps, cos.contiguous(),
-                       sin.contiguous(), cache.all_keys, cache.all_values, cache.lengths)
+        k, v = self.context_kv(feats, cos.unsqueeze(2), sin.unsqueeze(2), run.stacked)  # [layers, B, kv_heads, n, D]
+        if shortest == longest:
+            cache.all_keys[:, :, :, longest: longest + n] = k
+            cache.all_values[:, :, :, longest: longest + n] = v
         else:
-            # [layers, B, kv_heads, n, D] each
-            k, v = self.context_kv(feats, cos.unsqueeze(2), sin.unsqueeze(2), run.stacked)
-            if shortest == longest:
-                cache.all_keys[:, :, :, longest: longest + n] = k
-                cache.all_values[:, :, :, longest: longest + n] = v
-            else:
-                index = slots[None, :, None, :, None].expand(c.num_layers, B, c.num_kv_heads, n, c.head_dim)
-                cache.all_keys.scatter_(3, index, k)
-                cache.all_values.scatter_(3, index, v)
-        cache.lengths = cache.lengths + num_new
+            index = slots[None, :, None, :, None].expand(c.num_layers, B, c.num_kv_heads, n, c.head_dim)
+            cache.all_keys.scatter_(3, index, k)
+            cache.all_values.scatter_(3, index, v)
+        cache.lengths += num_new
 
     def context_kv(self, feats: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    stacked: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer's keys (k_norm, RoPE) and values of the context features at once: the
         layers' k_proj and v_proj as one matmul (their weights stacked, ``stacked`` when given),
         then the per-layer norm and the rotation over all layers together; the same function as
-        each ``DFlashLayer.kv`` (the packed CPU path's ``extend`` runs the ``context_kv`` op).
+        each ``DFlashLayer.kv`` (the packed CPU path's ``extend`` runs the ``dflash_extend`` op).
 
         Shape: feats [B, n, H]; cos / sin [B, n, 1, D]; returns two [layers, B, kv_heads, n, D]."""
         c = self.config
@@ -496,7 +517,7 @@ class DFlashDrafter(nn.Module):
         return stacked
 
     def _packed_io(self) -> "_PackedIO | None":
-        """fc and the stacked k/v projections as panels for the ``context_kv`` op (bfloat16 when
+        """fc and the stacked k/v projections as panels for the ``dflash_extend`` op (bfloat16 when
         every weight is a bfloat16 number, as ``pack_weight`` picks; else float32), for
         inference on a float32 CPU drafter (``models.layers.packed_path_wanted``; the LM head:
         ``head_logits``).
@@ -555,17 +576,16 @@ class DFlashDrafter(nn.Module):
                      depth: int | None = None, vocab: VocabSubset | None = None,
                      inference: DFlashInference | None = None) -> torch.Tensor:
         """``draft``'s most likely token per position, as ids of the target's vocabulary: a greedy
-        chain. On the packed CPU path the head op ranks while it computes (no logits tensor, no
-        argmax and id lookup as torch ops: ~0.1 ms of a ~1.5 ms zoo block on an AVX2 EPYC). Ties
-        may resolve to another of the tied ids than ``draft(...).argmax(-1)`` does.
+        chain. On the packed CPU path the whole block is one ``dflash_block_topk`` op whose head
+        ranks while it computes (``_fused_topk``: no logits tensor, no argmax or id lookup as torch
+        ops). Ties may resolve to another of the tied ids than ``draft(...).argmax(-1)`` does.
 
         Shape: last_tokens [B]; returns [B, depth] int64."""
-        ranked, x, ids = self._rank_block(cache, last_tokens, block_size, depth, vocab, inference, 1, False)
-        if ranked is not None:
-            index = ranked.indices.view(x.shape[:2])  # the run's buffer: copied below
-            return index.clone() if ids is None else ids.take(index)
-        index = self.head_logits(x, vocab).argmax(-1)
-        return index if ids is None else ids[index]
+        fused = self._fused_topk(cache, last_tokens, block_size, depth, vocab, inference, 1, False)
+        if fused is not None:
+            return fused[1].squeeze(-1)
+        index = self.draft(cache, last_tokens, block_size, depth, vocab, inference).argmax(-1)
+        return index if vocab is None else vocab.ids.to(index.device)[index]
 
     @torch.no_grad()
     def draft_topk(self, cache: DFlashCache, last_tokens: torch.Tensor, k: int, block_size: int | None = None,
@@ -573,50 +593,60 @@ class DFlashDrafter(nn.Module):
                    inference: DFlashInference | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``draft``'s ``k`` most likely tokens per position with their log-probabilities (under the
         block's softmax, over ``vocab`` when given): a DDTree's input. On the packed CPU path the
-        head op ranks and takes each row's log-sum-exp while it computes (no logits tensor, no
-        log-softmax or top-k as torch ops: ~0.15 ms of a ~1.4 ms zoo block on an AVX2 EPYC); the
-        log-probabilities are then its top-k values less the log-sum-exp.
+        whole block is one ``dflash_block_topk`` op whose head ranks and takes each row's
+        log-sum-exp while it computes (``_fused_topk``: no logits tensor, no log-softmax or top-k as
+        torch ops). Non-finite logits raise RuntimeError on every path: the log-probabilities are finite.
 
         Shape: last_tokens [B]; returns log-probabilities [B, depth, k] float32 (descending along
         k) and token ids [B, depth, k] int64, ids of the target's vocabulary."""
-        ranked, x, ids = self._rank_block(cache, last_tokens, block_size, depth, vocab, inference, k, True)
-        if ranked is not None:
-            shape = (*x.shape[:2], k)
-            logprobs = torch.sub(ranked.values, ranked.lse.unsqueeze(1)).view(shape)  # new: the buffers are reused
-            index = ranked.indices.view(shape)
-            return logprobs, (index.clone() if ids is None else ids.take(index))
-        logprobs, index = torch.log_softmax(self.head_logits(x, vocab).float(), dim=-1).topk(k, dim=-1)
-        return logprobs, (index if ids is None else ids[index])
+        fused = self._fused_topk(cache, last_tokens, block_size, depth, vocab, inference, k, True)
+        if fused is not None:
+            return fused
+        logits = self.draft(cache, last_tokens, block_size, depth, vocab, inference).float()
+        if not bool(torch.isfinite(logits).all()):  # as the op's status flags them
+            raise RuntimeError("the drafter's head: non-finite logits (NaN or inf) in the block")
+        logprobs, index = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        return logprobs, (index if vocab is None else vocab.ids.to(index.device)[index])
 
-    def _rank_block(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None, depth: int | None,
-                    vocab: VocabSubset | None, inference: DFlashInference | None, k: int, lse: bool) -> tuple:
-        """The block's states (``_block_states``: x [B, depth, H]) and, on the packed CPU path, their
-        top-``k`` (and log-sum-exp with ``lse``) from the fused head op, into buffers the run keeps:
-        (``HeadTopK`` over the B * depth rows or None, x, the draft vocabulary's ids or None)."""
+    def _fused_topk(self, cache: DFlashCache, last_tokens: torch.Tensor, block_size: int | None, depth: int | None,
+                    vocab: VocabSubset | None, inference: DFlashInference | None, k: int,
+                    log_probs: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The block's top-``k`` per drafted position as one ``dflash_block_topk`` op (the anchors'
+        embeddings, the layers, the head's top-k, the log-sum-exp and the draft vocabulary's ids in
+        C++), where the layers and the head take the packed CPU path and the block fits the cache's
+        scratch slots; None elsewhere (``draft``'s logits then). Fresh tensors: values [B, depth, k]
+        float32 (log-probabilities with ``log_probs``, else logits) and token ids [B, depth, k] int64.
+        The ~15 torch calls it replaces were ~130 us of a ~400 us zoo DDTree block in a decoding run
+        on a Zen 4 EPYC (each found the dispatcher cold after the target's forward)."""
         run = self.inference() if inference is None else inference
-        x = self._block_states(cache, last_tokens, block_size, depth, run)
+        blk = block_size or self.config.block_size
+        depth = blk - 1 if depth is None else int(depth)
         head, ids = self._run_head(run, vocab)
-        if head is None:
-            return None, x, ids
-        M, H = x.shape[0] * x.shape[1], x.shape[2]
-        found = run.buffers.get(("topk", M, k, lse))
-        if found is None:
-            found = run.buffers[("topk", M, k, lse)] = (
-                HeadTopK(torch.empty(M, k), torch.empty(M, k, dtype=torch.int64), None, torch.empty(M) if lse else None),
-                torch.empty(M, dtype=torch.int32))
-        ranked, status = found
-        # The op itself, as ``ops.mtp.mtp_head_topk_packed`` calls it, on the run's buffers (whose
-        # shapes the op checks): that wrapper's checks and allocations were ~20 us of a ~1 ms zoo block.
-        torch.ops.specdec.mtp_head_topk_packed(x.reshape(M, H).contiguous(), self.norm, head.panels, head.out_features,
-                                               self.config.rms_norm_eps, ranked.values, ranked.indices, None,
-                                               status, ranked.lse)
+        if run.native is None or head is None or not 1 <= depth <= blk - 1:
+            return None
+        span = _length_range(cache.lengths)[1]
+        if span + blk > cache.max_length:
+            return None
+        fused = run.buffers.get("fused")
+        if fused is None:  # the layers' weights as the op lists them (the decoder_layer op's less its eps)
+            embed = self._embed if self._embed.dtype == torch.float32 and self._embed.is_contiguous() else None
+            fused = run.buffers["fused"] = (embed, [w for args in run.native for w in args[:2] + args[3:]])
+        embed, layers = fused
+        if embed is None:
+            return None
+        cos, sin = self._run_rope_table(span + blk, run)  # [P, D] each
+        c = self.config
+        values, tokens, status = torch.ops.specdec.dflash_block_topk(
+            last_tokens, embed, self._block_buffer(run, last_tokens, blk)[0], cos, sin, layers, c.rms_norm_eps,
+            cache.keys, cache.values, cache.lengths, c.num_heads, c.head_dim ** -0.5, depth, self.norm, head.panels,
+            head.out_features, ids, k, log_probs)
         raise_for(status.tolist(), "the drafter's head", exc=RuntimeError)
-        return ranked, x, ids
+        return values, tokens
 
     def _run_head(self, run: DFlashInference, vocab: VocabSubset | None) -> tuple:
-        """For ``draft_tokens`` over ``vocab``, decided once per run: the packed LM head (a
-        ``PackedWeight``) the head op ranks, or None (``head_logits`` then ``argmax``), and the
-        vocabulary's ids on the drafter's device (None: the whole vocabulary)."""
+        """For ``_fused_topk`` over ``vocab``, decided once per run: the packed LM head (a
+        ``PackedWeight``) the op ranks, or None (``draft``'s logits then), and the vocabulary's ids
+        on the drafter's device (None: the whole vocabulary)."""
         cached = run.buffers.get("head")
         if cached is None or cached[0] is not vocab:
             head = self.__dict__.get("_head_op") if vocab is None else vocab.packed
@@ -660,18 +690,23 @@ class DFlashDrafter(nn.Module):
         the MASK rows stay written, each draft writes the anchors' embeddings (at batch 1 straight
         into the buffer's row, a view kept with it: ~7 us where an indexed assignment took ~18).
         [B, blk, H]."""
-        B = last_tokens.shape[0]
-        found = run.buffers.get((B, blk))
-        if found is None:
-            buffer = self.block_input(last_tokens, blk).to(self.dtype).contiguous()
-            run.buffers[(B, blk)] = (buffer, buffer.select(1, 0))
-            return buffer
-        buffer, anchors = found  # [B, blk, H], its row 0 [B, H]
-        if B == 1 and self._embed.dtype == buffer.dtype:
+        buffer, anchors = self._block_buffer(run, last_tokens, blk)  # [B, blk, H], its row 0 [B, H]
+        if last_tokens.shape[0] == 1 and self._embed.dtype == buffer.dtype:
             torch.index_select(self._embed, 0, last_tokens, out=anchors)
         else:
             anchors.copy_(F.embedding(last_tokens, self._embed))
         return buffer
+
+    def _block_buffer(self, run: DFlashInference, last_tokens: torch.Tensor,
+                      blk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The run's block buffer for this (batch, block), its MASK rows written (made on first use,
+        with ``last_tokens``' embeddings in row 0), and a view of its row 0: [B, blk, H], [B, H]."""
+        B = last_tokens.shape[0]
+        found = run.buffers.get((B, blk))
+        if found is None:
+            buffer = self.block_input(last_tokens, blk).to(self.dtype).contiguous()
+            found = run.buffers[(B, blk)] = (buffer, buffer.select(1, 0))
+        return found
 
     def _native_layers(self) -> list[tuple] | None:
         """Per drafter layer, the ``decoder_layer`` op's arguments from ``norm1`` to ``k_norm``

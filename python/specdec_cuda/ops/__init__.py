@@ -15,6 +15,7 @@ from .quant_attention import quant_kv_attention  # noqa: E402,F401  (attention o
 from . import mtp  # noqa: E402,F401  (fused MTP-head ops: mtp_head_topk, mtp_input)
 from .skinny_linear import pack_weight, skinny_linear, skinny_linear_packed  # noqa: E402,F401  (few-row linears, CPU)
 from .decoder_layer import context_kv, decoder_layer  # noqa: E402,F401  (one decoder layer as one op, CPU)
+from .dflash import dflash_block_topk, dflash_extend  # noqa: E402,F401  (the DFlash drafter's steps, CPU)
 from . import gguf  # noqa: E402,F401  (GGUF k-quant / legacy blocks read as stored in the file)
 from .gguf import GgufLinear, GgufWeight, gguf_dequantize, gguf_linear, gguf_matmul, gguf_rows, gguf_weight  # noqa: E402,F401,E501
 
@@ -29,5 +30,6 @@ __all__ = [
     "mtp",
     "skinny_linear", "pack_weight", "skinny_linear_packed",
     "decoder_layer", "context_kv",
+    "dflash_block_topk", "dflash_extend",
     "gguf", "GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_rows", "gguf_dequantize",
 ]

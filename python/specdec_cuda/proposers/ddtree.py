@@ -48,6 +48,9 @@ class DDTreeProposer(DFlashBase):
         K = min(self.budget, self.vocab_size)
         if self.all_greedy:  # q itself (T = 1): ranked in the drafter's head op where it can
             values, ids = self.block_topk(state, depth, K)  # [B, D, K]
+            # finite (draft_topk raises on non-finite logits): ddtree_build's own scan for them (a
+            # read of its status, ~5 us in a decoding run) is skipped
+            check = False
         else:  # each row's q at its temperature (greedy rows: T = 1)
             # [B, D, V], or [B, D, N] over a draft vocabulary: q renormalised over it (0 elsewhere)
             logits = self.block_logits(state, depth).float()
@@ -55,7 +58,9 @@ class DDTreeProposer(DFlashBase):
             logits = logits / torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None, None]
             values, index = torch.log_softmax(logits, dim=-1).topk(K, dim=-1)
             ids = self.draft_ids(index)
-        tree = ops.ddtree_build(values, ids, limit, self.budget, out=self._tree_outputs(values.shape[0], values.device))
+            check = True
+        tree = ops.ddtree_build(values, ids, limit, self.budget, check=check,
+                                out=self._tree_outputs(values.shape[0], values.device))
         return Draft(tree.tokens, tree.num_nodes, DraftKind.GUESS, parents=tree.parents, one_time_seconds=one_time)
 
     def _tree_outputs(self, batch: int, device: torch.device) -> ops.ddtree.DDTree:
