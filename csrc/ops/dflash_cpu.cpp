@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "ops/decoder_layer_cpu.h"
 #include "ops/mtp_cpu.h"
@@ -32,6 +33,26 @@ constexpr int64_t kRequired[] = {0, 1, 2, 4, 6, 8};
 void check_f32_2d(const at::Tensor& t, const char* name, const char* op = kOp) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 2 && t.is_contiguous(), op, ": ", name,
               " must be a contiguous float32 2-d tensor; got ", t.scalar_type(), " ", t.sizes());
+}
+
+// The RoPE of each row's n positions lengths[b] + i, gathered from the (P, D) tables of cos and
+// signed sin: two contiguous (B, n, D) float32 tensors. Checks the tables and that every position
+// lies in them.
+std::pair<at::Tensor, at::Tensor> rope_rows(const char* op, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+                                            const int64_t* len, int64_t B, int64_t n, int64_t D) {
+  check_f32_2d(rope_cos, "rope_cos", op);
+  check_f32_2d(rope_sin, "rope_sin", op);
+  TORCH_CHECK(rope_cos.size(1) == D && rope_sin.sizes() == rope_cos.sizes(), op, ": rope tables ", rope_cos.sizes(),
+              " / ", rope_sin.sizes(), " must be [positions, ", D, "]");
+  const int64_t P = rope_cos.size(0);
+  at::Tensor cos = at::empty({B, n, D}, rope_cos.options()), sin = at::empty({B, n, D}, rope_cos.options());
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(len[b] >= 0 && len[b] + n <= P, op, ": row ", b, "'s positions ", len[b], " .. ", len[b] + n - 1,
+                " are past the rope tables' ", P);
+    std::memcpy(cos.data_ptr<float>() + b * n * D, rope_cos.data_ptr<float>() + len[b] * D, sizeof(float) * n * D);
+    std::memcpy(sin.data_ptr<float>() + b * n * D, rope_sin.data_ptr<float>() + len[b] * D, sizeof(float) * n * D);
+  }
+  return {cos, sin};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dflash_block_topk_cpu(
@@ -65,10 +86,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dflash_block_topk_cpu(
       TORCH_CHECK(layers.get(l * kLayerArgs + j).has_value(), kOp, ": layer ", l, "'s weight ", j, " is None");
   TORCH_CHECK(k_caches[0].dim() == 4, kOp, ": k_caches must be [B, Hkv, T, D]; got ", k_caches[0].sizes());
   const int64_t D = k_caches[0].size(3);
-  check_f32_2d(rope_cos, "rope_cos");
-  check_f32_2d(rope_sin, "rope_sin");
-  TORCH_CHECK(rope_cos.size(1) == D && rope_sin.sizes() == rope_cos.sizes(), kOp, ": rope tables ", rope_cos.sizes(),
-              " / ", rope_sin.sizes(), " must be [positions, ", D, "]");
   TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.is_contiguous() && lengths.sizes() == at::IntArrayRef{B},
               kOp, ": lengths must be a contiguous int64 [", B, "] tensor; got ", lengths.scalar_type(), " ",
               lengths.sizes());
@@ -82,17 +99,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dflash_block_topk_cpu(
   const int64_t* ids = anchors.data_ptr<int64_t>();
   const int64_t* len = lengths.data_ptr<int64_t>();
   float* x = block.data_ptr<float>();
-  const int64_t V = embed.size(0), P = rope_cos.size(0);
-  at::Tensor cos = at::empty({B, n, D}, block.options()), sin = at::empty({B, n, D}, block.options());
+  const int64_t V = embed.size(0);
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(ids[b] >= 0 && ids[b] < V, kOp, ": anchors[", b, "] = ", ids[b], " is outside the vocabulary [0, ",
                 V, ")");
-    TORCH_CHECK(len[b] >= 0 && len[b] + n <= P, kOp, ": row ", b, "'s positions ", len[b], " .. ", len[b] + n - 1,
-                " are past the rope tables' ", P);
     std::memcpy(x + b * n * H, embed.data_ptr<float>() + ids[b] * H, sizeof(float) * H);
-    std::memcpy(cos.data_ptr<float>() + b * n * D, rope_cos.data_ptr<float>() + len[b] * D, sizeof(float) * n * D);
-    std::memcpy(sin.data_ptr<float>() + b * n * D, rope_sin.data_ptr<float>() + len[b] * D, sizeof(float) * n * D);
   }
+  const auto [cos, sin] = rope_rows(kOp, rope_cos, rope_sin, len, B, n, D);
   // The block sees itself whole (bidirectional within the block; every context slot before it).
   at::Tensor sees = at::empty({B, n, n}, block.options().dtype(at::kBool));
   std::fill_n(sees.data_ptr<bool>(), B * n * n, true);
@@ -158,23 +171,16 @@ void dflash_extend_cpu(at::TensorList hidden, const at::Tensor& fc_w, const at::
   }
   TORCH_CHECK(k_cache.dim() == 5, op, ": k_cache must be [layers, B, Hkv, T, D]; got ", k_cache.sizes());
   const int64_t D = k_cache.size(4);
-  check_f32_2d(rope_cos, "rope_cos", op);
-  check_f32_2d(rope_sin, "rope_sin", op);
-  TORCH_CHECK(rope_cos.size(1) == D && rope_sin.sizes() == rope_cos.sizes(), op, ": rope tables ", rope_cos.sizes(),
-              " / ", rope_sin.sizes(), " must be [positions, ", D, "]");
   for (const at::Tensor* t : {static_cast<const at::Tensor*>(&lengths), &num_new})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->sizes() == at::IntArrayRef{B}, op,
                 ": lengths and num_new must be contiguous int64 [", B, "] tensors; got ", t->scalar_type(), " ",
                 t->sizes());
   int64_t* len = lengths.data_ptr<int64_t>();
   const int64_t* add = num_new.data_ptr<int64_t>();
-  const int64_t P = rope_cos.size(0);
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(add[b] >= 0 && add[b] <= n, op, ": num_new[", b, "] = ", add[b], " is outside [0, ", n, "]");
-    TORCH_CHECK(len[b] >= 0 && len[b] + n <= P, op, ": row ", b, "'s positions ", len[b], " .. ", len[b] + n - 1,
-                " are past the rope tables' ", P);
-  }
-  // The features concatenated per token, (B, n, F); the rows' RoPE at positions lengths[b] + i.
+  const auto [cos, sin] = rope_rows(op, rope_cos, rope_sin, len, B, n, D);
+  // The features concatenated per token, (B, n, F).
   at::Tensor feats = at::empty({B, n, F}, hidden[0].options());
   float* dst = feats.data_ptr<float>();
   for (int64_t m = 0, offset = 0; m < B * n; ++m, offset = 0)
@@ -183,11 +189,6 @@ void dflash_extend_cpu(at::TensorList hidden, const at::Tensor& fc_w, const at::
       std::memcpy(dst + m * F + offset, h.data_ptr<float>() + m * width, sizeof(float) * width);
       offset += width;
     }
-  at::Tensor cos = at::empty({B, n, D}, feats.options()), sin = at::empty({B, n, D}, feats.options());
-  for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(cos.data_ptr<float>() + b * n * D, rope_cos.data_ptr<float>() + len[b] * D, sizeof(float) * n * D);
-    std::memcpy(sin.data_ptr<float>() + b * n * D, rope_sin.data_ptr<float>() + len[b] * D, sizeof(float) * n * D);
-  }
   context_kv_cpu(feats, fc_w, context_norm, kv_w, kv_b, k_norm, norm_eps, cos, sin, k_cache, v_cache, lengths);
   for (int64_t b = 0; b < B; ++b) len[b] += add[b];
 }

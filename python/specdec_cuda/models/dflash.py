@@ -381,21 +381,16 @@ class DFlashDrafter(nn.Module):
                           self.config.rms_norm_eps)
 
     def _target_hidden_list(self, hidden_states: dict[int, torch.Tensor]) -> list[torch.Tensor]:
-        """The target's hidden states at ``target_layers`` as contiguous float32 tensors, in that
-        order (``dflash_extend`` concatenates them): [B, n, H] each; ValueError naming the layers missing."""
+        """The target's hidden states at ``target_layers``, in that order: [B, n, H] each;
+        ValueError naming the layers missing."""
         missing = [i for i in self.config.target_layers if i not in hidden_states]
         if missing:
             raise ValueError(f"the target's hidden states of layers {missing} are missing")
-        hidden = [hidden_states[i] for i in self.config.target_layers]
-        return [h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous() for h in hidden]
+        return [hidden_states[i] for i in self.config.target_layers]
 
     def _target_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
-        """The target's hidden states at ``target_layers`` concatenated, in the drafter's dtype:
-        [B, n, layers_read * H]; ValueError naming the layers missing."""
-        missing = [i for i in self.config.target_layers if i not in hidden_states]
-        if missing:
-            raise ValueError(f"the target's hidden states of layers {missing} are missing")
-        return torch.cat([hidden_states[i].to(self.dtype) for i in self.config.target_layers], dim=-1)
+        """``_target_hidden_list`` concatenated, in the drafter's dtype: [B, n, layers_read * H]."""
+        return torch.cat([h.to(self.dtype) for h in self._target_hidden_list(hidden_states)], dim=-1)
 
     def block_input(self, anchor_tokens: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
         """Embeddings of ``[anchor, MASK x (blk - 1)]`` per anchor. Shape: anchor_tokens [...];
@@ -437,7 +432,9 @@ class DFlashDrafter(nn.Module):
         run = self.inference() if inference is None else inference
         c = self.config
         if run.io is not None:  # the packed CPU path: the whole extend as one op
-            hidden = self._target_hidden_list(hidden_states)  # per layer read [B, n, H] float32
+            # per layer read [B, n, H] contiguous float32 (the op concatenates them)
+            hidden = [h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous()
+                      for h in self._target_hidden_list(hidden_states)]
             B, n = hidden[0].shape[:2]
         else:
             feats = self.context_features(hidden_states)  # [B, n, H]
