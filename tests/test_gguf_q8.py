@@ -16,8 +16,9 @@ pytestmark = pytest.mark.kernels  # the compiled ops against their references (m
 Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
 FORMATS = [Q4_1, Q5_0, Q8_0, Q4_K, Q6_K]
 NAMES = {q: g.FORMATS[q][0] for q in FORMATS}
-# K per format: legacy 224 = 7 blocks (a partial octet), 1536 = 6 octets; k-quants 256 .. 1536
-SHAPES = {Q4_1: [224, 512, 1536], Q5_0: [224, 512, 1536], Q8_0: [224, 512, 1536],
+# K per format: legacy 224 = 7 blocks (a partial octet), 288 = 9 (a whole octet and a partial one),
+# 1536 = 6 octets; k-quants 256 .. 1536
+SHAPES = {Q4_1: [224, 288, 512, 1536], Q5_0: [224, 288, 512, 1536], Q8_0: [224, 288, 512, 1536],
           Q4_K: [256, 512, 1536], Q6_K: [256, 512, 1536]}
 # |q8 - float32 gguf_matmul| <= Q8_RTOL * max(|x|·|W|ᵀ): x rounded to 8 bits per block of 32
 Q8_RTOL = 1e-2

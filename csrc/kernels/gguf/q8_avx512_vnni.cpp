@@ -1,6 +1,6 @@
 // The AVX-512 + VNNI tier of the Q8-activation GGUF matmul: q8_avx512.cpp's kernel with the sums of
 // 4 adjacent u8 x s8 products (Q6_K, Q5_0) in one vpdpbusd instead of vpmaddubsw + vpmaddwd, and,
-// for Q4_K and Q6_K against 2 or more rows of x, the lane dots (q8_body.h) over x's codes
+// for every format against 2 or more rows of x, the lane dots (q8_body.h) over x's codes
 // transposed per call; for Q4_K_LANES and Q6_K_LANES (repacked at load, blocks.h) the lane dots at
 // every row count, with no transpose of W. Elsewhere x's codes are stored twice over per call
 // (Q8Args::xd): a 64-byte operand where a broadcast cost Zen 4 a shuffle (one row of x: Q5_0 9.75 ->
@@ -36,27 +36,36 @@ namespace {
 // one row the transpose of the weights' registers costs what the reduce it replaces does (Q4_K
 // 7.6 -> 7.9 ns per super-block); at 5 rows 20.1 -> 16.0 (Q4_K) and 23.4 -> 19.6 (Q6_K), and a
 // 5-row verification of the real 1.5B 89 -> 79 ms (bench/bench_gguf_compute.py,
-// bench/bench_real_step.py).
+// bench/bench_real_step.py). The legacy formats' (q8_body.h, octet) from the same count.
 constexpr int64_t kLaneDotMinRows = 2;
 
-// xt [M, K] = x's codes with each super-block's 8 x 8 dwords transposed (Q8Args::xt), K a multiple
-// of 256: the weights' transpose8 on two super-blocks at a time, then one on its own.
+// Whether this call runs the lane dots over x's transposed codes: lane-order weights always, every
+// file format from kLaneDotMinRows rows of x (one row: the plain bodies over x's doubled codes).
+bool lane_dots(int32_t type, int64_t M) {
+  return is_lanes(type) || M >= kLaneDotMinRows;
+}
+
+// xt = x's codes with each octet's 8 x 8 dwords transposed (Q8Args::xt: row m at codes_t(m)), two
+// octets at a time, then one on its own; groups past K (a legacy row whose K is not a multiple of
+// 256: the 0.5B's 896) are zeros, so they add nothing whatever W's lanes hold.
 void transpose_codes(const Q8Args& a, int64_t M, int8_t* xt) {
-  const int64_t T = a.K / kQK_K;
+  const int64_t T = a.octets(), G = a.K / 32;
+  const auto group = [&](const int8_t* q, int64_t t, int j) {
+    return 8 * t + j < G ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 * t + 32 * j))
+                         : _mm256_setzero_si256();
+  };
   for (int64_t m = 0; m < M; ++m) {
     const int8_t* q = a.codes(m);
-    int8_t* out = xt + m * 2 * a.K;
+    int8_t* out = xt + m * 512 * T;
     for (int64_t t = 0; t < T; t += 2) {
       const bool pair = t + 1 < T;
       __m512i v[8];
       for (int j = 0; j < 8; ++j) {
-        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 * t + 32 * j));
-        const __m256i hi = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 * (t + 1) + 32 * j))
-                                : _mm256_setzero_si256();
-        v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        const __m256i hi = pair ? group(q, t + 1, j) : _mm256_setzero_si256();
+        v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(group(q, t, j)), hi, 1);
       }
       V512Q8<true>::transpose8(v);
-      for (int i = 0; i < 8; ++i) {  // each super-block's 32-byte chunk i, twice over
+      for (int i = 0; i < 8; ++i) {  // each octet's 32-byte chunk i, twice over
         _mm512_storeu_si512(out + 512 * t + 64 * i, _mm512_shuffle_i64x2(v[i], v[i], 0x44));
         if (pair) _mm512_storeu_si512(out + 512 * (t + 1) + 64 * i, _mm512_shuffle_i64x2(v[i], v[i], 0xee));
       }
@@ -99,11 +108,11 @@ void lanes_rows(int32_t type, const Q8Args& lanes, int64_t M, int64_t n_begin, i
 
 void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
   const bool repacked = is_lanes(type);
-  if (repacked || ((type == 12 || type == 14) && M >= kLaneDotMinRows)) {
+  if (lane_dots(type, M)) {
     // Per call (a thread's chunk of rows of W): x's few rows are transposed again, a few
     // microseconds against the chunk's ~100 KiB and more of blocks.
     static thread_local std::vector<int8_t> xt;
-    xt.resize(static_cast<size_t>(M * 2 * a.K));
+    xt.resize(static_cast<size_t>(M * 512 * a.octets()));
     transpose_codes(a, M, xt.data());
     Q8Args lanes = a;
     lanes.xt = xt.data();

@@ -31,6 +31,9 @@
 //                   q4_lane_scales makes them from the 8 bytes b[r]
 //   q6_lane_scales(p, st, lo, hi), q6_lane_sums(w, q, lo, hi)  lane j = sc_2j Σ over sub-block j's
 //                   first 16 codes (w[0..3]) + sc_2j+1 Σ over its last 16 (w[4..7]) of (w + 32) q
+// and, in two-row tiles (the legacy formats' lane dots, octet_body<kType, true>):
+//   legacy_lane_dot(w, q)  lane j = Σ w q over block j of the octet, w transposed (unsigned codes)
+//   flip8(w)        Q8_0's signed codes + 128 (an xor of the sign bit), for vpdpbusd's u8 operand
 //
 // A tile is rows n .. n + kRows - 1 of W against MB consecutive rows of x: each octet of W (a
 // k-quant super-block, 8 legacy blocks) is decoded once into registers (spilled to L1 where they
@@ -233,8 +236,26 @@ struct Q8Tile {
 
   // ---- Q8_0 / Q5_0 / Q4_1: one octet = blocks 8t .. 8t + cnt - 1 -----------------------------
   // Q8_0: |w| x ±q, pairs <= 2 * 128 * 127; Q5_0: w in 0..31 (16 off through the sums); Q4_1: 0..15.
+  //
+  // Lane dots (kLanes: Q5_0 and Q4_1 in the VNNI tier's two-row tiles, x's codes transposed per
+  // call, Q8Args::xt): the 8 blocks' registers are transposed once per tile, so w[i] lane (r, j)
+  // holds codes 4i .. 4i + 3 of block j of row r, and 8 vpdpbusd per row of x leave lane (r, j) =
+  // Σ w q over block j: the integer the reduce forms, so the bits are the same. Per row of x this
+  // replaces the ~20-step reduce (Q4_1: the int16 one and its vpmaddwd); the transpose (24 steps)
+  // is paid once per tile, so it pays from two rows of x on (a verification, a prompt). Q8_0's
+  // signed codes go in as w + 128 (flip8) and 128 Σ q comes off: Σ w q again, with no sign step.
+  static constexpr bool kLegacyLanes = V::kLaneDots && R == 2;
+
   template <int kType>
   SPECDEC_Q8_INLINE void octet(int64_t t, int cnt, bool in_loop, F* A) const {
+    if constexpr (kLegacyLanes) {
+      if (a.xt != nullptr) return octet_body<kType, true>(t, cnt, in_loop, A);
+    }
+    octet_body<kType, false>(t, cnt, in_loop, A);
+  }
+
+  template <int kType, bool kLanes>
+  SPECDEC_Q8_INLINE void octet_body(int64_t t, int cnt, bool in_loop, F* A) const {
     constexpr int64_t kBytes = kType == 8 ? sizeof(BlockQ8_0) : kType == 6 ? sizeof(BlockQ5_0) : sizeof(BlockQ4_1);
     const uint8_t* blk = wrow() + 8 * t * kBytes;
     prefetch(in_loop, 8 * t * kBytes, 8 * kBytes);
@@ -249,7 +270,10 @@ struct Q8Tile {
       if constexpr (kType == 3) w[j] = V::wnib16(b + 4, a.row_bytes);
     }
     I wabs[8];
-    if constexpr (kType == 8) {
+    if constexpr (kType == 8 && kLanes) {
+      SPECDEC_Q8_UNROLL
+      for (int j = 0; j < cnt; ++j) w[j] = V::flip8(w[j]);  // blocks past cnt stay zero
+    } else if constexpr (kType == 8) {
       SPECDEC_Q8_UNROLL
       for (int j = 0; j < 8; ++j) wabs[j] = V::abs8(w[j]);
     }
@@ -257,27 +281,34 @@ struct Q8Tile {
     F mw = V::zero();
     if constexpr (kType == 3) mw = V::halves8(blk + 2, kBytes, a.row_bytes, cnt);
     const I ones = V::ones16();
+    if constexpr (kLanes) V::transpose8(w);  // blocks past cnt are zero registers: zero lanes
     SPECDEC_Q8_UNROLL
     for (int m = 0; m < MB; ++m) {
-      I p[8];
-      SPECDEC_Q8_UNROLL
-      for (int j = 0; j < 8; ++j) {
-        if (j >= cnt) {
-          p[j] = V::izero();
-          continue;
+      I dot;
+      if constexpr (kLanes) {
+        dot = V::legacy_lane_dot(w, a.codes_t(m0 + m) + 2 * kQK_K * t);
+      } else {
+        I p[8];
+        SPECDEC_Q8_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          if (j >= cnt) {
+            p[j] = V::izero();
+            continue;
+          }
+          const I x = xcodes(m0 + m, 256 * t + 32 * j);
+          if constexpr (kType == 8) {
+            p[j] = V::dot4(wabs[j], V::sign8(x, w[j]));
+          } else if constexpr (kType == 6) {
+            p[j] = V::dot4(w[j], x);
+          } else {
+            p[j] = V::maddubs(w[j], x);  // 4-bit codes: reduced in int16
+          }
         }
-        const I x = xcodes(m0 + m, 256 * t + 32 * j);
-        if constexpr (kType == 8) {
-          p[j] = V::dot4(wabs[j], V::sign8(x, w[j]));
-        } else if constexpr (kType == 6) {
-          p[j] = V::dot4(w[j], x);
-        } else {
-          p[j] = V::maddubs(w[j], x);  // 4-bit codes: reduced in int16
-        }
+        dot = kType == 3 ? V::reduce8_i16(p, ones) : V::reduce8(p);
       }
-      I dot = kType == 3 ? V::reduce8_i16(p, ones) : V::reduce8(p);
       const F dx = V::xf(a.scales(m0 + m) + 8 * t);
       if constexpr (kType == 8) {
+        if constexpr (kLanes) dot = V::sub32(dot, V::slli32(V::madd(V::xs16(a.sums(m0 + m) + 16 * t), ones), 7));
         A[m] = V::fma(V::cvt(dot), V::mul(dw, dx), A[m]);
       } else {
         const I qsum = V::madd(V::xs16(a.sums(m0 + m) + 16 * t), ones);  // lane j: Σ q of block 8t + j

@@ -17,9 +17,10 @@ struct Q8Args {
   // Optional (nullptr: absent), for the Q4_K / Q6_K lane dots (q8_body.h): row m's codes with each
   // super-block's 8 x 8 dwords transposed and each 32-byte chunk stored twice (a zmm's two row
   // halves take the same x, and a full 64-byte load is vpdpbusd's memory operand, where a broadcast
-  // cost a shuffle: 8-row tiles 17% faster), xt[2 m K + 512 t + 64 i + 32 h + 4 j + b] = code
-  // 32 j + 4 i + b of super-block t, h = 0, 1 (transpose_codes, q8_avx512_vnni.cpp; the AVX2 tier
-  // writes and reads h = 0 only, q8_avx2.cpp).
+  // cost a shuffle: 8-row tiles 17% faster), xt[512 T m + 512 t + 64 i + 32 h + 4 j + b] = code
+  // 32 j + 4 i + b of octet t (a super-block; T = octets(), so 512 T = 2K where K is a multiple of
+  // 256), h = 0, 1, and 0 past K (transpose_codes, q8_avx512_vnni.cpp, which also serves the legacy
+  // formats' lane dots there; the AVX2 tier writes and reads h = 0 only, q8_avx2.cpp).
   const int8_t* xt = nullptr;
   // With xt: W's codes are already in lane order (Q4_K_LANES, Q6_K_LANES, blocks.h), so the lane
   // dots skip the per-block transpose. Only the VNNI tier's two-row tiles read it.
@@ -33,7 +34,7 @@ struct Q8Args {
   int64_t octets() const { return (K / 32 + 7) / 8; }
   const int8_t* codes(int64_t m) const { return reinterpret_cast<const int8_t*>(xq + m * xq_row_bytes); }
   const float* scales(int64_t m) const { return reinterpret_cast<const float*>(xq + m * xq_row_bytes + K); }
-  const int8_t* codes_t(int64_t m) const { return xt + m * 2 * K; }
+  const int8_t* codes_t(int64_t m) const { return xt + m * 512 * octets(); }
   const int16_t* sums(int64_t m) const {
     return reinterpret_cast<const int16_t*>(xq + m * xq_row_bytes + K + 32 * octets());
   }

@@ -114,6 +114,16 @@ struct V512Q8 {
     }
     return add32(mullo32(lo, s_first), mullo32(hi, s_last));
   }
+  // The legacy formats' lane dots (q8_body.h, octet_lanes): lane (r, j) = Σ w q over block j of the
+  // octet, from the transposed weights w[8] (unsigned codes) and x's transposed codes at q.
+  // Q8_0's codes made unsigned for vpdpbusd: w + 128 (the 128 comes off through x's sums).
+  SPECDEC_Q8_INLINE static I flip8(I w) { return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  SPECDEC_Q8_INLINE static I legacy_lane_dot(const I* w, const int8_t* q) {
+    I acc = izero();
+    SPECDEC_Q8_UNROLL
+    for (int i = 0; i < 8; ++i) acc = dpbusd(acc, w[i], xtload(q + 64 * i));
+    return acc;
+  }
   // Per 256-bit half (one row of W), the 8 x 8 dword transpose: on return w[i] lane j = dword i of
   // the w[j] given (8 unpacks of dwords, 8 of qwords, 8 two-source permutes of 128-bit pairs).
   SPECDEC_Q8_INLINE static void transpose8(I* w) {
@@ -225,11 +235,12 @@ struct V512Q8 {
 
 // Rows [n_begin, n_end) of y: pairs of rows of W over V512Q8, an odd last row over V256; Q8_0 all
 // over V256 (512-bit vpsignb does not exist, and its three-op stand-in made Q8_0 slower than the
-// AVX2 tier: 12.1-12.7 against 11.1 ns per 256 weights at one row, bench/bench_gguf_compute.py).
+// AVX2 tier: 12.1-12.7 against 11.1 ns per 256 weights at one row, bench/bench_gguf_compute.py),
+// but where the VNNI tier's lane dots run (x's codes transposed: q8_body.h), which need no sign step.
 // Up to 8 rows of x per tile, as the AVX2 tier.
 template <bool kVnni>
 void q8_rows_avx512(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end) {
-  if (type == 8) {
+  if (type == 8 && !(kVnni && a.xt != nullptr)) {  // with x transposed: the lane dots, no vpsignb
     q8_rows<V256, 8>(type, a, M, n_begin, n_end);
     return;
   }
