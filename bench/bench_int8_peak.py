@@ -16,8 +16,10 @@ adds to read the clock; it reports cycles per instruction and G MAC/s per core f
 - ``vdpbf16ps`` zmm (AVX-512 BF16: 32 bfloat16 products), for comparison with a bf16 kernel;
 - ``vfmadd231ps`` zmm / ymm (16 / 8 float32 products).
 
-Then, where bench/results/gguf_compute.json exists, each format's share of that peak: 256 products
-per (super-block, row) over its ns per super-block and row, at its fastest row count.
+With VNNI it also times SKETCH below: the inner loop of the prefill GEMM the benchmarks doc proposes
+(not a kernel of the library), to size that route. Then, where bench/results/gguf_compute.json
+exists, each format's share of the peak: 256 products per (super-block, row) over its ns per
+super-block and row, at its fastest row count.
 JSON to bench/results/int8_peak.json. Needs a C compiler; x86-64 only.
 """
 
@@ -95,6 +97,91 @@ OPERANDS = """__m512i u512 = _mm512_set1_epi8(3), s512 = _mm512_set1_epi8(-2);
     __asm__ volatile("" : "+v"(u512), "+v"(s512), "+v"(u256), "+v"(s256), "+v"(f512), "+v"(g512), "+v"(f256), "+v"(g256));"""
 
 
+# The inner loop of the prefill GEMM the benchmarks doc proposes for CPUs without AMX, sketched to
+# size it (not a kernel of the library): Q4_K-like super-blocks with 16 rows of W in the lanes,
+# their codes decoded beforehand into [t][sub-block j][step s][16 rows][4 codes] (done once per
+# prompt chunk in such a kernel, not timed), x as int8 with one scale per 256 values and per-sub-
+# block sums (Q8_K-like), MB rows of x per register tile. Per row of x and super-block of 16 rows:
+# 64 vpdpbusd, the sub-block scales and mins applied in integers (16 vpmulld), then two converts and
+# two fused multiply-adds.
+SKETCH = r"""
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+#define K 1536
+#define T (K / 256)
+#define NR 256
+#define MB 4
+#define M 96
+int main(void) {
+  uint8_t* W = aligned_alloc(64, (size_t)NR / 16 * T * 64 * 64);
+  int32_t* SC = aligned_alloc(64, (size_t)NR / 16 * T * 8 * 16 * 4);
+  int32_t* MN = aligned_alloc(64, (size_t)NR / 16 * T * 8 * 16 * 4);
+  float* D = aligned_alloc(64, (size_t)NR / 16 * T * 16 * 4);
+  float* DM = aligned_alloc(64, (size_t)NR / 16 * T * 16 * 4);
+  int8_t* X = aligned_alloc(64, (size_t)M * K);
+  float* DX = aligned_alloc(64, (size_t)M * T * 4);
+  int32_t* BS = aligned_alloc(64, (size_t)M * T * 8 * 4);
+  float* Y = aligned_alloc(64, (size_t)M * NR * 4);
+  srand(1);
+  for (size_t i = 0; i < (size_t)NR / 16 * T * 64 * 64; ++i) W[i] = rand() & 15;
+  for (size_t i = 0; i < (size_t)NR / 16 * T * 8 * 16; ++i) { SC[i] = rand() & 63; MN[i] = rand() & 63; }
+  for (size_t i = 0; i < (size_t)NR / 16 * T * 16; ++i) { D[i] = 1e-3f; DM[i] = 2e-3f; }
+  for (size_t i = 0; i < (size_t)M * K; ++i) X[i] = (int8_t)(rand() % 255 - 127);
+  for (size_t i = 0; i < (size_t)M * T; ++i) DX[i] = 0.01f;
+  for (size_t i = 0; i < (size_t)M * T * 8; ++i) BS[i] = rand() % 1000;
+  double best = 1e9;
+  for (int r = 0; r < 200; ++r) {
+    double t0 = now();
+    for (int g = 0; g < NR / 16; ++g)
+      for (int m0 = 0; m0 < M; m0 += MB) {
+        __m512 A[MB];
+        for (int i = 0; i < MB; ++i) A[i] = _mm512_setzero_ps();
+        for (int t = 0; t < T; ++t) {
+          const uint8_t* w = W + ((size_t)g * T + t) * 64 * 64;
+          const int32_t* sc = SC + ((size_t)g * T + t) * 8 * 16;
+          const int32_t* mn = MN + ((size_t)g * T + t) * 8 * 16;
+          __m512i S[MB], Mi[MB];
+          for (int i = 0; i < MB; ++i) { S[i] = _mm512_setzero_si512(); Mi[i] = _mm512_setzero_si512(); }
+          for (int j = 0; j < 8; ++j) {
+            __m512i acc[MB];
+            for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_si512();
+            for (int s = 0; s < 8; ++s) {
+              const __m512i wv = _mm512_load_si512(w + (j * 8 + s) * 64);
+              for (int i = 0; i < MB; ++i) {
+                int32_t xv;
+                memcpy(&xv, X + (size_t)(m0 + i) * K + t * 256 + j * 32 + 4 * s, 4);
+                acc[i] = _mm512_dpbusd_epi32(acc[i], wv, _mm512_set1_epi32(xv));
+              }
+            }
+            const __m512i scv = _mm512_load_si512(sc + j * 16), mnv = _mm512_load_si512(mn + j * 16);
+            for (int i = 0; i < MB; ++i) {
+              S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(acc[i], scv));
+              Mi[i] = _mm512_add_epi32(Mi[i], _mm512_mullo_epi32(mnv, _mm512_set1_epi32(BS[((size_t)(m0 + i) * T + t) * 8 + j])));
+            }
+          }
+          const __m512 d = _mm512_load_ps(D + ((size_t)g * T + t) * 16), dm = _mm512_load_ps(DM + ((size_t)g * T + t) * 16);
+          for (int i = 0; i < MB; ++i) {
+            const __m512 dx = _mm512_set1_ps(DX[(size_t)(m0 + i) * T + t]);
+            A[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i]), _mm512_mul_ps(d, dx), A[i]);
+            A[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Mi[i]), _mm512_mul_ps(dm, dx), A[i]);
+          }
+        }
+        for (int i = 0; i < MB; ++i) _mm512_storeu_ps(Y + (size_t)(m0 + i) * NR + g * 16, A[i]);
+      }
+    double dt = now() - t0;
+    if (dt < best) best = dt;
+  }
+  printf("sketch|%.6f|%g\n", best / ((double)M * NR * T) * 1e9, Y[0]);
+  return 0;
+}
+"""
+
+
 def source() -> str:
     parts = [PRELUDE]
     for name, _, test, acc, stmt in KERNELS:
@@ -107,13 +194,28 @@ def source() -> str:
     return "".join(parts)
 
 
-def measure(cc: str) -> dict:
+def run_c(cc: str, text: str, opt: str = "-O2") -> list[str]:
+    """Compile ``text`` natively and return the lines it prints."""
     with tempfile.TemporaryDirectory() as tmp:
-        src, exe = os.path.join(tmp, "peak.c"), os.path.join(tmp, "peak")
+        src, exe = os.path.join(tmp, "prog.c"), os.path.join(tmp, "prog")
         with open(src, "w") as f:
-            f.write(source())
-        subprocess.run([cc, "-O2", "-march=native", "-Wno-psabi", src, "-o", exe], check=True)
-        lines = subprocess.run([exe], check=True, capture_output=True, text=True).stdout.splitlines()
+            f.write(text)
+        subprocess.run([cc, opt, "-march=native", "-Wno-psabi", src, "-o", exe], check=True)
+        return subprocess.run([exe], check=True, capture_output=True, text=True).stdout.splitlines()
+
+
+def sketch_ns(cc: str) -> float | None:
+    """ns per super-block and row of x of the prefill GEMM sketch (SKETCH), or None without VNNI."""
+    probe = run_c(cc, "#include <stdio.h>\nint main(void) {\n#if defined(__AVX512VNNI__)\n puts(\"1\");\n"
+                      "#else\n puts(\"0\");\n#endif\n return 0; }\n")
+    if probe != ["1"]:
+        return None
+    line = run_c(cc, SKETCH, "-O3")[0]
+    return float(line.split("|")[1])
+
+
+def measure(cc: str) -> dict:
+    lines = run_c(cc, source())
     ghz = float(lines[0].split()[1])
     macs = {name: n for name, n, *_ in KERNELS}
     rows = {}
@@ -156,6 +258,14 @@ def main(argv=None) -> int:
     print(f"{'instruction':<18}{'cycles':>8}{'G MAC/s':>10}")
     for name, r in peak["instructions"].items():
         print(f"{name:<18}{r['cycles_per_instruction']:>8.2f}{r['gmac_per_s']:>10.1f}")
+    sketch = sketch_ns(args.cc)
+    if sketch is not None:
+        best = max(r["gmac_per_s"] for n, r in peak["instructions"].items() if "vpdpbusd" in n)
+        peak["prefill_gemm_sketch"] = {"ns_per_superblock_row": sketch, "gmac_per_s": 256 / sketch,
+                                       "share_of_peak": 256 / sketch / best}
+        print(f"\nprefill GEMM sketch (16 outputs in the lanes, per-256 x scales, 96 rows of x): "
+              f"{sketch:.2f} ns per super-block and row, {256 / sketch:.1f} G MAC/s, "
+              f"{100 * 256 / sketch / best:.0f}% of the int8 peak")
     eff = kernel_efficiency(peak, args.compute)
     if eff:
         print("\nbench_gguf_compute.py's kernels at their fastest row count (256 products per super-block and row):")
