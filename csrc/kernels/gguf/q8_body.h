@@ -237,8 +237,8 @@ struct Q8Tile {
   // ---- Q8_0 / Q5_0 / Q4_1: one octet = blocks 8t .. 8t + cnt - 1 -----------------------------
   // Q8_0: |w| x ±q, pairs <= 2 * 128 * 127; Q5_0: w in 0..31 (16 off through the sums); Q4_1: 0..15.
   //
-  // Lane dots (kLanes: Q5_0 and Q4_1 in the VNNI tier's two-row tiles, x's codes transposed per
-  // call, Q8Args::xt): the 8 blocks' registers are transposed once per tile, so w[i] lane (r, j)
+  // Lane dots (kLanes: the VNNI tier's two-row tiles with x's codes transposed per call,
+  // Q8Args::xt): the 8 blocks' registers are transposed once per tile, so w[i] lane (r, j)
   // holds codes 4i .. 4i + 3 of block j of row r, and 8 vpdpbusd per row of x leave lane (r, j) =
   // Σ w q over block j: the integer the reduce forms, so the bits are the same. Per row of x this
   // replaces the ~20-step reduce (Q4_1: the int16 one and its vpmaddwd); the transpose (24 steps)

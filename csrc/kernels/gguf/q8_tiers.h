@@ -14,8 +14,8 @@ struct Q8Args {
   int64_t row_bytes;
   float* y;                // y[m * ldy + n]
   int64_t ldy;
-  // Optional (nullptr: absent), for the Q4_K / Q6_K lane dots (q8_body.h): row m's codes with each
-  // super-block's 8 x 8 dwords transposed and each 32-byte chunk stored twice (a zmm's two row
+  // Optional (nullptr: absent), for the lane dots (q8_body.h): row m's codes with each octet's (a
+  // k-quant super-block's, 8 legacy blocks') 8 x 8 dwords transposed and each 32-byte chunk stored twice (a zmm's two row
   // halves take the same x, and a full 64-byte load is vpdpbusd's memory operand, where a broadcast
   // cost a shuffle: 8-row tiles 17% faster), xt[512 T m + 512 t + 64 i + 32 h + 4 j + b] = code
   // 32 j + 4 i + b of octet t (a super-block; T = octets(), so 512 T = 2K where K is a multiple of

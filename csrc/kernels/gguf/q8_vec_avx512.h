@@ -114,10 +114,11 @@ struct V512Q8 {
     }
     return add32(mullo32(lo, s_first), mullo32(hi, s_last));
   }
-  // The legacy formats' lane dots (q8_body.h, octet_lanes): lane (r, j) = Σ w q over block j of the
-  // octet, from the transposed weights w[8] (unsigned codes) and x's transposed codes at q.
   // Q8_0's codes made unsigned for vpdpbusd: w + 128 (the 128 comes off through x's sums).
   SPECDEC_Q8_INLINE static I flip8(I w) { return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  // The legacy formats' lane dots (q8_body.h, octet_body<kType, true>): lane (r, j) = Σ w q over
+  // block j of the octet, from the transposed weights w[8] (unsigned codes) and x's transposed
+  // codes at q.
   SPECDEC_Q8_INLINE static I legacy_lane_dot(const I* w, const int8_t* q) {
     I acc = izero();
     SPECDEC_Q8_UNROLL
