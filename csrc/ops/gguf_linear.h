@@ -19,7 +19,9 @@
 // Either way a row's result is a function of that row alone. Or, on AMX CPUs, bfloat16 tiles
 // (kernels/gguf/bf16_amx.h: x and W rounded to bfloat16, tile products): a contract of its own,
 // also row-independent, for a prompt's prefill only (never mixed with the other two within one
-// sequence's verification rows).
+// sequence's verification rows). Or, on CPUs with AVX-512 VNNI and no AMX, Q8K (kernels/gguf/q8k.h:
+// x with one int8 scale per 256 values, the k-quants' sub-block scales in integers): likewise a
+// prefill-only contract; a part in another format (a legacy block) runs Q8 within the same call.
 #pragma once
 
 #include "ops/aten.h"
@@ -32,16 +34,17 @@
 #include "kernels/gguf/blocks.h"
 #include "kernels/gguf/gguf_cpu.h"
 #include "kernels/gguf/q8.h"
+#include "kernels/gguf/q8k.h"
 #include "ops/claim_parallel.h"
 #include "ops/gguf_common.h"
 
 namespace specdec::ops {
 
-enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1, kBf16Amx = 2 };
+enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1, kBf16Amx = 2, kQ8k = 3 };
 
 inline GgufActivations gguf_activations(const char* op, int64_t code) {
-  TORCH_CHECK(code >= 0 && code <= 2, op, ": activations must be 0 (float32), 1 (Q8) or 2 (bfloat16 AMX tiles); got ",
-              code);
+  TORCH_CHECK(code >= 0 && code <= 3, op,
+              ": activations must be 0 (float32), 1 (Q8), 2 (bfloat16 AMX tiles) or 3 (Q8K prefill); got ", code);
   TORCH_CHECK(code != 2 || gguf::bf16_amx_enabled(), op,
               ": activations 2 (bfloat16 AMX tiles) needs a CPU with AMX-BF16 that SPECDEC_CPU_ISA allows");
   return static_cast<GgufActivations>(code);
@@ -76,15 +79,18 @@ inline std::vector<GgufPart> check_gguf_parts(const char* op, const char* name, 
 }
 
 // Rows [begin, end) of the concatenated weight: y[m * N + n] for every m. x is the float32 rows,
-// or (xq != nullptr) their Q8 form, or (xv != nullptr) their bfloat16 tile form.
-inline void gguf_linear_rows(const float* x, const uint8_t* xq, const uint16_t* xv, int64_t M, int64_t K,
-                             const std::vector<GgufPart>& parts, const float* bias, float* y, int64_t N, int64_t begin,
-                             int64_t end) {
+// or (xq != nullptr) their Q8 form, or (xv != nullptr) their bfloat16 tile form; with xk (their
+// Q8K form) the parts Q8K multiplies run on it, the others on xq.
+inline void gguf_linear_rows(const float* x, const uint8_t* xq, const uint16_t* xv, const uint8_t* xk, int64_t M,
+                             int64_t K, const std::vector<GgufPart>& parts, const float* bias, float* y, int64_t N,
+                             int64_t begin, int64_t end) {
   int64_t offset = 0;
   for (const GgufPart& part : parts) {
     const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + part.rows);
     if (lo < hi) {
-      if (xv != nullptr)
+      if (xk != nullptr && gguf::q8k_supported(part.type))
+        gguf::matmul_q8k_rows(part.type, xk, M, K, part.data, y + offset, N, lo - offset, hi - offset);
+      else if (xv != nullptr)
         gguf::matmul_bf16_amx_rows(part.type, xv, M, K, part.data, y + offset, N, lo - offset, hi - offset);
       else if (xq != nullptr)
         gguf::matmul_q8_cpu_rows(part.type, xq, M, K, part.data, y + offset, N, lo - offset, hi - offset);
@@ -103,11 +109,20 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   if (M == 0 || N == 0) return;
   // x's Q8 or tile form, made once per call on the calling thread (M rows of K values, little next
   // to the weights), in buffers kept per thread: a prefill's would otherwise be fresh pages per call.
-  static thread_local std::vector<uint8_t> xq_buf;
+  static thread_local std::vector<uint8_t> xq_buf, xk_buf;
   static thread_local std::vector<uint16_t> xv_buf;
   const uint8_t* q = nullptr;
+  const uint8_t* k = nullptr;
   const uint16_t* v = nullptr;
-  if (activations == GgufActivations::kQ8) {
+  bool all_q8k = activations == GgufActivations::kQ8k && K % gguf::kQK_K == 0;
+  for (const GgufPart& part : parts) all_q8k = all_q8k && gguf::q8k_supported(part.type);
+  if (activations == GgufActivations::kQ8k && K % gguf::kQK_K == 0) {
+    const size_t need = static_cast<size_t>(M * gguf::q8k_row_bytes(K));
+    if (xk_buf.size() < need) xk_buf.resize(need);
+    gguf::quantize_rows_q8k(x, M, K, xk_buf.data());
+    k = xk_buf.data();
+  }
+  if (activations == GgufActivations::kQ8 || (activations == GgufActivations::kQ8k && !all_q8k)) {
     const size_t need = static_cast<size_t>(M * gguf::q8_row_bytes(K));
     if (xq_buf.size() < need) xq_buf.resize(need);
     gguf::quantize_rows_q8(x, M, K, xq_buf.data());
@@ -124,8 +139,9 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
   int64_t grain = streaming_grain(N, bytes / N);
   if (v != nullptr) grain = (grain + 31) / 32 * 32;
+  if (k != nullptr) grain = (grain + 15) / 16 * 16;  // the Q8K kernel decodes W 16 rows at a time
   claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {
-    gguf_linear_rows(x, q, v, M, K, parts, bias, y, N, begin, end);
+    gguf_linear_rows(x, q, v, k, M, K, parts, bias, y, N, begin, end);
   });
 }
 

@@ -9,6 +9,7 @@
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/gguf/blocks.h"
+#include "kernels/gguf/q8_round.h"
 #include "kernels/gguf/q8_tiers.h"
 
 namespace specdec::gguf {
@@ -30,13 +31,6 @@ bool cpu_f16c() {
 const bool kAvx512 = cpu_avx512_bw_vl_dq_fma_enabled() && cpu_f16c();
 const bool kVnni = kAvx512 && cpu_avx512_vnni_enabled();
 const bool kAvx2 = !kAvx512 && cpu_avx2_fma_enabled() && cpu_f16c();
-
-// round half to even for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits, and the float add
-// rounds to nearest even (the default rounding mode, which torch does not change).
-inline float round_even(float v) {
-  const float magic = 12582912.0f;
-  return (v + magic) - magic;
-}
 
 // The portable tier, written straight from q8.h's order (one output at a time): the reference
 // the vector tiers are tested against bit for bit.
@@ -128,21 +122,9 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, uint8_t* xq) {
     float* d = reinterpret_cast<float*>(out + K);
     int16_t* s = reinterpret_cast<int16_t*>(out + K + 32 * T);
     for (int64_t g = 0; g < G; ++g) {
-      const float* v = x + m * K + 32 * g;
-      float amax = 0.0f;
-      for (int i = 0; i < 32; ++i) amax = std::fabs(v[i]) > amax ? std::fabs(v[i]) : amax;
-      const float dg = amax / 127.0f;
-      d[g] = dg;
-      if (dg == 0.0f) continue;  // codes and sums stay 0
+      d[g] = quantize_group_int8(x + m * K + 32 * g, 32, q + 32 * g);
       int32_t half[2] = {0, 0};
-      for (int i = 0; i < 32; ++i) {
-        float r = round_even(v[i] / dg);
-        r = r > 127.0f ? 127.0f : r;
-        r = r < -127.0f ? -127.0f : r;
-        if (r != r) r = 0.0f;  // NaN (non-finite x): no undefined conversion
-        q[32 * g + i] = static_cast<int8_t>(static_cast<int32_t>(r));
-        half[i >> 4] += q[32 * g + i];
-      }
+      for (int i = 0; i < 32; ++i) half[i >> 4] += q[32 * g + i];
       s[2 * g] = static_cast<int16_t>(half[0]);
       s[2 * g + 1] = static_cast<int16_t>(half[1]);
     }

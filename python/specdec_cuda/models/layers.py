@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.gguf import LINEAR_ACTIVATIONS, GgufLinear, bf16_tiles_available, gguf_dequantize, gguf_linear
+from ..ops.gguf import (LINEAR_ACTIVATIONS, GgufLinear, bf16_tiles_available, gguf_dequantize, gguf_linear,
+                       q8k_prefill_pays)
 from ..ops.skinny_linear import PANEL as PACKED_PANEL  # outputs per panel of a packed weight
 from ..ops.skinny_linear import PackedWeight, pack_weight, packed_bf16_tier, packed_kernel_available, unpack_weight
 from .config import LlamaConfig
@@ -337,13 +338,14 @@ class DecoderLayer(nn.Module):
         self._bound = self._packed_args = self._gguf_args = None
 
     def prefill_on_tiles(self) -> bool:
-        """Whether a prompt's prefill of this layer runs on AMX tiles with bfloat16-rounded
-        activations, on a CPU with AMX-BF16: a GGUF layer (``gguf_linear``'s ``activations="bf16"``:
-        its blocks decoded to bfloat16), or one of bfloat16 panels (one tile product per weight
-        instead of the exact three-way split's three). Its bits are not those of the layer's
-        decoding kernels, which every verification row keeps."""
+        """Whether a prompt's prefill of this layer runs on kernels of its own: on a CPU with
+        AMX-BF16, AMX tiles with bfloat16-rounded activations (a GGUF layer: ``gguf_linear``'s
+        ``activations="bf16"``, its blocks decoded to bfloat16; or one of bfloat16 panels: one tile
+        product per weight instead of the exact three-way split's three); on a VNNI CPU without
+        AMX, a GGUF layer's ``activations="q8k"`` (``q8k_prefill_pays``). Their bits are not those
+        of the layer's decoding kernels, which every verification row keeps."""
         if self.gguf:
-            return bf16_tiles_available()
+            return bf16_tiles_available() or q8k_prefill_pays()
         packed = self._panels["qkv"].panels if self._panels is not None else (
             self._packed_args[3] if self._packed_args is not None else None)
         return packed is not None and packed.dtype == torch.bfloat16 and packed_bf16_tier() == "amx"
@@ -354,15 +356,16 @@ class DecoderLayer(nn.Module):
         k_cache / v_cache [B, H_kv, T_max, D] float32; lengths [B] int64; tree_mask [B, n, n] bool
         or None (causal). The new tokens' K/V go to slots ``lengths[b] + i``. One eps serves every
         norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead. A
-        ``prefill`` (a prompt's) runs with bfloat16-rounded activations where ``prefill_on_tiles()``."""
+        ``prefill`` (a prompt's) runs the prefill kernels where ``prefill_on_tiles()``."""
         if self._packed_args is None and self._gguf_args is None:
             self.bind(pack=True)
         attn = self.self_attn
         out = torch.empty_like(x)
         if self._gguf_args is not None:
             args = self._gguf_args
-            if prefill and self.prefill_on_tiles():
-                args = args[:6] + (LINEAR_ACTIVATIONS.index("bf16"),) + args[7:]  # the activations mode
+            if prefill and self.prefill_on_tiles():  # the activations mode: AMX tiles, else Q8K
+                mode = "bf16" if bf16_tiles_available() else "q8k"
+                args = args[:6] + (LINEAR_ACTIVATIONS.index(mode),) + args[7:]
             torch.ops.specdec.decoder_layer_gguf(x, *args, cos, sin, k_cache, v_cache, lengths, tree_mask,
                                                  attn.num_heads, attn.num_kv_heads, attn.head_dim ** -0.5, out)
             return out

@@ -415,7 +415,8 @@ class LlamaModel(nn.Module):
         than decoding's, on an AMX CPU and for at least ``TILE_PREFILL_MIN_ROWS`` rows: a GGUF model's
         blocks decoded to bfloat16 tiles (``gguf_linear``'s ``activations="bf16"``: 3.8x its decoding
         kernels over a 168-token prompt of the 1.5B), bfloat16 panels with the activations rounded
-        to bfloat16 instead of split exactly into three (1.8x). Never set it on rows whose bits must
+        to bfloat16 instead of split exactly into three (1.8x); on a VNNI CPU without AMX, a GGUF
+        model's k-quant blocks through the Q8K kernel (``activations="q8k"``). Never set it on rows whose bits must
         equal a one-row forward's (a verification). ``fast_prefill = False`` turns it off.
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off

@@ -25,6 +25,12 @@ and the dequantised weight to bfloat16 and multiplies them on AMX tiles with flo
 a prompt's prefill at ~4x the Q8 kernel's speed (``csrc/kernels/gguf/bf16_amx.h``). Rows stay
 independent, but the bits are not those of the other two modes, so a model uses it for prompts only
 (``LlamaModel.forward(prefill=True)``), never for the rows a verification compares with decoding.
+
+``gguf_linear(x, w, activations="q8k")`` is the prompt's mode on CPUs with AVX-512 VNNI and no AMX
+(``q8k_prefill_pays()``): x rounded to int8 with one scale per 256 values, the k-quants' sub-block
+scales applied in integers, 16 outputs in the vector lanes (``csrc/kernels/gguf/q8k.h``;
+``reference.gguf.matmul_q8k`` reproduces it bit for bit); parts in a legacy format run "q8" in the
+same call. Its own numeric contract, for prompts only, like "bf16".
 """
 
 from __future__ import annotations
@@ -37,12 +43,12 @@ from .. import _native  # noqa: F401  (registers the ops)
 from ..reference import gguf as ref
 
 __all__ = ["GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_dequantize", "gguf_rows",
-           "gguf_repack_lanes", "lanes_pay", "Q4_K_LANES_ID", "Q6_K_LANES_ID", "quantize_q8", "q8_row_bytes",
+           "gguf_repack_lanes", "lanes_pay", "q8k_prefill_pays", "Q4_K_LANES_ID", "Q6_K_LANES_ID", "quantize_q8", "q8_row_bytes",
            "FORMATS", "ACTIVATIONS", "LINEAR_ACTIVATIONS", "cpu_isa", "q8_cpu_isa", "bf16_tiles_available"]
 
 FORMATS = ref.FORMATS
 ACTIVATIONS = ("float32", "q8")  # gguf_matmul's activation modes
-LINEAR_ACTIVATIONS = ACTIVATIONS + ("bf16",)  # gguf_linear's (and decoder_layer_gguf's): + AMX tiles
+LINEAR_ACTIVATIONS = ACTIVATIONS + ("bf16", "q8k")  # gguf_linear's (and decoder_layer_gguf's): + the prefill kernels
 q8_row_bytes = ref.q8_row_bytes
 Q4_K_LANES_ID, Q6_K_LANES_ID = ref.Q4_K_LANES, ref.Q6_K_LANES  # gguf_repack_lanes's type ids: not GGML types
 _NAMES = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
@@ -93,13 +99,22 @@ class GgufLinear(NamedTuple):
 def _activation_code(activations: str) -> int:
     """0 for "float32", 1 for "q8" (the ops' ``activations`` argument); 2 for "bf16" (AMX tiles),
     which only ``gguf_linear`` and the GGUF decoder layer take, and only where
-    ``bf16_tiles_available()``."""
+    ``bf16_tiles_available()``; 3 for "q8k" (the Q8K prefill kernel: those two ops, any CPU, fast
+    where ``q8k_prefill_pays()``)."""
     if activations not in LINEAR_ACTIVATIONS:
         raise ValueError(f"activations must be one of {LINEAR_ACTIVATIONS}, got {activations!r}")
     if activations == "bf16" and not bf16_tiles_available():
         raise ValueError("activations='bf16' runs on AMX tiles; this CPU (or SPECDEC_CPU_ISA) has none "
                          "(bf16_tiles_available() is False)")
     return LINEAR_ACTIVATIONS.index(activations)
+
+
+def q8k_prefill_pays() -> bool:
+    """Whether a prompt's prefill should run ``activations="q8k"`` here: a CPU whose Q8 kernel is
+    the AVX-512 VNNI tier and that has no AMX tiles (those prefill on ``"bf16"``): the Q8K kernel's
+    VNNI tier then multiplies a prompt at ~2x the decoding kernels' speed (``csrc/kernels/gguf/q8k.h``).
+    Elsewhere ``"q8k"`` runs too, on its portable tier, but slower than ``"q8"``."""
+    return lanes_pay()
 
 
 def bf16_tiles_available() -> bool:

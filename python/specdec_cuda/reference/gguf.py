@@ -211,8 +211,14 @@ def quantize_q8_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     Shape: ``x`` ``[M, K]`` (K a multiple of 32); returns q int8 ``[M, K]``, d float32 ``[M, K/32]``,
     s int16 ``[M, K/16]``.
     """
+    return _quantize_int8(x, 32)
+
+
+def _quantize_int8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x ``[M, K]`` rounded to int8 per ``group`` values (q8.h's and q8k.h's steps): q, d, and the
+    int16 sums of q over each 16 values."""
     m, k = x.shape
-    xg = x.float().reshape(m, k // 32, 32)
+    xg = x.float().reshape(m, k // group, group)
     d = xg.abs().amax(dim=-1) / 127.0
     safe = torch.where(d == 0, torch.ones_like(d), d)
     q = torch.where(d[..., None] == 0, torch.zeros_like(xg), torch.round(xg / safe[..., None]).clamp(-127, 127))
@@ -265,6 +271,29 @@ def _int_dot(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.einsum("mgl,ngl->mng", q.double(), w.double())
 
 
+def _kquant_integers(data: torch.Tensor, qtype: int, n: int, k: int):
+    """Per row and super-block of a Q4_K / Q6_K weight (file order): codes ``[N, T, 256]`` (Q4_K
+    0..15, Q6_K 0..63), the per-sub-block scales ``[N, T, S]`` (S = 8 / 16), the mins ``[N, T, 8]``
+    (Q6_K: its scales again), d and dmin ``[N, T]`` (Q6_K: zeros)."""
+    t = k // 256
+    if qtype == Q4_K:
+        b = data.reshape(n, t, 144)
+        sb = b[..., 4:16].to(torch.int32)
+        sc = torch.cat([sb[..., 0:4] & 63, (sb[..., 8:12] & 15) | (sb[..., 0:4] >> 6) << 4], dim=-1)
+        mn = torch.cat([sb[..., 4:8] & 63, (sb[..., 8:12] >> 4) | (sb[..., 4:8] >> 6) << 4], dim=-1)
+        qs = b[..., 16:].reshape(n, t, 4, 32).to(torch.int32)
+        w = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, t, 256)
+        return w, sc, mn, _f16(b, 0)[..., 0], _f16(b, 2)[..., 0]
+    b = data.reshape(n, t, 210)
+    ql = b[..., 0:128].reshape(n, t, 2, 2, 32).to(torch.int32)
+    qh = b[..., 128:192].reshape(n, t, 2, 1, 32).to(torch.int32)
+    low = torch.cat([ql & 15, ql >> 4], dim=3)
+    high = (qh >> torch.tensor([0, 2, 4, 6]).reshape(4, 1)) & 3
+    w = (low | high << 4).reshape(n, t, 256)
+    sc = b[..., 192:208].contiguous().view(torch.int8).to(torch.int32)
+    return w, sc, sc, _f16(b, 208)[..., 0], torch.zeros(n, t)
+
+
 def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
     """``gguf_matmul(x, W, activations="q8")`` bit for bit: per group g = 8t + j of 32 weights, the
     exact integer sums, then lane j of an 8-lane float32 accumulator takes (t in order)
@@ -297,23 +326,15 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
             steps.append((_int_dot(qg, _nibbles(b[..., 4:])), dw, 1.0))
             steps.append((qsum[:, None, :].expand(m, n, g), _f16(b, 2)[..., 0], 1.0))
     elif qtype == Q4_K:
-        sb = b[..., 4:16].to(torch.int32)
-        sc = torch.cat([sb[..., 0:4] & 63, (sb[..., 8:12] & 15) | (sb[..., 0:4] >> 6) << 4], dim=-1).reshape(n, g)
-        mn = torch.cat([sb[..., 4:8] & 63, (sb[..., 8:12] >> 4) | (sb[..., 4:8] >> 6) << 4], dim=-1).reshape(n, g)
-        qs = b[..., 16:].reshape(n, k // qk, 4, 32).to(torch.int32)
-        w = torch.stack([qs & 15, qs >> 4], dim=3).reshape(n, g, 32)
+        w, sc, mn, d, dmin = _kquant_integers(data, qtype, n, k)
         rep = lambda v: v.repeat_interleave(8, dim=1)  # noqa: E731  per super-block -> per group
-        steps.append((_int_dot(qg, w) * sc, rep(_f16(b, 0)[..., 0]), 1.0))
-        steps.append((qsum[:, None, :] * mn, rep(_f16(b, 2)[..., 0]), -1.0))
+        steps.append((_int_dot(qg, w.reshape(n, g, 32)) * sc.reshape(n, g), rep(d), 1.0))
+        steps.append((qsum[:, None, :] * mn.reshape(n, g), rep(dmin), -1.0))
     elif qtype == Q6_K:
-        ql = b[..., 0:128].reshape(n, k // qk, 2, 2, 32).to(torch.int32)
-        qh = b[..., 128:192].reshape(n, k // qk, 2, 1, 32).to(torch.int32)
-        low = torch.cat([ql & 15, ql >> 4], dim=3)
-        high = (qh >> torch.tensor([0, 2, 4, 6]).reshape(4, 1)) & 3
-        w = ((low | high << 4) - 32).reshape(n, g, 2, 16)                 # group g: sub-blocks 2g, 2g + 1
-        sc = b[..., 192:208].contiguous().view(torch.int8).to(torch.int32).reshape(n, g, 2)
+        w, sc, _, d, _ = _kquant_integers(data, qtype, n, k)
+        w = (w - 32).reshape(n, g, 2, 16)                                  # group g: sub-blocks 2g, 2g + 1
         halves = torch.einsum("mghl,nghl->mngh", qg.reshape(m, g, 2, 16).double(), w.double())
-        steps.append(((halves * sc).sum(-1), _f16(b, 208)[..., 0].repeat_interleave(8, dim=1), 1.0))
+        steps.append(((halves * sc.reshape(n, g, 2)).sum(-1), d.repeat_interleave(8, dim=1), 1.0))
     else:
         raise ValueError(f"unsupported GGML type {qtype}; supported: {sorted(FORMATS)}")
     t = (g + 7) // 8
@@ -328,3 +349,53 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
             acc = _fma(a_, f_, acc)
     v = acc
     return ((v[..., 0] + v[..., 4]) + (v[..., 2] + v[..., 6])) + ((v[..., 1] + v[..., 5]) + (v[..., 3] + v[..., 7]))
+
+
+# ---- Q8K activations: the prefill kernel of CPUs without AMX (csrc/kernels/gguf/q8k.h) -------------
+
+
+def quantize_q8k_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q8K activations of ``x``: per super-block of 256, ``d = amax|x| / 127`` (one float32 division)
+    and ``q = round_half_even(x / d)`` clamped to [-127, 127] (0 where d == 0); the int16 sums of q
+    over each 16 values.
+
+    Shape: ``x`` ``[M, K]`` (K a multiple of 256); returns q int8 ``[M, K]``, d float32 ``[M, K/256]``,
+    s int16 ``[M, K/16]``.
+    """
+    return _quantize_int8(x, 256)
+
+
+def matmul_q8k(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
+    """``gguf_linear(x, W, activations="q8k")`` bit for bit for a Q4_K / Q6_K weight (or its lane-
+    order layout): per super-block t the exact integers S (sub-block scales times the sub-blocks'
+    Σ w q) and P (x's 16-value sums times their coefficients), then, t in order, Q4_K
+    ``A = fma(float(S), d * dx, A); A = fnma(float(P), dmin * dx, A)``, Q6_K
+    ``A = fma(float(S - 32 P), d * dx, A)`` (q8k.h).
+
+    Shape: ``x`` ``[M, K]`` (K a multiple of 256), ``data`` uint8 blocks of W ``[N, K]``; returns
+    float32 ``[M, N]``.
+    """
+    if qtype in FILE_FORMAT:
+        file = FILE_FORMAT[qtype]
+        return matmul_q8k(x, from_lanes(data, file), file, out_features)
+    if qtype not in (Q4_K, Q6_K):
+        raise ValueError(f"the Q8K kernel multiplies Q4_K and Q6_K weights; got GGML type {qtype}")
+    m, k = x.shape
+    n, t = out_features, k // 256
+    q, dx, s = quantize_q8k_parts(x)
+    w, sc, mn, d, dmin = _kquant_integers(data, qtype, n, k)
+    pc = mn.repeat_interleave(2, dim=-1) if qtype == Q4_K else sc  # per 16 values of x: [N, T, 16]
+    subs = sc.shape[-1]
+    qb = q.reshape(m, t, subs, 256 // subs).double()
+    dots = torch.einsum("mtjl,ntjl->mntj", qb, w.reshape(n, t, subs, 256 // subs).double())  # exact
+    S = (dots * sc[None].double()).sum(-1)                                                     # [M, N, T]
+    P = torch.einsum("mth,nth->mnt", s.reshape(m, t, 16).double(), pc.double())
+    acc = torch.zeros(m, n, dtype=torch.float32)
+    for i in range(t):
+        dd = d[None, :, i] * dx[:, None, i]  # one float32 product
+        if qtype == Q4_K:
+            acc = _fma(S[..., i].float(), dd, acc)
+            acc = _fma(-P[..., i].float(), dmin[None, :, i] * dx[:, None, i], acc)
+        else:
+            acc = _fma((S[..., i] - 32 * P[..., i]).float(), dd, acc)
+    return acc
