@@ -114,9 +114,10 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   const uint8_t* q = nullptr;
   const uint8_t* k = nullptr;
   const uint16_t* v = nullptr;
-  bool all_q8k = activations == GgufActivations::kQ8k && K % gguf::kQK_K == 0;
+  const bool q8k = activations == GgufActivations::kQ8k && K % gguf::kQK_K == 0;  // else every part runs Q8
+  bool all_q8k = q8k;
   for (const GgufPart& part : parts) all_q8k = all_q8k && gguf::q8k_supported(part.type);
-  if (activations == GgufActivations::kQ8k && K % gguf::kQK_K == 0) {
+  if (q8k) {
     const size_t need = static_cast<size_t>(M * gguf::q8k_row_bytes(K));
     if (xk_buf.size() < need) xk_buf.resize(need);
     gguf::quantize_rows_q8k(x, M, K, xk_buf.data());

@@ -107,7 +107,7 @@ void tiles(const Q8kPanel* panels, int64_t T, bool q4, const uint8_t* xk, int64_
 
 // The panels of super-block t of rows n0 .. n0 + rows - 1 of a lane-order weight, the codes by
 // gathers (one dword of 4 codes per row and lane; the lane order puts each step's 4 codes in one
-// dword of a row), the scales and d by scalar reads. Rows past `rows` are zero.
+// dword of a row), the scales and d by q8k_decode_scales. Rows past `rows` are zero.
 void panel_lanes(int32_t type, const uint8_t* weight, int64_t rb, int64_t n0, int rows, int64_t t, Q8kPanel& p) {
   const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1u);
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -144,34 +144,10 @@ void panel_lanes(int32_t type, const uint8_t* weight, int64_t rb, int64_t n0, in
         }
       }
   }
+  Q8kSuperblock sb;  // its scales only: the codes went to the panel above
   for (int r = 0; r < 16; ++r) {
-    const uint8_t* blk = base + r * rb;
-    if (r >= rows) {
-      for (int j = 0; j < 16; ++j) p.sc[j * 16 + r] = 0;
-      for (int i = 0; i < 8; ++i) p.pc[i * 16 + r] = 0;
-      p.d[r] = p.dmin[r] = 0.0f;
-      continue;
-    }
-    if (type == kQ4_K_Lanes) {
-      const auto& b = *reinterpret_cast<const BlockQ4_K*>(blk);
-      for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        q4k_scale_min(b.scales, j, sc, m);
-        p.sc[j * 16 + r] = sc;
-        p.pc[j * 16 + r] = m | m << 16;  // the pair (m_j, m_j): x's two 16-value sums of sub-block j
-      }
-      p.d[r] = half_to_float(b.d);
-      p.dmin[r] = half_to_float(b.dmin);
-    } else {
-      const auto& b = *reinterpret_cast<const BlockQ6_K*>(blk);
-      for (int j = 0; j < 16; ++j) p.sc[j * 16 + r] = b.scales[j];
-      for (int i = 0; i < 8; ++i)
-        p.pc[i * 16 + r] = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(b.scales[2 * i])) |
-                                                static_cast<uint32_t>(static_cast<uint16_t>(
-                                                    static_cast<int16_t>(b.scales[2 * i + 1]))) << 16);
-      p.d[r] = half_to_float(b.d);
-      p.dmin[r] = 0.0f;
-    }
+    if (r < rows) q8k_decode_scales(type, base + r * rb, 0, sb);
+    q8k_panel_scales(r < rows ? &sb : nullptr, r, p);
   }
 }
 
