@@ -2,8 +2,9 @@
 csrc/kernels/gguf/q8k.h); the model's use of it is tested with the AMX tiles' in test_gguf_tiles.py.
 
 Checked: the bits equal ``reference.gguf.matmul_q8k`` for Q4_K, Q6_K and their lane-order layouts,
-at row counts around the kernel's tiles (4 rows of x, 16 of W), on the VNNI tier and the portable
-one alike; legacy parts in the same call run Q8; the error is Q8's order of magnitude. (That a
+and for the legacy formats (Q8_0, Q5_0, Q4_1: their own order over x's Q8 form), at row counts
+around the kernels' tiles (4 rows of x, 16 of W), on the VNNI tiers and the portable ones alike;
+legacy parts in the same call as k-quant ones; the error is Q8's order of magnitude. (That a
 row's bits do not depend on the other rows, the parts or the thread count is test_gguf_tiles.py's.)
 """
 
@@ -20,7 +21,8 @@ from specdec_cuda.reference import gguf as ref
 pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
 
 gguf = pytest.importorskip("gguf")
-Q4_K, Q6_K, Q5_0 = 12, 14, 6
+Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = 12, 14, 6, 8, 3
+LEGACY = {"Q8_0": Q8_0, "Q5_0": Q5_0, "Q4_1": Q4_1}
 
 
 def weight(qtype: int, n: int, k: int, seed: int, lanes: bool = False) -> tuple[g.GgufWeight, torch.Tensor]:
@@ -48,9 +50,22 @@ def test_matmul_equals_reference_bit_for_bit(qtype, lanes):
             assert torch.equal(bits(y), bits(ref.matmul_q8k(x, raw, qtype, n))), (k, n, m)
 
 
+@pytest.mark.parametrize("qtype", list(LEGACY.values()), ids=list(LEGACY))
+def test_legacy_matmul_equals_reference_bit_for_bit(qtype):
+    # K = 896: the 0.5B's rows, not whole super-blocks; 288: one group past an octet
+    gen = torch.Generator().manual_seed(qtype)
+    for k, n in ((32, 5), (288, 16), (896, 37)):
+        w, raw = weight(qtype, n, k, seed=k)
+        lin = g.GgufLinear.of(w)
+        for m in (1, 3, 4, 5, 9):
+            x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 3.0, k)  # unequal group scales
+            y = g.gguf_linear(x, lin, activations="q8k")
+            assert torch.equal(bits(y), bits(ref.matmul_q8k(x, raw, qtype, n))), (k, n, m)
+
+
 def test_the_portable_tier_gives_the_same_bits():
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(2))
-    raws = {qtype: weight(qtype, 21, 512, seed=3)[1] for qtype in (Q4_K, Q6_K)}
+    raws = {qtype: weight(qtype, 21, 512, seed=3)[1] for qtype in (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1)}
     code = ("import sys, torch; from specdec_cuda.ops import gguf as g\n"
             "io = torch.load(sys.argv[1])\n"
             "io['y'] = {q: g.gguf_linear(io['x'], g.GgufLinear.of(g.gguf_weight(raw, q, (21, 512))), activations='q8k')\n"
@@ -61,20 +76,19 @@ def test_the_portable_tier_gives_the_same_bits():
         assert torch.equal(bits(out["y"][qtype]), bits(ref.matmul_q8k(x, raw, qtype, 21))), qtype
 
 
-def test_legacy_parts_run_q8_in_the_same_call():
+def test_legacy_and_kquant_parts_in_the_same_call():
     # (Rows, parts and threads: test_gguf_tiles.py's test_rows_parts_and_threads_do_not_change_the_bits.)
     k = 512
     q, raw_q = weight(Q4_K, 40, k, seed=1, lanes=True)
-    legacy, _ = weight(Q5_0, 8, k, seed=3)
+    legacy, raw_l = weight(Q5_0, 8, k, seed=3)
     bias = torch.randn(48)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(3))
     y = g.gguf_linear(x, g.GgufLinear.of(q, legacy), bias, activations="q8k")
-    y_legacy = g.gguf_linear(x, g.GgufLinear.of(legacy), activations="q8")
-    assert torch.equal(bits(y[:, 40:]), bits(y_legacy + bias[40:]))  # the bias is added last
+    assert torch.equal(bits(y[:, 40:]), bits(ref.matmul_q8k(x, raw_l, Q5_0, 8) + bias[40:]))  # the bias added last
     assert torch.equal(bits(y[:, :40]), bits(ref.matmul_q8k(x, raw_q, Q4_K, 40) + bias[:40]))
 
 
-@pytest.mark.parametrize("qtype", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_K, Q5_0], ids=["Q4_K", "Q6_K", "Q5_0"])
 def test_error_is_q8s_order_of_magnitude(qtype):
     w, raw = weight(qtype, 64, 1536, seed=4)
     x = torch.randn(7, 1536)

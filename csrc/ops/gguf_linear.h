@@ -21,7 +21,8 @@
 // also row-independent, for a prompt's prefill only (never mixed with the other two within one
 // sequence's verification rows). Or, on CPUs with AVX-512 VNNI and no AMX, Q8K (kernels/gguf/q8k.h:
 // x with one int8 scale per 256 values, the k-quants' sub-block scales in integers): likewise a
-// prefill-only contract; a part in another format (a legacy block) runs Q8 within the same call.
+// prefill-only contract; a part in a legacy format runs that contract's legacy order over x's Q8
+// form (q8k.h) within the same call.
 #pragma once
 
 #include "ops/aten.h"
@@ -79,17 +80,20 @@ inline std::vector<GgufPart> check_gguf_parts(const char* op, const char* name, 
 }
 
 // Rows [begin, end) of the concatenated weight: y[m * N + n] for every m. x is the float32 rows,
-// or (xq != nullptr) their Q8 form, or (xv != nullptr) their bfloat16 tile form; with xk (their
-// Q8K form) the parts Q8K multiplies run on it, the others on xq.
-inline void gguf_linear_rows(const float* x, const uint8_t* xq, const uint16_t* xv, const uint8_t* xk, int64_t M,
-                             int64_t K, const std::vector<GgufPart>& parts, const float* bias, float* y, int64_t N,
-                             int64_t begin, int64_t end) {
+// or (xq != nullptr) their Q8 form, or (xv != nullptr) their bfloat16 tile form. In the Q8K mode
+// (q8k) the parts the Q8K kernel multiplies run on xk (x's Q8K form), the legacy ones on xq in the
+// Q8K contract's legacy order.
+inline void gguf_linear_rows(const float* x, const uint8_t* xq, const uint16_t* xv, const uint8_t* xk, bool q8k,
+                             int64_t M, int64_t K, const std::vector<GgufPart>& parts, const float* bias, float* y,
+                             int64_t N, int64_t begin, int64_t end) {
   int64_t offset = 0;
   for (const GgufPart& part : parts) {
     const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + part.rows);
     if (lo < hi) {
-      if (xk != nullptr && gguf::q8k_supported(part.type))
+      if (q8k && gguf::q8k_supported(part.type))
         gguf::matmul_q8k_rows(part.type, xk, M, K, part.data, y + offset, N, lo - offset, hi - offset);
+      else if (q8k)
+        gguf::matmul_q8k_legacy_rows(part.type, xq, M, K, part.data, y + offset, N, lo - offset, hi - offset);
       else if (xv != nullptr)
         gguf::matmul_bf16_amx_rows(part.type, xv, M, K, part.data, y + offset, N, lo - offset, hi - offset);
       else if (xq != nullptr)
@@ -114,16 +118,20 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   const uint8_t* q = nullptr;
   const uint8_t* k = nullptr;
   const uint16_t* v = nullptr;
-  const bool q8k = activations == GgufActivations::kQ8k && K % gguf::kQK_K == 0;  // else every part runs Q8
-  bool all_q8k = q8k;
-  for (const GgufPart& part : parts) all_q8k = all_q8k && gguf::q8k_supported(part.type);
-  if (q8k) {
+  // In the Q8K mode: x's Q8K form for the k-quant parts, its Q8 form for the legacy ones.
+  const bool q8k = activations == GgufActivations::kQ8k;
+  bool any_kquant = false, all_kquant = true;
+  for (const GgufPart& part : parts) {
+    any_kquant = any_kquant || gguf::q8k_supported(part.type);
+    all_kquant = all_kquant && gguf::q8k_supported(part.type);
+  }
+  if (q8k && any_kquant) {  // k-quant rows are whole super-blocks: K % 256 == 0
     const size_t need = static_cast<size_t>(M * gguf::q8k_row_bytes(K));
     if (xk_buf.size() < need) xk_buf.resize(need);
     gguf::quantize_rows_q8k(x, M, K, xk_buf.data());
     k = xk_buf.data();
   }
-  if (activations == GgufActivations::kQ8 || (activations == GgufActivations::kQ8k && !all_q8k)) {
+  if (activations == GgufActivations::kQ8 || (q8k && !all_kquant)) {
     const size_t need = static_cast<size_t>(M * gguf::q8_row_bytes(K));
     if (xq_buf.size() < need) xq_buf.resize(need);
     gguf::quantize_rows_q8(x, M, K, xq_buf.data());
@@ -140,9 +148,9 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
   int64_t grain = streaming_grain(N, bytes / N);
   if (v != nullptr) grain = (grain + 31) / 32 * 32;
-  if (k != nullptr) grain = (grain + 15) / 16 * 16;  // the Q8K kernel decodes W 16 rows at a time
+  if (q8k) grain = (grain + 15) / 16 * 16;  // the Q8K kernels decode W 16 rows at a time
   claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {
-    gguf_linear_rows(x, q, v, k, M, K, parts, bias, y, N, begin, end);
+    gguf_linear_rows(x, q, v, k, q8k, M, K, parts, bias, y, N, begin, end);
   });
 }
 

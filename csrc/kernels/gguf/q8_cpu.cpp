@@ -9,6 +9,7 @@
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/gguf/blocks.h"
+#include "kernels/gguf/legacy_group.h"
 #include "kernels/gguf/q8_round.h"
 #include "kernels/gguf/q8_tiers.h"
 
@@ -48,34 +49,11 @@ void portable_output(int32_t type, const Q8Args& a, int64_t m, int64_t n) {
       const int8_t* qg = q + 32 * g;
       const int32_t qsum = static_cast<int32_t>(s[2 * g]) + s[2 * g + 1];
       switch (type) {
-        case 8: {
-          const auto& b = reinterpret_cast<const BlockQ8_0*>(row)[g];
-          int32_t dot = 0;
-          for (int i = 0; i < 32; ++i) dot += static_cast<int32_t>(b.qs[i]) * qg[i];
-          A[j] = std::fma(static_cast<float>(dot), half_to_float(b.d) * dx[g], A[j]);
+        case 8:
+        case 6:
+        case 3:
+          legacy_group_steps(type, row, g, qg, qsum, dx[g], A[j]);
           break;
-        }
-        case 6: {
-          const auto& b = reinterpret_cast<const BlockQ5_0*>(row)[g];
-          uint32_t qh;
-          std::memcpy(&qh, b.qh, 4);
-          int32_t dot = 0;
-          for (int i = 0; i < 32; ++i) {
-            const int nib = i < 16 ? (b.qs[i] & 15) : (b.qs[i - 16] >> 4);
-            dot += (nib | static_cast<int>((qh >> i) & 1) << 4) * qg[i];
-          }
-          dot -= 16 * qsum;  // Σ (w - 16) q
-          A[j] = std::fma(static_cast<float>(dot), half_to_float(b.d) * dx[g], A[j]);
-          break;
-        }
-        case 3: {
-          const auto& b = reinterpret_cast<const BlockQ4_1*>(row)[g];
-          int32_t dot = 0;
-          for (int i = 0; i < 32; ++i) dot += (i < 16 ? (b.qs[i] & 15) : (b.qs[i - 16] >> 4)) * qg[i];
-          A[j] = std::fma(static_cast<float>(dot), half_to_float(b.d) * dx[g], A[j]);
-          A[j] = std::fma(static_cast<float>(qsum), half_to_float(b.m) * dx[g], A[j]);
-          break;
-        }
         case 12:
         case kQ4_K_Lanes: {
           const auto& b = reinterpret_cast<const BlockQ4_K*>(row)[t];

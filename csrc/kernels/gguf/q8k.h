@@ -34,6 +34,19 @@
 // is not q8.h's: callers use it for a prompt's prefill only (LlamaModel.forward(prefill=True)), as
 // the AMX tiles' contract (bf16_amx.h), never for rows a verification compares with decoding.
 // Q4_K_LANES / Q6_K_LANES weights give the same values as the file's order.
+//
+// ---- The legacy formats (Q8_0, Q5_0, Q4_1) ---------------------------------------------------------
+// Their fp16 scale per 32 weights allows no integer step across blocks, and their rows (the 0.5B's
+// 896) need not be whole super-blocks, so in the same prefill mode they multiply x's Q8 form
+// (q8.h: int8 per 32 values) with the same 16-rows-in-lanes tiling, one float step per block:
+//   Output y[m, n], A = 0 (float32), for each group g of 32 in order, dx = d[g] of row m, q its
+//   codes, the integers and products as q8.h's (kernels/gguf/legacy_group.h):
+//   Q8_0  A = fma(float(Σ w q), mul(d_w, dx), A)
+//   Q5_0  A = fma(float(Σ (w - 16) q), mul(d_w, dx), A)
+//   Q4_1  A = fma(float(Σ w q), mul(d_w, dx), A);  A = fma(float(Σ q), mul(m_w, dx), A)
+//   y = A
+// q8.h's integers in one accumulator instead of its eight lanes: again row-independent and batch
+// invariant, again a prefill-only contract (the 0.5B's 168-token prompt: bench/bench_gguf_prefill.py).
 #pragma once
 
 #include <cstdint>
@@ -53,5 +66,13 @@ void quantize_rows_q8k(const float* x, int64_t M, int64_t K, uint8_t* xk);
 // weight's blocks (N rows of K / 256 blocks of `type`, q8k_supported), in the float order above.
 void matmul_q8k_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, const uint8_t* weight, float* y,
                      int64_t ldy, int64_t n_begin, int64_t n_end);
+
+// Whether the legacy Q8K matmul multiplies this weight type (Q8_0, Q5_0, Q4_1).
+bool q8k_legacy_supported(int32_t type);
+
+// y[m * ldy + n] for n in [n_begin, n_end), m in [0, M), from xq (q8.h's quantize_rows_q8 of x,
+// K a multiple of 32) and the weight's blocks (q8k_legacy_supported), in the legacy order above.
+void matmul_q8k_legacy_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, const uint8_t* weight, float* y,
+                            int64_t ldy, int64_t n_begin, int64_t n_end);
 
 }  // namespace specdec::gguf

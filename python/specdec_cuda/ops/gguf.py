@@ -29,8 +29,9 @@ independent, but the bits are not those of the other two modes, so a model uses 
 ``gguf_linear(x, w, activations="q8k")`` is the prompt's mode on CPUs with AVX-512 VNNI and no AMX
 (``q8k_prefill_pays()``): x rounded to int8 with one scale per 256 values, the k-quants' sub-block
 scales applied in integers, 16 outputs in the vector lanes (``csrc/kernels/gguf/q8k.h``;
-``reference.gguf.matmul_q8k`` reproduces it bit for bit); parts in a legacy format run "q8" in the
-same call. Its own numeric contract, for prompts only, like "bf16".
+``reference.gguf.matmul_q8k`` reproduces it bit for bit); parts in a legacy format (Q8_0, Q5_0,
+Q4_1) multiply x's Q8 form with the same 16-outputs tiling, one float step per block in one
+accumulator. Its own numeric contract, for prompts only, like "bf16".
 """
 
 from __future__ import annotations

@@ -294,6 +294,25 @@ def _kquant_integers(data: torch.Tensor, qtype: int, n: int, k: int):
     return w, sc, sc, _f16(b, 208)[..., 0], torch.zeros(n, t)
 
 
+def _legacy_steps(qg: torch.Tensor, qsum: torch.Tensor, data: torch.Tensor, qtype: int, n: int) -> list:
+    """The float steps of a Q8_0 / Q5_0 / Q4_1 weight against Q8 codes ``qg`` ``[M, G, 32]`` (int32)
+    with group sums ``qsum`` ``[M, G]``: per step (integer term ``[M, N, G]`` as float64, weight factor
+    ``[N, G]`` float32, sign), in the order q8.h (and q8k.h's legacy order) apply them per group."""
+    m, g, _ = qg.shape
+    _, qk, nbytes = FORMATS[qtype]
+    b = data.reshape(n, g, nbytes)
+    dw = _f16(b, 0)[..., 0]                                              # [N, G]
+    if qtype == Q8_0:
+        return [(_int_dot(qg, b[..., 2:].contiguous().view(torch.int8).to(torch.int32)), dw, 1.0)]
+    if qtype == Q5_0:
+        qh = b[..., 2:6].to(torch.int64)
+        qh = qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24
+        w = (_nibbles(b[..., 6:]) | (((qh[..., None] >> torch.arange(32)) & 1) << 4).to(torch.int32)) - 16
+        return [(_int_dot(qg, w), dw, 1.0)]
+    return [(_int_dot(qg, _nibbles(b[..., 4:])), dw, 1.0),
+            (qsum[:, None, :].expand(m, n, g), _f16(b, 2)[..., 0], 1.0)]
+
+
 def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
     """``gguf_matmul(x, W, activations="q8")`` bit for bit: per group g = 8t + j of 32 weights, the
     exact integer sums, then lane j of an 8-lane float32 accumulator takes (t in order)
@@ -304,27 +323,14 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
     if qtype in FILE_FORMAT:
         file = FILE_FORMAT[qtype]
         return matmul_q8(x, from_lanes(data, file), file, out_features)
-    name, qk, nbytes = FORMATS[qtype]
     m, k = x.shape
     n, g = out_features, k // 32
     q, dx, s = quantize_q8_parts(x)
     qg = q.reshape(m, g, 32).to(torch.int32)
     qsum = s.reshape(m, g, 2).to(torch.int32).sum(-1).double()           # [M, G]: Σ q over group g
-    b = data.reshape(n, k // qk, nbytes)
     steps = []  # per step: (integer term [M, N, G] as float64, weight factor [N, G] float32, sign)
     if qtype in (Q8_0, Q5_0, Q4_1):
-        dw = _f16(b, 0)[..., 0]                                          # [N, G]
-        if qtype == Q8_0:
-            w = b[..., 2:].contiguous().view(torch.int8).to(torch.int32)
-            steps.append((_int_dot(qg, w), dw, 1.0))
-        elif qtype == Q5_0:
-            qh = b[..., 2:6].to(torch.int64)
-            qh = qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24
-            w = (_nibbles(b[..., 6:]) | (((qh[..., None] >> torch.arange(32)) & 1) << 4).to(torch.int32)) - 16
-            steps.append((_int_dot(qg, w), dw, 1.0))
-        else:
-            steps.append((_int_dot(qg, _nibbles(b[..., 4:])), dw, 1.0))
-            steps.append((qsum[:, None, :].expand(m, n, g), _f16(b, 2)[..., 0], 1.0))
+        steps = _legacy_steps(qg, qsum, data, qtype, n)
     elif qtype == Q4_K:
         w, sc, mn, d, dmin = _kquant_integers(data, qtype, n, k)
         rep = lambda v: v.repeat_interleave(8, dim=1)  # noqa: E731  per super-block -> per group
@@ -370,16 +376,28 @@ def matmul_q8k(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: in
     order layout): per super-block t the exact integers S (sub-block scales times the sub-blocks'
     Σ w q) and P (x's 16-value sums times their coefficients), then, t in order, Q4_K
     ``A = fma(float(S), d * dx, A); A = fnma(float(P), dmin * dx, A)``, Q6_K
-    ``A = fma(float(S - 32 P), d * dx, A)`` (q8k.h).
+    ``A = fma(float(S - 32 P), d * dx, A)`` (q8k.h). A Q8_0 / Q5_0 / Q4_1 weight: x's Q8 form
+    (``quantize_q8_parts``) and q8.h's integers, the float steps in one accumulator, group by group
+    (q8k.h's legacy order).
 
-    Shape: ``x`` ``[M, K]`` (K a multiple of 256), ``data`` uint8 blocks of W ``[N, K]``; returns
-    float32 ``[M, N]``.
+    Shape: ``x`` ``[M, K]`` (K a multiple of 256; 32 for a legacy weight), ``data`` uint8 blocks of W
+    ``[N, K]``; returns float32 ``[M, N]``.
     """
     if qtype in FILE_FORMAT:
         file = FILE_FORMAT[qtype]
         return matmul_q8k(x, from_lanes(data, file), file, out_features)
+    if qtype in (Q8_0, Q5_0, Q4_1):
+        q, dx, s = quantize_q8_parts(x)
+        m, g = q.shape[0], q.shape[1] // 32
+        qsum = s.reshape(m, g, 2).to(torch.int32).sum(-1).double()
+        steps = _legacy_steps(q.reshape(m, g, 32).to(torch.int32), qsum, data, qtype, out_features)
+        acc = torch.zeros(m, out_features, dtype=torch.float32)
+        for i in range(g):
+            for term, factor, sign in steps:
+                acc = _fma((sign * term[..., i]).float(), factor[None, :, i] * dx[:, None, i], acc)
+        return acc
     if qtype not in (Q4_K, Q6_K):
-        raise ValueError(f"the Q8K kernel multiplies Q4_K and Q6_K weights; got GGML type {qtype}")
+        raise ValueError(f"the Q8K kernel multiplies Q4_K, Q6_K, Q8_0, Q5_0 and Q4_1 weights; got GGML type {qtype}")
     m, k = x.shape
     n, t = out_features, k // 256
     q, dx, s = quantize_q8k_parts(x)
