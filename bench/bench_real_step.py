@@ -2,7 +2,7 @@
 
 Usage: python bench/bench_real_step.py [--model DIR|NAME] [--dtype bfloat16|float32|gguf]
                                        [--rows 1,5,16,64] [--threads 1,2] [--context 64]
-                                       [--repeats 7] [--torch-path] [--draft-vocab 32768,...]
+                                       [--repeats 7] [--torch-path] [--q8-32] [--draft-vocab 32768,...]
                                        [--out PATH]
 
 A decoding step is bound by streaming the weights: a one-token forward of a packed model reads
@@ -10,14 +10,19 @@ every projection's panels and the LM head's once (``weight bytes``, printed). Th
 forwards of 1 token (autoregressive decoding), 5 (a verification of k = 4 drafts), 16 and 64 rows
 over ``--context`` tokens of cache, at each thread count, and next to them the bandwidth of a 2 GiB
 ``torch.sum`` with the same threads, measured in the same rounds (each round: one bandwidth sample,
-then one forward per width; medians over the rounds). Reported per row count: milliseconds, weight
-bytes / time in GB/s, that as a percentage of the measured bandwidth, and the time over the
-one-token step's. Targets: a one-token step >= 85% of the bandwidth, a 5-row verification <= 1.2x
-a one-token step. ``--torch-path`` also times the same model with ``packed_linear = False``
-(BLAS, SDPA: the path real models took before), in the same rounds. ``--draft-vocab N,...`` also
+then one forward per width, the paths taking turns to go first; medians over the rounds). Reported
+per row count: milliseconds, weight bytes / time in GB/s, that as a percentage of the measured
+bandwidth, and the time over the one-token step's. Targets: a one-token step >= 85% of the
+bandwidth, a 5-row verification <= 1.2x a one-token step. ``--torch-path`` also times the same
+model with ``packed_linear = False`` (BLAS, SDPA: the path real models took before), in the same
+rounds. ``--draft-vocab N,...`` also
 times one-token steps whose LM head runs over ids 0 .. N - 1 only (``forward(vocab=...)``: a
 drafter's ``draft_vocab``), as paths ``vocab N``, so a drafter's cost per drafted token can be read
 against its whole-vocabulary step.
+
+``--q8-32`` (with ``--dtype gguf``) also times the file with int8 activations per 32 values for
+every format (``gguf_activations="q8_32"``: the Q8 kernel, no panels), the form a VNNI CPU ran
+before its k-quants went to panels and the Q8K kernel, as path ``gguf q8_32``.
 
 ``--model`` takes a folder or a registry name (default ``qwen2.5-coder-1.5b``, fetched into the
 model cache by ``python -m specdec_cuda models fetch NAME``); absent, the bench says so and exits 0.
@@ -102,6 +107,9 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7, help="rounds per thread count (medians over them)")
     p.add_argument("--torch-path", action="store_true", help="also time packed_linear = False (BLAS)")
+    p.add_argument("--q8-32", action="store_true",
+                   help="with --dtype gguf: also time the file loaded with gguf_activations='q8_32' (int8 per 32 "
+                        "values for every format, no panels), in the same rounds")
     p.add_argument("--draft-vocab", type=lambda v: [int(x) for x in v.split(",")], default=[],
                    help="also time one-token steps with the LM head over ids 0 .. N - 1 (comma-separated N)")
     p.add_argument("--out", default=None)
@@ -128,6 +136,8 @@ def main(argv=None) -> int:
         plain = load()
         plain.packed_linear = False
         paths["torch"] = plain
+    if gguf and args.q8_32:
+        paths["gguf q8_32"] = models.load(folder, weights="gguf", gguf_activations="q8_32")
     steps = {name: Step(m, args.context, args.rows) for name, m in paths.items()}
     for n in args.draft_vocab:
         steps[f"vocab {n}"] = Step(model, args.context, [1], vocab=model.vocab_subset(n))
@@ -142,9 +152,12 @@ def main(argv=None) -> int:
             for n in step.widths:
                 step.seconds(n)
         bw, times = [], {}
-        for _ in range(args.repeats):
+        order = list(steps.items())
+        for r in range(args.repeats):
             bw.append(bandwidth_gbs(buffer))
-            for name, step in steps.items():
+            # The paths in turn first: the forward right after the 2 GiB sweep ran ~10% slower (its
+            # threads waking behind the sweep's), which a fixed order charged to one path alone.
+            for name, step in order[r % len(order):] + order[:r % len(order)]:
                 for n in step.widths:
                     times.setdefault((name, n), []).append(step.seconds(n))
         bandwidth = statistics.median(bw)

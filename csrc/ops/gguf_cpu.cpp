@@ -121,6 +121,39 @@ void gguf_linear_cpu(const at::Tensor& x, at::TensorList weights, at::IntArrayRe
               out.data_ptr<float>(), N, gguf_activations(op, activations));
 }
 
+void gguf_repack_panels_cpu(const at::Tensor& weight, int64_t type, int64_t K, bool inverse, at::Tensor& out) {
+  // weight: Q4_K / Q6_K blocks of W (N, K), or (inverse) their panels; out: the same shape and dtype
+  constexpr const char* op = "gguf_repack_panels";
+  const int32_t file = gguf::file_type(static_cast<int32_t>(type));
+  TORCH_CHECK(inverse ? gguf::is_panels(static_cast<int32_t>(type)) : (type == 12 || type == 14), op,
+              ": type must be ", inverse ? "Q4_K_PANELS (524) or Q6_K_PANELS (526)" : "Q4_K (12) or Q6_K (14)",
+              " with inverse=", inverse ? "True" : "False", "; got ", type);
+  TORCH_CHECK(weight.dim() == 2, op, ": weight must be the [N, row bytes] uint8 blocks of a ", gguf_type_name(type),
+              " weight; got ", weight.sizes());
+  const int64_t N = weight.size(0);
+  check_gguf_weight(op, weight, type, N, K, /*panels=*/true);
+  TORCH_CHECK(N % gguf::kPanelRows == 0, op, ": panels hold whole groups of ", gguf::kPanelRows, " rows; got N = ", N);
+  TORCH_CHECK(out.sizes() == weight.sizes() && out.scalar_type() == at::kByte && out.is_contiguous() &&
+                  out.device().is_cpu() && out.data_ptr() != weight.data_ptr(),
+              op, ": out must be a contiguous uint8 CPU tensor shaped like weight ", weight.sizes(),
+              " (not weight itself); got ", out.scalar_type(), " ", out.sizes());
+  if (N == 0) return;
+  const int64_t rb = weight.size(1);
+  uint8_t* w = weight.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  parallel_range(0, N / gguf::kPanelRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint8_t* src = w + g * gguf::kPanelRows * rb;
+      uint8_t* dst = o + g * gguf::kPanelRows * rb;
+      if (inverse) {
+        gguf::blocks_from_panels(static_cast<int32_t>(type), src, rb, dst);
+      } else {
+        gguf::convert_panel_group(file, src, rb, dst, true);
+      }
+    }
+  });
+}
+
 void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out) {
   // weight: GGUF blocks of W (N, K); out: (N, K) float32 or bfloat16
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() &&
@@ -130,8 +163,14 @@ void gguf_dequantize_cpu(const at::Tensor& weight, int64_t type, at::Tensor& out
   TORCH_CHECK(weight.device() == out.device(), "gguf_dequantize: weight (", weight.device(), ") and out (",
               out.device(), ") must be on one device");
   const int64_t N = out.size(0), K = out.size(1);
-  check_gguf_weight("gguf_dequantize", weight, type, N, K);
+  check_gguf_weight("gguf_dequantize", weight, type, N, K, /*panels=*/true);
   if (N == 0) return;
+  if (gguf::is_panels(static_cast<int32_t>(type))) {  // via the file's order (not a decoding path)
+    at::Tensor rows = at::empty(weight.sizes(), weight.options());
+    gguf_repack_panels_cpu(weight, type, K, true, rows);
+    gguf_dequantize_cpu(rows, gguf::file_type(static_cast<int32_t>(type)), out);
+    return;
+  }
   const int32_t t = static_cast<int32_t>(type);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   parallel_range(0, N, row_grain(weight.numel() / N), [&](int64_t begin, int64_t end) {
@@ -197,6 +236,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("gguf_matmul", &gguf_matmul_cpu);
   m.impl("gguf_dequantize", &gguf_dequantize_cpu);
   m.impl("gguf_repack_lanes", &gguf_repack_lanes_cpu);
+  m.impl("gguf_repack_panels", &gguf_repack_panels_cpu);
   m.impl("gguf_linear", &gguf_linear_cpu);
   m.impl("_gguf_cpu_isa", &gguf_cpu_isa);
   m.impl("gguf_matmul_q8", &gguf_matmul_q8_cpu);

@@ -22,7 +22,10 @@
 // sequence's verification rows). Or, on CPUs with AVX-512 VNNI and no AMX, Q8K (kernels/gguf/q8k.h:
 // x with one int8 scale per 256 values, the k-quants' sub-block scales in integers): likewise a
 // prefill-only contract; a part in a legacy format runs that contract's legacy order over x's Q8
-// form (q8k.h) within the same call.
+// form (q8k.h) within the same call. Or Q8K + Q8 (kQ8kQ8): the k-quant parts in Q8K, the legacy
+// ones in Q8, every row a one-row call's bits: the decoding mode of a model that holds its
+// k-quants in panels of 16 rows (kernels/gguf/panels.h). Panels are read natively by the Q8K
+// kernels and through the file's order by the others (gguf_part_rows).
 #pragma once
 
 #include "ops/aten.h"
@@ -41,11 +44,15 @@
 
 namespace specdec::ops {
 
-enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1, kBf16Amx = 2, kQ8k = 3 };
+// kQ8kQ8: a model's decoding mode where its k-quant weights are panels (kernels/gguf/panels.h):
+// the k-quant parts in the Q8K order, the legacy ones in Q8's; like kQ8 and kFloat32 it gives every
+// row the bits of a one-row call, so verification rows keep decoding's bits.
+enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1, kBf16Amx = 2, kQ8k = 3, kQ8kQ8 = 4 };
 
 inline GgufActivations gguf_activations(const char* op, int64_t code) {
-  TORCH_CHECK(code >= 0 && code <= 3, op,
-              ": activations must be 0 (float32), 1 (Q8), 2 (bfloat16 AMX tiles) or 3 (Q8K prefill); got ", code);
+  TORCH_CHECK(code >= 0 && code <= 4, op,
+              ": activations must be 0 (float32), 1 (Q8), 2 (bfloat16 AMX tiles), 3 (Q8K prefill) or 4 (Q8K "
+              "k-quants, Q8 legacy blocks); got ", code);
   TORCH_CHECK(code != 2 || gguf::bf16_amx_enabled(), op,
               ": activations 2 (bfloat16 AMX tiles) needs a CPU with AMX-BF16 that SPECDEC_CPU_ISA allows");
   return static_cast<GgufActivations>(code);
@@ -70,7 +77,7 @@ inline std::vector<GgufPart> check_gguf_parts(const char* op, const char* name, 
     const at::Tensor& w = weights[p];
     TORCH_CHECK(w.device().is_cpu() && w.dim() == 2, op, ": ", name, " part ", p,
                 " must be a [rows, row bytes] uint8 CPU tensor; got ", w.sizes(), " on ", w.device());
-    check_gguf_weight(op, w, types[p], w.size(0), K);
+    check_gguf_weight(op, w, types[p], w.size(0), K, /*panels=*/true);
     const int32_t t = static_cast<int32_t>(types[p]);
     parts.push_back({w.data_ptr<uint8_t>(), t, w.size(0), K / gguf::block_weights(t) * gguf::block_bytes(t)});
     rows += w.size(0);
@@ -79,28 +86,49 @@ inline std::vector<GgufPart> check_gguf_parts(const char* op, const char* name, 
   return parts;
 }
 
-// Rows [begin, end) of the concatenated weight: y[m * N + n] for every m. x is the float32 rows,
-// or (xq != nullptr) their Q8 form, or (xv != nullptr) their bfloat16 tile form. In the Q8K mode
-// (q8k) the parts the Q8K kernel multiplies run on xk (x's Q8K form), the legacy ones on xq in the
-// Q8K contract's legacy order.
-inline void gguf_linear_rows(const float* x, const uint8_t* xq, const uint16_t* xv, const uint8_t* xk, bool q8k,
-                             int64_t M, int64_t K, const std::vector<GgufPart>& parts, const float* bias, float* y,
-                             int64_t N, int64_t begin, int64_t end) {
+// The x forms one call needs, each made once (nullptr: not needed).
+struct GgufInputs {
+  const float* x;     // [M, K] float32
+  const uint8_t* xq;  // their Q8 form (q8.h)
+  const uint16_t* xv; // their bfloat16 tile form (bf16_amx.h)
+  const uint8_t* xk;  // their Q8K form (q8k.h)
+};
+
+// Rows [lo, hi) of one part, y[m * N + n] at y's row 0 of the part, in `mode`.
+inline void gguf_part_rows(const GgufInputs& in, GgufActivations mode, int32_t type, const uint8_t* data,
+                           int64_t row_bytes, int64_t M, int64_t K, float* y, int64_t N, int64_t lo, int64_t hi) {
+  const bool q8k_modes = mode == GgufActivations::kQ8k || mode == GgufActivations::kQ8kQ8;
+  if (q8k_modes && gguf::q8k_supported(type)) {  // the k-quants, panels read natively
+    gguf::matmul_q8k_rows(type, in.xk, M, K, data, y, N, lo, hi);
+  } else if (gguf::is_panels(type)) {
+    // A kernel of the file's order meets panels: each group of 16 rows back in that order, in a
+    // per-thread buffer (not a decoding path: the models use panels only in the Q8K modes).
+    static thread_local std::vector<uint8_t> rows;
+    rows.resize(static_cast<size_t>(gguf::kPanelRows * row_bytes));
+    for (int64_t g0 = lo / gguf::kPanelRows * gguf::kPanelRows; g0 < hi; g0 += gguf::kPanelRows) {
+      gguf::blocks_from_panels(type, data + g0 * row_bytes, row_bytes, rows.data());
+      gguf_part_rows(in, mode, gguf::file_type(type), rows.data(), row_bytes, M, K, y + g0, N,
+                     std::max(lo, g0) - g0, std::min(hi, g0 + gguf::kPanelRows) - g0);
+    }
+  } else if (mode == GgufActivations::kQ8k) {
+    gguf::matmul_q8k_legacy_rows(type, in.xq, M, K, data, y, N, lo, hi);
+  } else if (mode == GgufActivations::kBf16Amx) {
+    gguf::matmul_bf16_amx_rows(type, in.xv, M, K, data, y, N, lo, hi);
+  } else if (mode == GgufActivations::kQ8 || mode == GgufActivations::kQ8kQ8) {
+    gguf::matmul_q8_cpu_rows(type, in.xq, M, K, data, y, N, lo, hi);
+  } else {
+    gguf::matmul_cpu_rows(type, in.x, M, K, data, y, N, lo, hi);
+  }
+}
+
+// Rows [begin, end) of the concatenated weight: y[m * N + n] for every m, the bias added last.
+inline void gguf_linear_rows(const GgufInputs& in, GgufActivations mode, int64_t M, int64_t K,
+                             const std::vector<GgufPart>& parts, const float* bias, float* y, int64_t N,
+                             int64_t begin, int64_t end) {
   int64_t offset = 0;
   for (const GgufPart& part : parts) {
     const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + part.rows);
-    if (lo < hi) {
-      if (q8k && gguf::q8k_supported(part.type))
-        gguf::matmul_q8k_rows(part.type, xk, M, K, part.data, y + offset, N, lo - offset, hi - offset);
-      else if (q8k)
-        gguf::matmul_q8k_legacy_rows(part.type, xq, M, K, part.data, y + offset, N, lo - offset, hi - offset);
-      else if (xv != nullptr)
-        gguf::matmul_bf16_amx_rows(part.type, xv, M, K, part.data, y + offset, N, lo - offset, hi - offset);
-      else if (xq != nullptr)
-        gguf::matmul_q8_cpu_rows(part.type, xq, M, K, part.data, y + offset, N, lo - offset, hi - offset);
-      else
-        gguf::matmul_cpu_rows(part.type, x, M, K, part.data, y + offset, N, lo - offset, hi - offset);
-    }
+    if (lo < hi) gguf_part_rows(in, mode, part.type, part.data, part.row_bytes, M, K, y + offset, N, lo - offset, hi - offset);
     offset += part.rows;
   }
   if (bias != nullptr)
@@ -115,42 +143,42 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   // to the weights), in buffers kept per thread: a prefill's would otherwise be fresh pages per call.
   static thread_local std::vector<uint8_t> xq_buf, xk_buf;
   static thread_local std::vector<uint16_t> xv_buf;
-  const uint8_t* q = nullptr;
-  const uint8_t* k = nullptr;
-  const uint16_t* v = nullptr;
-  // In the Q8K mode: x's Q8K form for the k-quant parts, its Q8 form for the legacy ones.
-  const bool q8k = activations == GgufActivations::kQ8k;
-  bool any_kquant = false, all_kquant = true;
+  GgufInputs in{x, nullptr, nullptr, nullptr};
+  // In the Q8K modes: x's Q8K form for the k-quant parts, its Q8 form for the legacy ones.
+  const bool q8k = activations == GgufActivations::kQ8k || activations == GgufActivations::kQ8kQ8;
+  bool any_kquant = false, all_kquant = true, any_panels = false;
   for (const GgufPart& part : parts) {
     any_kquant = any_kquant || gguf::q8k_supported(part.type);
     all_kquant = all_kquant && gguf::q8k_supported(part.type);
+    any_panels = any_panels || gguf::is_panels(part.type);
   }
   if (q8k && any_kquant) {  // k-quant rows are whole super-blocks: K % 256 == 0
     const size_t need = static_cast<size_t>(M * gguf::q8k_row_bytes(K));
     if (xk_buf.size() < need) xk_buf.resize(need);
     gguf::quantize_rows_q8k(x, M, K, xk_buf.data());
-    k = xk_buf.data();
+    in.xk = xk_buf.data();
   }
   if (activations == GgufActivations::kQ8 || (q8k && !all_kquant)) {
     const size_t need = static_cast<size_t>(M * gguf::q8_row_bytes(K));
     if (xq_buf.size() < need) xq_buf.resize(need);
     gguf::quantize_rows_q8(x, M, K, xq_buf.data());
-    q = xq_buf.data();
+    in.xq = xq_buf.data();
   } else if (activations == GgufActivations::kBf16Amx) {
     const size_t need = static_cast<size_t>(gguf::bf16_amx_rows_size(M, K));
     if (xv_buf.size() < need) xv_buf.resize(need);
     gguf::bf16_amx_prepare(x, M, K, xv_buf.data());
-    v = xv_buf.data();
+    in.xv = xv_buf.data();
   }
   // Rows claimed in chunks of 256 KiB .. 2 MiB of blocks (streaming_grain, at the parts' mean row size);
   // the tile kernel decodes W 32 rows at a time, so its chunks are whole groups of 32.
   int64_t bytes = 0;
   for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
   int64_t grain = streaming_grain(N, bytes / N);
-  if (v != nullptr) grain = (grain + 31) / 32 * 32;
-  if (q8k) grain = (grain + 15) / 16 * 16;  // the Q8K kernels decode W 16 rows at a time
+  if (in.xv != nullptr) grain = (grain + 31) / 32 * 32;
+  // The Q8K kernels decode W, and panels hold it, 16 rows at a time.
+  if (q8k || any_panels) grain = (grain + 15) / 16 * 16;
   claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {
-    gguf_linear_rows(x, q, v, k, q8k, M, K, parts, bias, y, N, begin, end);
+    gguf_linear_rows(in, activations, M, K, parts, bias, y, N, begin, end);
   });
 }
 

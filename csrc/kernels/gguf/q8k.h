@@ -31,9 +31,13 @@
 // where j' indexes x's 16-value sums of the sub-block (Q4_K: 2 per sub-block). float() rounds to
 // nearest even (|S| < 2^31: Q4_K <= 63 * 15 * 127 * 256, Q6_K <= 128 * 2 * 63 * 127 * 256).
 // It depends on row m of x and row n of W alone, so it is batch invariant and deterministic, but it
-// is not q8.h's: callers use it for a prompt's prefill only (LlamaModel.forward(prefill=True)), as
-// the AMX tiles' contract (bf16_amx.h), never for rows a verification compares with decoding.
-// Q4_K_LANES / Q6_K_LANES weights give the same values as the file's order.
+// is not q8.h's: a model whose k-quants are in the file's (or the lane) order uses it for a prompt's
+// prefill only (LlamaModel.forward(prefill=True)), as the AMX tiles' contract (bf16_amx.h), never
+// for rows a verification compares with decoding. A model whose k-quants are panels (panels.h:
+// where the VNNI tier runs) decodes and verifies in it too (ops/gguf_linear.h, mode Q8K + Q8): read
+// from panels the kernel runs at every row count, a one-token step at the Q8 kernel's speed and a
+// verification's extra rows at a third of their cost (bench/bench_real_step.py). Q4_K_LANES /
+// Q6_K_LANES / Q4_K_PANELS / Q6_K_PANELS weights give the same values as the file's order.
 //
 // ---- The legacy formats (Q8_0, Q5_0, Q4_1) ---------------------------------------------------------
 // Their fp16 scale per 32 weights allows no integer step across blocks, and their rows (the 0.5B's
@@ -46,14 +50,15 @@
 //   Q4_1  A = fma(float(Σ w q), mul(d_w, dx), A);  A = fma(float(Σ q), mul(m_w, dx), A)
 //   y = A
 // q8.h's integers in one accumulator instead of its eight lanes: again row-independent and batch
-// invariant, again a prefill-only contract (the 0.5B's 168-token prompt: bench/bench_gguf_prefill.py).
+// invariant, again a prefill-only contract (figures: docs/cpu-path.md#prefill).
 #pragma once
 
 #include <cstdint>
 
 namespace specdec::gguf {
 
-// Whether the Q8K kernel multiplies this weight type (the k-quants and their lane-order layouts).
+// Whether the Q8K kernel multiplies this weight type (the k-quants and their lane-order and panel
+// layouts).
 bool q8k_supported(int32_t type);
 
 // Bytes of one Q8K activation row of K values (K a multiple of 256).
@@ -63,7 +68,8 @@ int64_t q8k_row_bytes(int64_t K);
 void quantize_rows_q8k(const float* x, int64_t M, int64_t K, uint8_t* xk);
 
 // y[m * ldy + n] for n in [n_begin, n_end), m in [0, M), from xk (quantize_rows_q8k) and the
-// weight's blocks (N rows of K / 256 blocks of `type`, q8k_supported), in the float order above.
+// weight's blocks (N rows of K / 256 blocks of `type`, q8k_supported; panels: any range of rows,
+// the groups holding them read whole), in the float order above.
 void matmul_q8k_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, const uint8_t* weight, float* y,
                      int64_t ldy, int64_t n_begin, int64_t n_end);
 

@@ -4,10 +4,13 @@
 #include "kernels/gguf/q8k.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/gguf/blocks.h"
+#include "kernels/gguf/panels.h"
 #include "kernels/gguf/q8_round.h"
 #include "kernels/gguf/q8k_decode.h"
 
@@ -57,7 +60,7 @@ void portable_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, const 
 
 }  // namespace
 
-bool q8k_supported(int32_t type) { return type == 12 || type == 14 || type == kQ4_K_Lanes || type == kQ6_K_Lanes; }
+bool q8k_supported(int32_t type) { return file_type(type) == 12 || file_type(type) == 14; }
 
 int64_t q8k_row_bytes(int64_t K) { return (K + 4 * (K / kQK_K) + 2 * (K / 16) + 63) / 64 * 64; }
 
@@ -85,6 +88,15 @@ void matmul_q8k_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, cons
   if (M <= 0 || n_end <= n_begin) return;
   if (kVnni) {
     matmul_q8k_rows_avx512_vnni(type, xk, M, K, weight, y, ldy, n_begin, n_end);
+  } else if (is_panels(type)) {  // each group of 16 rows back in the file's order
+    const int64_t rb = K / kQK_K * block_bytes(type);
+    static thread_local std::vector<uint8_t> rows;
+    rows.resize(static_cast<size_t>(kPanelRows * rb));
+    for (int64_t g0 = n_begin / kPanelRows * kPanelRows; g0 < n_end; g0 += kPanelRows) {
+      blocks_from_panels(type, weight + g0 * rb, rb, rows.data());
+      portable_rows(file_type(type), xk, M, K, rows.data(), y + g0, ldy, std::max(n_begin, g0) - g0,
+                    std::min(n_end, g0 + kPanelRows) - g0);
+    }
   } else {
     portable_rows(type, xk, M, K, weight, y, ldy, n_begin, n_end);
   }

@@ -62,21 +62,28 @@ inline void q8k_decode(int32_t type, const uint8_t* row, int64_t t, Q8kSuperbloc
       out.w[32 * g + l] = static_cast<uint8_t>((lanes ? q6k_lanes_code(b, g, l) : q6k_code(b, g >> 2, g & 3, l)) + 32);
 }
 
-// The panel of 16 rows of W for one super-block (rows past the weight's end all zero), in the
-// order the VNNI tier reads it:
-//   w   [64 steps][16 rows][4]   codes 4 step .. 4 step + 3 of each row (a zmm per step)
+// The scales of 16 rows of W for one super-block (rows past the weight's end all zero), as the
+// VNNI tier reads them:
 //   sc  [16 sub-blocks][16 rows] int32
 //   pc  [8 pairs][16 rows]       int32 lanes holding the int16 pair (pc_2i, pc_2i+1)
 //   d, dmin [16 rows]
-struct alignas(64) Q8kPanel {
-  uint8_t w[64 * 64];
+struct alignas(64) Q8kScales {
   int32_t sc[16 * 16];
   int32_t pc[8 * 16];
   float d[16], dmin[16];
 };
 
+// The panel of 16 rows of W for one super-block, gathered per call from rows stored one after
+// another (the file's or the lane order): w [64 steps][16 rows][4] = codes 4 step .. 4 step + 3 of
+// each row (a zmm per step), and the scales.
+struct alignas(64) Q8kPanel {
+  uint8_t w[64 * 64];
+  Q8kScales s;
+};
+
 // Row r of the panel's scales, pairs, d and dmin from one decoded super-block (or zeros: `sb` null).
-inline void q8k_panel_scales(const Q8kSuperblock* sb, int r, Q8kPanel& p) {
+inline void q8k_panel_scales(const Q8kSuperblock* sb, int r, Q8kPanel& panel) {
+  Q8kScales& p = panel.s;
   for (int s = 0; s < 16; ++s) p.sc[s * 16 + r] = sb ? sb->sc[s] : 0;
   for (int i = 0; i < 8; ++i) {
     const uint32_t lo = sb ? static_cast<uint16_t>(static_cast<int16_t>(sb->pc[2 * i])) : 0;

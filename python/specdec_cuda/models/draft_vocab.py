@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops.gguf import GgufLinear, GgufWeight
+from ..ops.gguf import GgufLinear, GgufWeight, gguf_repack_panels
 from ..ops.skinny_linear import PackedWeight
 
 # The logit of a token outside the subset: exp(MASKED / T - max) is 0 in float32 for any
@@ -119,13 +119,17 @@ def target_vocab_subset(target, spec, head: torch.Tensor) -> VocabSubset:
 
 def gguf_rows_of(linear: GgufLinear, ids: torch.Tensor) -> GgufLinear:
     """The rows ``ids`` (sorted) of a GGUF weight, as stored: each part's rows gathered (a row of
-    blocks is self-contained), parts that keep no row dropped."""
+    blocks is self-contained; a part in panels is turned back into the file's order first and its
+    rows put in panels again), parts that keep no row dropped."""
     parts, start = [], 0
     for part in linear.parts:
+        stored = part
+        part = gguf_repack_panels(part, inverse=True)  # panels mix rows; the file's order keeps them apart
         mine = ids[(ids >= start) & (ids < start + part.out_features)] - start
         if mine.numel():
             rows = part.data[: mine.numel()] if int(mine[-1]) == mine.numel() - 1 else part.data[mine]
-            parts.append(GgufWeight(rows, part.qtype, mine.numel(), part.in_features))
+            subset = GgufWeight(rows, part.qtype, mine.numel(), part.in_features)
+            parts.append(gguf_repack_panels(subset) if stored.qtype != part.qtype else subset)
         start += part.out_features
     return GgufLinear(tuple(parts), linear.activations)
 

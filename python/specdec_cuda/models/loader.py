@@ -59,7 +59,8 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
         folder's ``model.gguf`` (as the real models keep it beside their converted weights) with
         the folder's ``config.json``.
     gguf_activations : a GGUF model's products: "q8" (default: int8 activations, integer dot
-        products, llama.cpp's numerics and speed) or "float32" (``LlamaModel.load_gguf``).
+        products, llama.cpp's numerics and speed), "q8_32" (int8 per 32 values for every format) or
+        "float32" (``LlamaModel.load_gguf``).
 
     Raises
     ------
@@ -117,8 +118,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torc
     head and embedding stay in the file's quantised blocks (``LlamaModel.load_gguf``): a decoding
     step reads 4.5 - 8.5 bits per weight. The configuration comes from the file's metadata, or from
     ``hf_config`` (a ``config.json`` dict) when given; a ``generation_config.json`` beside the file
-    adds its end-of-sequence ids. ``activations``: "q8" (default, llama.cpp's integer products) or
-    "float32" (see ``LlamaModel.load_gguf``). Float32 on a CPU with AVX-512 or AVX2 only (ValueError
+    adds its end-of-sequence ids. ``activations``: "q8" (default, llama.cpp's integer products),
+    "q8_32" or "float32" (see ``LlamaModel.load_gguf``). Float32 on a CPU with AVX-512 or AVX2 only (ValueError
     otherwise); UnsupportedModelError for a format or architecture the kernels lack.
 
     Example

@@ -45,13 +45,17 @@ from ..reference import gguf as ref
 
 __all__ = ["GgufWeight", "GgufLinear", "gguf_weight", "gguf_matmul", "gguf_linear", "gguf_dequantize", "gguf_rows",
            "gguf_repack_lanes", "lanes_pay", "q8k_prefill_pays", "Q4_K_LANES_ID", "Q6_K_LANES_ID", "quantize_q8", "q8_row_bytes",
+           "gguf_repack_panels", "panels_pay", "Q4_K_PANELS_ID", "Q6_K_PANELS_ID",
            "FORMATS", "ACTIVATIONS", "LINEAR_ACTIVATIONS", "cpu_isa", "q8_cpu_isa", "bf16_tiles_available"]
 
 FORMATS = ref.FORMATS
 ACTIVATIONS = ("float32", "q8")  # gguf_matmul's activation modes
-LINEAR_ACTIVATIONS = ACTIVATIONS + ("bf16", "q8k")  # gguf_linear's (and decoder_layer_gguf's): + the prefill kernels
+# gguf_linear's (and decoder_layer_gguf's): + the prefill kernels, and "q8k_q8" (k-quant parts Q8K,
+# legacy parts Q8: the decoding mode of a model whose k-quants are panels)
+LINEAR_ACTIVATIONS = ACTIVATIONS + ("bf16", "q8k", "q8k_q8")
 q8_row_bytes = ref.q8_row_bytes
 Q4_K_LANES_ID, Q6_K_LANES_ID = ref.Q4_K_LANES, ref.Q6_K_LANES  # gguf_repack_lanes's type ids: not GGML types
+Q4_K_PANELS_ID, Q6_K_PANELS_ID = ref.Q4_K_PANELS, ref.Q6_K_PANELS  # gguf_repack_panels's
 _NAMES = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
 
@@ -101,7 +105,8 @@ def _activation_code(activations: str) -> int:
     """0 for "float32", 1 for "q8" (the ops' ``activations`` argument); 2 for "bf16" (AMX tiles),
     which only ``gguf_linear`` and the GGUF decoder layer take, and only where
     ``bf16_tiles_available()``; 3 for "q8k" (the Q8K prefill kernel: those two ops, any CPU, fast
-    where ``q8k_prefill_pays()``)."""
+    where ``q8k_prefill_pays()``); 4 for "q8k_q8" (those two ops: k-quant parts in Q8K, legacy
+    parts in Q8, every row the bits of a one-row call: decoding where ``panels_pay()``)."""
     if activations not in LINEAR_ACTIVATIONS:
         raise ValueError(f"activations must be one of {LINEAR_ACTIVATIONS}, got {activations!r}")
     if activations == "bf16" and not bf16_tiles_available():
@@ -269,6 +274,12 @@ def gguf_rows(weight: GgufWeight, index: torch.Tensor) -> torch.Tensor:
         raise IndexError(f"row index out of range [0, {weight.out_features}): got "
                          f"{int(index.min())} .. {int(index.max())}")
     flat = index.reshape(-1).to(device=weight.data.device, dtype=torch.long)
+    if weight.qtype in ref.FILE_OF_PANELS:  # the groups of 16 that hold the rows, back in the file's order
+        groups = torch.unique(flat // 16)
+        rb = weight.data.shape[-1]
+        held = weight.data.reshape(-1, 16 * rb).index_select(0, groups).reshape(-1, rb)
+        weight = gguf_repack_panels(GgufWeight(held, weight.qtype, held.shape[0], weight.in_features), inverse=True)
+        flat = torch.searchsorted(groups, flat // 16) * 16 + flat % 16
     rows = GgufWeight(weight.data.index_select(0, flat), weight.qtype, flat.numel(), weight.in_features)
     return gguf_dequantize(rows).reshape(*index.shape, weight.in_features)
 
@@ -341,6 +352,39 @@ def gguf_repack_lanes(weight: GgufWeight) -> GgufWeight:
     return GgufWeight(out, ref.LANES[weight.qtype], weight.out_features, weight.in_features)
 
 
+def gguf_repack_panels(weight: GgufWeight, inverse: bool = False) -> GgufWeight:
+    """A Q4_K or Q6_K weight (``out_features`` a multiple of 16) in panels of 16 rows: type
+    ``Q4_K_PANELS`` (524) or ``Q6_K_PANELS`` (526), the same bytes permuted so that a step of the
+    Q8K kernel (4 codes of 16 rows) is one load (``reference.gguf.to_panels``;
+    ``csrc/kernels/gguf/panels.h``). ``gguf_linear`` and the GGUF decoder layer read it in every
+    mode (the Q8K modes natively, the others through the file's order), ``gguf_dequantize`` too;
+    ``gguf_matmul`` and CUDA refuse it. ``inverse=True`` turns panels back into the file's blocks.
+    Other formats, other devices and row counts that are not whole groups are returned as they are.
+
+    Example
+    -------
+    >>> w = gguf_weight(torch.zeros(16, 144, dtype=torch.uint8), "Q4_K", (16, 256))
+    >>> gguf_repack_panels(w).qtype
+    524
+    """
+    if not isinstance(weight, GgufWeight):
+        raise TypeError(f"weight must be a GgufWeight (from gguf_weight), got {type(weight).__name__}")
+    table = ref.FILE_OF_PANELS if inverse else ref.PANELS
+    if weight.qtype not in table or weight.data.device.type != "cpu" or weight.out_features % 16:
+        return weight
+    out = torch.empty_like(weight.data)
+    torch.ops.specdec.gguf_repack_panels(weight.data, weight.qtype, weight.in_features, inverse, out)
+    return GgufWeight(out, table[weight.qtype], weight.out_features, weight.in_features)
+
+
+def panels_pay() -> bool:
+    """Whether a model's Q4_K and Q6_K weights should be held as panels (``gguf_repack_panels``) and
+    decoded in ``activations="q8k_q8"``: where the Q8K kernel's VNNI tier runs and no AMX tiles
+    prefill (``q8k_prefill_pays()``). At one row of x it streams as fast as the Q8 kernel, and a
+    verification's extra rows cost a third as much (``csrc/kernels/gguf/q8k.h``)."""
+    return q8k_prefill_pays()
+
+
 def lanes_pay() -> bool:
     """Whether a model's Q4_K and Q6_K weights should be repacked (``gguf_repack_lanes``) in this
     process: its Q8 kernel is the AVX-512 VNNI tier, and no AMX prefill decodes the same blocks (the
@@ -375,6 +419,11 @@ def _gguf_dequantize_fake(weight, qtype, out):
 
 @torch.library.register_fake("specdec::gguf_repack_lanes")
 def _gguf_repack_lanes_fake(weight, qtype, k, out):
+    return None
+
+
+@torch.library.register_fake("specdec::gguf_repack_panels")
+def _gguf_repack_panels_fake(weight, qtype, k, inverse, out):
     return None
 
 

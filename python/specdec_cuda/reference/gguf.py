@@ -56,8 +56,13 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 Q4_K_LANES, Q6_K_LANES = 268, 270  # not GGML types: Q4_K / Q6_K repacked for the CPU's lane dots
 LANES = {Q4_K: Q4_K_LANES, Q6_K: Q6_K_LANES}  # file format -> its lane-order layout (to_lanes)
 FILE_FORMAT = {lanes: file for file, lanes in LANES.items()}  # lane-order layout -> its file format
+Q4_K_PANELS, Q6_K_PANELS = 524, 526  # not GGML types: Q4_K / Q6_K in panels of 16 rows (to_panels)
+PANELS = {Q4_K: Q4_K_PANELS, Q6_K: Q6_K_PANELS}  # file format -> its panel layout
+FILE_OF_PANELS = {panels: file for file, panels in PANELS.items()}  # panel layout -> its file format
 LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144),
-                                            Q6_K_LANES: ("Q6_K_LANES", 256, 210)}
+                                            Q6_K_LANES: ("Q6_K_LANES", 256, 210),
+                                            Q4_K_PANELS: ("Q4_K_PANELS", 256, 144),
+                                            Q6_K_PANELS: ("Q6_K_PANELS", 256, 210)}
 
 
 def row_bytes(qtype: int, in_features: int) -> int:
@@ -130,6 +135,71 @@ def from_lanes(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
     return torch.cat([b[:, :16], qs], dim=1).reshape(data.shape)
 
 
+def to_panels(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
+    """Q4_K (or Q6_K) blocks of a weight ``[N, K]`` (N a multiple of 16) -> Q4_K_PANELS (Q6_K_PANELS):
+    each group of 16 rows as one panel per super-block t, [16 rows][4 codes] per step of the Q8K
+    kernel (``csrc/kernels/gguf/panels.h`` has the byte map):
+
+    * codes: 32 pairs p of 64 bytes, byte 4r + b = c(r, 8p + b) | c(r, 8p + 4 + b) << 4 (Q6_K: of
+      the low 4 bits), then Q6_K's 16 quads u, byte 4r + b holding c(r, 16u + 4i + b) >> 4 at
+      bits 2i;
+    * then each row's scales (Q4_K 12 bytes, Q6_K 16) as dwords of 16 lanes, then d (Q4_K: d and
+      dmin) per row.
+
+    Shape: uint8 ``[N, K / 256 * bytes]`` -> the same shape.
+    """
+    n, rb = data.shape
+    bb = 144 if qtype == Q4_K else 210
+    g, t = n // 16, rb // bb
+    b = data.reshape(g, 16, t, bb)
+    if qtype == Q4_K:
+        codes = _q4_k_codes(b[..., 16:].reshape(-1, 128))
+    else:
+        codes = _q6_k_places(b.reshape(-1, 210))
+    codes = codes.reshape(g, 16, t, 32, 2, 4)                              # k = 8p + 4h + b
+    low = codes & 15
+    pairs = (low[..., 0, :] | low[..., 1, :] << 4).permute(0, 2, 3, 1, 4)  # [g, t, p, r, b]
+    parts = [pairs.reshape(g, t, 2048)]
+    if qtype == Q6_K:
+        high = (codes >> 4).reshape(g, 16, t, 16, 4, 4)                   # k = 16u + 4i + b
+        quads = (high * torch.tensor([1, 4, 16, 64]).reshape(4, 1)).sum(4)  # [g, r, t, u, b]
+        parts.append(quads.permute(0, 2, 3, 1, 4).reshape(g, t, 1024))
+        parts.append(b[..., 192:208].reshape(g, 16, t, 4, 4).permute(0, 2, 3, 1, 4).reshape(g, t, 256))
+        parts.append(b[..., 208:210].permute(0, 2, 1, 3).reshape(g, t, 32))
+    else:
+        parts.append(b[..., 4:16].reshape(g, 16, t, 3, 4).permute(0, 2, 3, 1, 4).reshape(g, t, 192))
+        parts.append(b[..., 0:4].permute(0, 2, 1, 3).reshape(g, t, 64))
+    return torch.cat([p.to(torch.uint8) for p in parts], dim=-1).reshape(n, rb)
+
+
+def from_panels(data: torch.Tensor, qtype: int = Q4_K_PANELS) -> torch.Tensor:
+    """The inverse of ``to_panels``: Q4_K_PANELS (Q6_K_PANELS) -> the file's Q4_K (Q6_K) blocks;
+    ``qtype`` names the panel layout (or its file format)."""
+    q6 = qtype in (Q6_K, Q6_K_PANELS)
+    n, rb = data.shape
+    bb = 210 if q6 else 144
+    g, t = n // 16, rb // bb
+    p = data.reshape(g, t, 16 * bb).to(torch.int32)
+    pairs = p[..., :2048].reshape(g, t, 32, 16, 4)                          # [g, t, p, r, b]
+    codes = torch.stack([pairs & 15, pairs >> 4], dim=3)                     # [g, t, p, h, r, b]
+    codes = codes.permute(0, 4, 1, 2, 3, 5).reshape(g, 16, t, 256)          # k = 8p + 4h + b
+    if q6:
+        quads = p[..., 2048:3072].reshape(g, t, 16, 16, 4)                  # [g, t, u, r, b]
+        high = (quads[..., None, :, :] >> torch.tensor([0, 2, 4, 6]).reshape(4, 1, 1)) & 3  # [g, t, u, i, r, b]
+        codes = codes | high.permute(0, 4, 1, 2, 3, 5).reshape(g, 16, t, 256) << 4
+        scales = p[..., 3072:3328].reshape(g, t, 4, 16, 4).permute(0, 3, 1, 2, 4).reshape(g, 16, t, 16)
+        d = p[..., 3328:3360].reshape(g, t, 16, 2).permute(0, 2, 1, 3)
+        blocks = torch.cat([_q6_k_bytes(codes.reshape(-1, 2, 4, 32)).reshape(g, 16, t, 192).to(torch.int32),
+                            scales, d], dim=-1)
+    else:
+        chunks = codes.reshape(g, 16, t, 4, 2, 32)                          # sub-block 2c + h
+        qs = (chunks[..., 0, :] | chunks[..., 1, :] << 4).reshape(g, 16, t, 128)
+        scales = p[..., 2048:2240].reshape(g, t, 3, 16, 4).permute(0, 3, 1, 2, 4).reshape(g, 16, t, 12)
+        dd = p[..., 2240:2304].reshape(g, t, 16, 4).permute(0, 2, 1, 3)
+        blocks = torch.cat([dd, scales, qs], dim=-1)
+    return blocks.to(torch.uint8).reshape(n, rb)
+
+
 def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """The fp16 at byte ``offset`` of every block, widened to float32.  [..., bytes] -> [..., 1]"""
     return blocks[..., offset:offset + 2].contiguous().view(torch.float16).float()
@@ -149,6 +219,9 @@ def dequantize(data: torch.Tensor, qtype: int, out_features: int, in_features: i
     if qtype in FILE_FORMAT:
         file = FILE_FORMAT[qtype]
         return dequantize(from_lanes(data, file), file, out_features, in_features)
+    if qtype in FILE_OF_PANELS:
+        return dequantize(from_panels(data.reshape(out_features, -1), qtype), FILE_OF_PANELS[qtype], out_features,
+                          in_features)
     name, qk, nbytes = FORMATS[qtype]
     n, k = out_features, in_features
     b = data.reshape(n, k // qk, nbytes)
@@ -323,6 +396,8 @@ def matmul_q8(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: int
     if qtype in FILE_FORMAT:
         file = FILE_FORMAT[qtype]
         return matmul_q8(x, from_lanes(data, file), file, out_features)
+    if qtype in FILE_OF_PANELS:
+        return matmul_q8(x, from_panels(data.reshape(out_features, -1), qtype), FILE_OF_PANELS[qtype], out_features)
     m, k = x.shape
     n, g = out_features, k // 32
     q, dx, s = quantize_q8_parts(x)
@@ -386,6 +461,8 @@ def matmul_q8k(x: torch.Tensor, data: torch.Tensor, qtype: int, out_features: in
     if qtype in FILE_FORMAT:
         file = FILE_FORMAT[qtype]
         return matmul_q8k(x, from_lanes(data, file), file, out_features)
+    if qtype in FILE_OF_PANELS:
+        return matmul_q8k(x, from_panels(data.reshape(out_features, -1), qtype), FILE_OF_PANELS[qtype], out_features)
     if qtype in (Q8_0, Q5_0, Q4_1):
         q, dx, s = quantize_q8_parts(x)
         m, g = q.shape[0], q.shape[1] // 32

@@ -1,0 +1,111 @@
+"""Q4_K / Q6_K weights in panels of 16 rows (``gguf_repack_panels``, csrc/kernels/gguf/panels.h),
+the layout a model decodes from where ``panels_pay()`` (the Q8K kernel at every row count).
+
+Checked: the repack equals ``reference.gguf.to_panels`` byte for byte and turns back exactly; in
+every activations mode ``gguf_linear`` on panels gives the bits of the file's blocks (the Q8K modes
+read them natively, the others through the file's order), also where a chunk of rows starts inside
+a group (a legacy part of 8 rows first) and on the portable tier; "q8k_q8" runs legacy parts in
+Q8; dequantisation, row lookups and a draft vocabulary's rows read panels; ``gguf_matmul`` refuses
+them with a message that names the way back.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _gguf_testlib import random_blocks
+from _isolated import run_capped
+from specdec_cuda.models.draft_vocab import gguf_rows_of
+from specdec_cuda.ops import gguf as g
+from specdec_cuda.reference import gguf as ref
+
+pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
+
+gguf = pytest.importorskip("gguf")
+Q4_K, Q6_K, Q5_0 = 12, 14, 6
+KQUANTS = pytest.mark.parametrize("qtype", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+
+
+def file_weight(qtype: int, n: int, k: int, seed: int) -> g.GgufWeight:
+    return g.gguf_weight(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)), qtype, (n, k))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+@KQUANTS
+def test_repack_equals_the_reference_and_turns_back(qtype):
+    w = file_weight(qtype, 48, 768, seed=1)
+    p = g.gguf_repack_panels(w)
+    assert p.qtype == ref.PANELS[qtype] and p.data.shape == w.data.shape
+    assert torch.equal(p.data, ref.to_panels(w.data, qtype))
+    assert torch.equal(ref.from_panels(p.data, p.qtype), w.data)
+    back = g.gguf_repack_panels(p, inverse=True)
+    assert back.qtype == qtype and torch.equal(back.data, w.data)
+    assert torch.equal(g.gguf_dequantize(p), ref.dequantize(w.data, qtype, 48, 768))
+
+
+def test_what_panels_cannot_hold_is_returned_as_it_is():
+    odd = file_weight(Q4_K, 20, 256, seed=2)  # not whole groups of 16 rows
+    legacy = file_weight(Q5_0, 16, 256, seed=2)
+    assert g.gguf_repack_panels(odd) is odd and g.gguf_repack_panels(legacy) is legacy
+    assert g.gguf_repack_panels(odd, inverse=True) is odd  # already the file's order
+
+
+@KQUANTS
+@pytest.mark.parametrize("mode", ["float32", "q8", "q8k", "q8k_q8"])
+def test_linear_on_panels_gives_the_file_blocks_bits(qtype, mode):
+    k = 512
+    w = file_weight(qtype, 64, k, seed=3)
+    legacy = file_weight(Q5_0, 8, k, seed=4)  # 8 rows first: chunks of rows start inside a group
+    p = g.gguf_repack_panels(w)
+    gen = torch.Generator().manual_seed(qtype)
+    for m in (1, 2, 5, 9):
+        x = torch.randn(m, k, generator=gen)
+        want = g.gguf_linear(x, g.GgufLinear.of(legacy, w), activations=mode)
+        got = g.gguf_linear(x, g.GgufLinear.of(legacy, p), activations=mode)
+        assert torch.equal(bits(got), bits(want)), (mode, m)
+        if mode.startswith("q8k"):
+            assert torch.equal(bits(got[:, 8:]), bits(ref.matmul_q8k(x, w.data, qtype, 64))), (mode, m)
+
+
+def test_q8k_q8_runs_legacy_parts_in_q8():
+    k = 512
+    legacy, w = file_weight(Q5_0, 16, k, seed=5), g.gguf_repack_panels(file_weight(Q4_K, 32, k, seed=6))
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(5))
+    y = g.gguf_linear(x, g.GgufLinear.of(legacy, w), activations="q8k_q8")
+    assert torch.equal(bits(y[:, :16]), bits(ref.matmul_q8(x, legacy.data, Q5_0, 16)))
+    assert torch.equal(bits(y[:, 16:]), bits(ref.matmul_q8k(x, ref.from_panels(w.data, w.qtype), Q4_K, 32)))
+
+
+def test_the_portable_tier_reads_panels_with_the_same_bits():
+    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(7))
+    raws = {qtype: file_weight(qtype, 32, 512, seed=8).data for qtype in (Q4_K, Q6_K)}
+    code = ("import sys, torch; from specdec_cuda.ops import gguf as g\n"
+            "io = torch.load(sys.argv[1])\n"
+            "io['y'] = {q: g.gguf_linear(io['x'], g.GgufLinear.of(g.gguf_repack_panels(g.gguf_weight(raw, q, (32, 512)))),\n"
+            "                            activations='q8k_q8') for q, raw in io['raws'].items()}\n"
+            "torch.save(io, sys.argv[1])\n")
+    out = run_capped("avx2", code, payload={"x": x, "raws": raws})
+    for qtype, raw in raws.items():
+        assert torch.equal(bits(out["y"][qtype]), bits(ref.matmul_q8k(x, raw, qtype, 32))), qtype
+
+
+@KQUANTS
+def test_rows_and_a_draft_vocabulary_read_panels(qtype):
+    w = file_weight(qtype, 64, 256, seed=9)
+    p = g.gguf_repack_panels(w)
+    index = torch.tensor([[3, 40], [63, 3]])
+    assert torch.equal(g.gguf_rows(p, index), g.gguf_rows(w, index))
+    ids = torch.arange(0, 64, 2)  # 32 rows: whole groups again, so the subset is in panels too
+    sub = gguf_rows_of(g.GgufLinear.of(p, activations="q8k_q8"), ids)
+    assert sub.parts[0].qtype == p.qtype
+    assert torch.equal(g.gguf_dequantize(sub.parts[0]), g.gguf_dequantize(w)[ids])
+
+
+def test_gguf_matmul_refuses_panels():
+    p = g.gguf_repack_panels(file_weight(Q4_K, 16, 256, seed=10))
+    with pytest.raises(RuntimeError, match="panel layout.*gguf_repack_panels"):
+        g.gguf_matmul(torch.randn(1, 256), p)
