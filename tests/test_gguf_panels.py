@@ -1,12 +1,13 @@
-"""Q4_K / Q6_K weights in panels of 16 rows (``gguf_repack_panels``, csrc/kernels/gguf/panels.h),
-the layout a model decodes from where ``panels_pay()`` (the Q8K kernel at every row count).
+"""GGUF weights in panels of 16 rows (``gguf_repack_panels``, csrc/kernels/gguf/panels.h), the
+layout a model decodes from where ``panels_pay()``: the k-quants on the Q8K kernel, the legacy
+formats on the lanes kernel in Q8's order, at every row count.
 
-Checked: the repack equals ``reference.gguf.to_panels`` byte for byte and turns back exactly; in
-every activations mode ``gguf_linear`` on panels gives the bits of the file's blocks (the Q8K modes
-read them natively, the others through the file's order), also where a chunk of rows starts inside
-a group (a legacy part of 8 rows first) and on the portable tier; "q8k_q8" runs legacy parts in
-Q8; dequantisation, row lookups and a draft vocabulary's rows read panels; ``gguf_matmul`` refuses
-them with a message that names the way back.
+Checked, for every format: the repack equals ``reference.gguf.to_panels`` byte for byte and turns
+back exactly; in every activations mode ``gguf_linear`` on panels gives the bits of the file's
+blocks (the int8 modes read them natively on a VNNI CPU, the others through the file's order),
+also where a chunk of rows starts inside a group (a legacy part of 8 rows first) and on the
+portable tier; "q8k_q8" runs legacy parts in Q8; dequantisation, row lookups and a draft
+vocabulary's rows read panels; ``gguf_matmul`` refuses them with a message that names the way back.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from specdec_cuda.reference import gguf as ref
 pytestmark = pytest.mark.kernels  # the compiled ops against their references (make cpu-only-check)
 
 gguf = pytest.importorskip("gguf")
-Q4_K, Q6_K, Q5_0 = 12, 14, 6
-KQUANTS = pytest.mark.parametrize("qtype", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])
+Q4_K, Q6_K, Q5_0, Q8_0, Q4_1 = 12, 14, 6, 8, 3
+NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0", Q5_0: "Q5_0", Q4_1: "Q4_1"}
+FORMATS = pytest.mark.parametrize("qtype", list(NAMES), ids=list(NAMES.values()))
 
 
 def file_weight(qtype: int, n: int, k: int, seed: int) -> g.GgufWeight:
@@ -35,11 +37,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-@KQUANTS
+@FORMATS
 def test_repack_equals_the_reference_and_turns_back(qtype):
     w = file_weight(qtype, 48, 768, seed=1)
     p = g.gguf_repack_panels(w)
-    assert p.qtype == ref.PANELS[qtype] and p.data.shape == w.data.shape
+    assert p.qtype == ref.PANELS[qtype] == 512 + qtype and p.data.shape == w.data.shape
     assert torch.equal(p.data, ref.to_panels(w.data, qtype))
     assert torch.equal(ref.from_panels(p.data, p.qtype), w.data)
     back = g.gguf_repack_panels(p, inverse=True)
@@ -49,12 +51,12 @@ def test_repack_equals_the_reference_and_turns_back(qtype):
 
 def test_what_panels_cannot_hold_is_returned_as_it_is():
     odd = file_weight(Q4_K, 20, 256, seed=2)  # not whole groups of 16 rows
-    legacy = file_weight(Q5_0, 16, 256, seed=2)
-    assert g.gguf_repack_panels(odd) is odd and g.gguf_repack_panels(legacy) is legacy
+    lanes = g.gguf_repack_lanes(file_weight(Q4_K, 16, 256, seed=2))
+    assert g.gguf_repack_panels(odd) is odd and g.gguf_repack_panels(lanes) is lanes
     assert g.gguf_repack_panels(odd, inverse=True) is odd  # already the file's order
 
 
-@KQUANTS
+@FORMATS
 @pytest.mark.parametrize("mode", ["float32", "q8", "q8k", "q8k_q8"])
 def test_linear_on_panels_gives_the_file_blocks_bits(qtype, mode):
     k = 512
@@ -67,8 +69,10 @@ def test_linear_on_panels_gives_the_file_blocks_bits(qtype, mode):
         want = g.gguf_linear(x, g.GgufLinear.of(legacy, w), activations=mode)
         got = g.gguf_linear(x, g.GgufLinear.of(legacy, p), activations=mode)
         assert torch.equal(bits(got), bits(want)), (mode, m)
-        if mode.startswith("q8k"):
-            assert torch.equal(bits(got[:, 8:]), bits(ref.matmul_q8k(x, w.data, qtype, 64))), (mode, m)
+        kquant = qtype in (Q4_K, Q6_K)
+        spec = ref.matmul_q8k if mode == "q8k" or (mode == "q8k_q8" and kquant) else ref.matmul_q8
+        if mode != "float32":
+            assert torch.equal(bits(got[:, 8:]), bits(spec(x, w.data, qtype, 64))), (mode, m)
 
 
 def test_q8k_q8_runs_legacy_parts_in_q8():
@@ -82,18 +86,21 @@ def test_q8k_q8_runs_legacy_parts_in_q8():
 
 def test_the_portable_tier_reads_panels_with_the_same_bits():
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(7))
-    raws = {qtype: file_weight(qtype, 32, 512, seed=8).data for qtype in (Q4_K, Q6_K)}
+    raws = {qtype: file_weight(qtype, 32, 512, seed=8).data for qtype in NAMES}
     code = ("import sys, torch; from specdec_cuda.ops import gguf as g\n"
             "io = torch.load(sys.argv[1])\n"
-            "io['y'] = {q: g.gguf_linear(io['x'], g.GgufLinear.of(g.gguf_repack_panels(g.gguf_weight(raw, q, (32, 512)))),\n"
-            "                            activations='q8k_q8') for q, raw in io['raws'].items()}\n"
+            "lin = lambda q, raw: g.GgufLinear.of(g.gguf_repack_panels(g.gguf_weight(raw, q, (32, 512))))\n"
+            "io['y'] = {(q, mode): g.gguf_linear(io['x'], lin(q, raw), activations=mode)\n"
+            "           for q, raw in io['raws'].items() for mode in ('q8k_q8', 'q8k')}\n"
             "torch.save(io, sys.argv[1])\n")
     out = run_capped("avx2", code, payload={"x": x, "raws": raws})
     for qtype, raw in raws.items():
-        assert torch.equal(bits(out["y"][qtype]), bits(ref.matmul_q8k(x, raw, qtype, 32))), qtype
+        decoding = ref.matmul_q8k if qtype in (Q4_K, Q6_K) else ref.matmul_q8
+        assert torch.equal(bits(out["y"][qtype, "q8k_q8"]), bits(decoding(x, raw, qtype, 32))), qtype
+        assert torch.equal(bits(out["y"][qtype, "q8k"]), bits(ref.matmul_q8k(x, raw, qtype, 32))), qtype
 
 
-@KQUANTS
+@FORMATS
 def test_rows_and_a_draft_vocabulary_read_panels(qtype):
     w = file_weight(qtype, 64, 256, seed=9)
     p = g.gguf_repack_panels(w)

@@ -21,6 +21,9 @@ inline const char* gguf_type_name(int64_t type) {
     case 14: return "Q6_K";
     case gguf::kQ4_K_Lanes: return "Q4_K_LANES";
     case gguf::kQ6_K_Lanes: return "Q6_K_LANES";
+    case gguf::kQ4_1_Panels: return "Q4_1_PANELS";
+    case gguf::kQ5_0_Panels: return "Q5_0_PANELS";
+    case gguf::kQ8_0_Panels: return "Q8_0_PANELS";
     case gguf::kQ4_K_Panels: return "Q4_K_PANELS";
     case gguf::kQ6_K_Panels: return "Q6_K_PANELS";
     default: return "unsupported";
@@ -35,7 +38,7 @@ inline void check_gguf_weight(const char* op, const at::Tensor& weight, int64_t 
   const int qk = gguf::block_weights(static_cast<int32_t>(type));
   TORCH_CHECK(qk > 0, op, ": type must be a GGML type id of Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12) or Q6_K (14), or ",
               gguf::kQ4_K_Lanes, " / ", gguf::kQ6_K_Lanes, " (Q4_K_LANES / Q6_K_LANES: gguf_repack_lanes's), or ",
-              gguf::kQ4_K_Panels, " / ", gguf::kQ6_K_Panels, " (gguf_repack_panels's); got ", type);
+              "512 + one of those (a panel layout: gguf_repack_panels's); got ", type);
   const bool is_panels = gguf::is_panels(static_cast<int32_t>(type));
   TORCH_CHECK(!is_panels || panels, op, ": ", gguf_type_name(type), " (a panel layout) is read by gguf_linear, "
               "decoder_layer_gguf and gguf_dequantize on the CPU only; turn it back with gguf_repack_panels(inverse=True)");

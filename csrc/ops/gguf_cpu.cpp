@@ -122,11 +122,12 @@ void gguf_linear_cpu(const at::Tensor& x, at::TensorList weights, at::IntArrayRe
 }
 
 void gguf_repack_panels_cpu(const at::Tensor& weight, int64_t type, int64_t K, bool inverse, at::Tensor& out) {
-  // weight: Q4_K / Q6_K blocks of W (N, K), or (inverse) their panels; out: the same shape and dtype
+  // weight: GGUF blocks of W (N, K), or (inverse) their panels; out: the same shape and dtype
   constexpr const char* op = "gguf_repack_panels";
   const int32_t file = gguf::file_type(static_cast<int32_t>(type));
-  TORCH_CHECK(inverse ? gguf::is_panels(static_cast<int32_t>(type)) : (type == 12 || type == 14), op,
-              ": type must be ", inverse ? "Q4_K_PANELS (524) or Q6_K_PANELS (526)" : "Q4_K (12) or Q6_K (14)",
+  const bool file_format = type == 3 || type == 6 || type == 8 || type == 12 || type == 14;
+  TORCH_CHECK(inverse ? gguf::is_panels(static_cast<int32_t>(type)) : file_format, op, ": type must be ",
+              inverse ? "a panel layout (515, 518, 520, 524, 526)" : "Q4_1, Q5_0, Q8_0, Q4_K or Q6_K (3, 6, 8, 12, 14)",
               " with inverse=", inverse ? "True" : "False", "; got ", type);
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be the [N, row bytes] uint8 blocks of a ", gguf_type_name(type),
               " weight; got ", weight.sizes());

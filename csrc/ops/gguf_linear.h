@@ -38,6 +38,7 @@
 #include "kernels/gguf/blocks.h"
 #include "kernels/gguf/gguf_cpu.h"
 #include "kernels/gguf/q8.h"
+#include "kernels/gguf/panels.h"
 #include "kernels/gguf/q8k.h"
 #include "ops/claim_parallel.h"
 #include "ops/gguf_common.h"
@@ -94,28 +95,27 @@ struct GgufInputs {
   const uint8_t* xk;  // their Q8K form (q8k.h)
 };
 
-// Rows [lo, hi) of one part, y[m * N + n] at y's row 0 of the part, in `mode`.
+// Rows [lo, hi) of one part, y[m * N + n] at y's row 0 of the part, in `mode`. Panels
+// (kernels/gguf/panels.h) go to the kernels of their mode, which read them natively where the CPU
+// has AVX-512 VNNI and through the file's order elsewhere; the float32 and AMX kernels get each
+// group of 16 rows back in the file's order here (not decoding paths: the models use panels only
+// in the Q8 modes).
 inline void gguf_part_rows(const GgufInputs& in, GgufActivations mode, int32_t type, const uint8_t* data,
                            int64_t row_bytes, int64_t M, int64_t K, float* y, int64_t N, int64_t lo, int64_t hi) {
   const bool q8k_modes = mode == GgufActivations::kQ8k || mode == GgufActivations::kQ8kQ8;
-  if (q8k_modes && gguf::q8k_supported(type)) {  // the k-quants, panels read natively
+  if (q8k_modes && gguf::q8k_supported(type)) {
     gguf::matmul_q8k_rows(type, in.xk, M, K, data, y, N, lo, hi);
-  } else if (gguf::is_panels(type)) {
-    // A kernel of the file's order meets panels: each group of 16 rows back in that order, in a
-    // per-thread buffer (not a decoding path: the models use panels only in the Q8K modes).
-    static thread_local std::vector<uint8_t> rows;
-    rows.resize(static_cast<size_t>(gguf::kPanelRows * row_bytes));
-    for (int64_t g0 = lo / gguf::kPanelRows * gguf::kPanelRows; g0 < hi; g0 += gguf::kPanelRows) {
-      gguf::blocks_from_panels(type, data + g0 * row_bytes, row_bytes, rows.data());
-      gguf_part_rows(in, mode, gguf::file_type(type), rows.data(), row_bytes, M, K, y + g0, N,
-                     std::max(lo, g0) - g0, std::min(hi, g0 + gguf::kPanelRows) - g0);
-    }
   } else if (mode == GgufActivations::kQ8k) {
     gguf::matmul_q8k_legacy_rows(type, in.xq, M, K, data, y, N, lo, hi);
-  } else if (mode == GgufActivations::kBf16Amx) {
-    gguf::matmul_bf16_amx_rows(type, in.xv, M, K, data, y, N, lo, hi);
   } else if (mode == GgufActivations::kQ8 || mode == GgufActivations::kQ8kQ8) {
     gguf::matmul_q8_cpu_rows(type, in.xq, M, K, data, y, N, lo, hi);
+  } else if (gguf::is_panels(type)) {
+    gguf::panel_groups_in_file_order(type, data, row_bytes, lo, hi,
+                                     [&](int32_t file, const uint8_t* rows, int64_t g0, int64_t a, int64_t b) {
+                                       gguf_part_rows(in, mode, file, rows, row_bytes, M, K, y + g0, N, a, b);
+                                     });
+  } else if (mode == GgufActivations::kBf16Amx) {
+    gguf::matmul_bf16_amx_rows(type, in.xv, M, K, data, y, N, lo, hi);
   } else {
     gguf::matmul_cpu_rows(type, in.x, M, K, data, y, N, lo, hi);
   }

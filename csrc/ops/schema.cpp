@@ -237,11 +237,11 @@ TORCH_LIBRARY(specdec, m) {
   // Q4_K_LANES / 270 Q6_K_LANES, kernels/gguf/blocks.h): the same values and matmul bits, no
   // transpose per block at decoding. K given, as the weight's shape is bytes. CPU only.
   m.def("gguf_repack_lanes(Tensor weight, int type, int K, Tensor(a!) out) -> ()");
-  // gguf_repack_panels: out = a Q4_K or Q6_K weight's blocks [N, K / 256 * block bytes] uint8 (`type`
-  // 12 or 14, N a multiple of 16) in panels of 16 rows (type 524 Q4_K_PANELS / 526 Q6_K_PANELS,
-  // kernels/gguf/panels.h), the layout the Q8K kernel reads at every row count; `inverse`: `type`
-  // is a panel layout and out its file order. The same bytes permuted: values and bits unchanged.
-  // K given, as the weight's shape is bytes. CPU only.
+  // gguf_repack_panels: out = a weight's blocks [N, K / QK * block bytes] uint8 (`type` 3, 6, 8, 12
+  // or 14, N a multiple of 16) in panels of 16 rows (type 512 + `type`: Q4_1_PANELS ... Q6_K_PANELS,
+  // kernels/gguf/panels.h), the layout the VNNI lanes kernels read at every row count; `inverse`:
+  // `type` is a panel layout and out its file order. The same bytes permuted (Q8_0's codes stored
+  // as w + 128): values and bits unchanged. K given, as the weight's shape is bytes. CPU only.
   m.def("gguf_repack_panels(Tensor weight, int type, int K, bool inverse, Tensor(a!) out) -> ()");
   // ---- end family: gguf ----
 }

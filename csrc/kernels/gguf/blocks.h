@@ -58,6 +58,9 @@ enum class Type : int32_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K =
 // the same formats in panels of 16 rows (kernels/gguf/panels.h).
 inline constexpr int32_t kQ4_K_Lanes = 268;
 inline constexpr int32_t kQ6_K_Lanes = 270;
+inline constexpr int32_t kQ4_1_Panels = 515;  // 512 + the file format's id
+inline constexpr int32_t kQ5_0_Panels = 518;
+inline constexpr int32_t kQ8_0_Panels = 520;
 inline constexpr int32_t kQ4_K_Panels = 524;
 inline constexpr int32_t kQ6_K_Panels = 526;
 
@@ -65,11 +68,15 @@ inline constexpr int32_t kQ6_K_Panels = 526;
 SPECDEC_HD bool is_lanes(int32_t type) { return type == kQ4_K_Lanes || type == kQ6_K_Lanes; }
 
 // Whether ``type`` is one of the panel layouts: rows interleaved in groups of 16 (panels.h).
-SPECDEC_HD bool is_panels(int32_t type) { return type == kQ4_K_Panels || type == kQ6_K_Panels; }
+SPECDEC_HD bool is_panels(int32_t type) {
+  return type == kQ4_1_Panels || type == kQ5_0_Panels || type == kQ8_0_Panels || type == kQ4_K_Panels ||
+         type == kQ6_K_Panels;
+}
 
 // The file format a lane-order or panel layout holds (a file format: itself).
 SPECDEC_HD int32_t file_type(int32_t type) {
-  return type == kQ4_K_Lanes || type == kQ4_K_Panels ? 12 : type == kQ6_K_Lanes || type == kQ6_K_Panels ? 14 : type;
+  if (is_panels(type)) return type - 512;
+  return type == kQ4_K_Lanes ? 12 : type == kQ6_K_Lanes ? 14 : type;
 }
 
 inline constexpr int kQK = 32;     // weights per block of the legacy formats
@@ -112,16 +119,16 @@ static_assert(alignof(BlockQ4_1) == 2 && alignof(BlockQ5_0) == 2 && alignof(Bloc
 // Weights per block and bytes per block of a format; 0 for an unsupported type id.
 SPECDEC_HD int block_weights(int32_t type) {
   switch (type) {
-    case 3: case 6: case 8: return kQK;
+    case 3: case 6: case 8: case kQ4_1_Panels: case kQ5_0_Panels: case kQ8_0_Panels: return kQK;
     case 12: case 14: case kQ4_K_Lanes: case kQ6_K_Lanes: case kQ4_K_Panels: case kQ6_K_Panels: return kQK_K;
     default: return 0;
   }
 }
 SPECDEC_HD int block_bytes(int32_t type) {
   switch (type) {
-    case 3: return sizeof(BlockQ4_1);
-    case 6: return sizeof(BlockQ5_0);
-    case 8: return sizeof(BlockQ8_0);
+    case 3: case kQ4_1_Panels: return sizeof(BlockQ4_1);
+    case 6: case kQ5_0_Panels: return sizeof(BlockQ5_0);
+    case 8: case kQ8_0_Panels: return sizeof(BlockQ8_0);
     case 12: case kQ4_K_Lanes: case kQ4_K_Panels: return sizeof(BlockQ4_K);
     case 14: case kQ6_K_Lanes: case kQ6_K_Panels: return sizeof(BlockQ6_K);
     default: return 0;

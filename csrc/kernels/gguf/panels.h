@@ -1,35 +1,28 @@
-// The panel layouts of Q4_K and Q6_K weights: Q4_K_PANELS (type 524) and Q6_K_PANELS (526), not
-// ggml types but this project's repacking at load for the Q8K kernel (q8k.h) on CPUs with AVX-512
-// VNNI and no AMX, where a model decodes and verifies on it (ops/gguf_linear.h, mode Q8K + Q8).
+// The panel layouts of GGUF weights: Q4_K_PANELS (type 524), Q6_K_PANELS (526), Q8_0_PANELS (520),
+// Q5_0_PANELS (518) and Q4_1_PANELS (515): not ggml types (512 + the file format's id) but this
+// project's repacking at load for the kernels that hold 16 rows of W in the vector lanes, on CPUs
+// with AVX-512 VNNI and no AMX: the Q8K kernel for the k-quants (q8k.h, ops/gguf_linear.h's mode
+// Q8K + Q8), the lanes kernel in q8.h's order for the legacy formats (legacy_lanes_avx512_vnni.cpp).
 // Torch-free, scalar: the conversions run once at load, or where a kernel without a panel loop
 // meets a repacked weight (not a decoding path).
 //
-// Why: the Q8K kernel multiplies 16 rows of W in the vector lanes, each step a zmm of [16 rows][4
+// Why: those kernels multiply 16 rows of W in the vector lanes, each step a zmm of [16 rows][4
 // codes]. Gathered from rows stored one after another (the file's order, or the lane order), the
 // panel costs a pass over the blocks per call, ~26 ns per super-block and row of W on a Zen 4 core:
 // at one or five rows of x more than the products. Stored as panels, a step is one load and a
-// nibble split, and the kernel runs at every row count.
+// nibble split, and the kernels run at every row count.
 //
-// The layout: a weight [N, K] (N a multiple of 16) keeps its bytes, N * K / 256 * block bytes, in
+// The layout: a weight [N, K] (N a multiple of 16) keeps its bytes, N * K / QK * block bytes, in
 // groups of 16 rows; group G holds rows 16 G .. 16 G + 15 in bytes [16 G rb, 16 (G + 1) rb) (rb the
-// file's row bytes), one panel per super-block t at 16 t * (block bytes) within it. c(r, k) is code k
-// (0..255, the weight's order) of row r's super-block t: Q4_K 0..15, Q6_K 0..63 (value c - 32).
-//   Q4_K panel, 2304 bytes:
-//     [0, 2048)     32 pairs p of 64 bytes: byte 4 r + b = c(r, 8p + b) | c(r, 8p + 4 + b) << 4
-//     [2048, 2240)  3 chunks j of 64 bytes: bytes 4 r .. 4 r + 3 = row r's scales[4 j .. 4 j + 3]
-//     [2240, 2304)  bytes 4 r .. 4 r + 3 = row r's d, dmin (fp16)
-//   Q6_K panel, 3360 bytes:
-//     [0, 2048)     as Q4_K's codes, of the low 4 bits c & 15
-//     [2048, 3072)  16 quads u of 64 bytes: byte 4 r + b, bits 2i .. 2i + 1 = c(r, 16u + 4i + b) >> 4
-//     [3072, 3328)  4 chunks j of 64 bytes: bytes 4 r .. 4 r + 3 = row r's scales[4 j .. 4 j + 3]
-//     [3328, 3360)  bytes 2 r, 2 r + 1 = row r's d (fp16)
-// So step s (codes 4s .. 4s + 3 of every row) is nibble s & 1 of pair s / 2 (and Q6_K's bits
-// 2 (s & 3) of quad s / 4), and a row's scales are dwords of 16-lane vectors. The values, and the
-// bits of every kernel that reads the layout, are the file format's.
+// file's row bytes), one panel per block column t (a super-block, or a legacy block of 32) at
+// 16 t * (block bytes) within it. c(r, k) is code k (the weight's order) of row r's block t:
+// Q4_K 0..15, Q6_K 0..63 (value c - 32), Q8_0 w + 128, Q5_0 0..31 (value c - 16), Q4_1 0..15.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/gguf/blocks.h"
 
@@ -61,10 +54,70 @@ inline void set_kquant_code(int32_t file, uint8_t* block, int k, int code) {
   b.qh[32 * h + l] |= static_cast<uint8_t>((code >> 4) << (2 * i));
 }
 
-// 16 rows of a file-order Q4_K / Q6_K weight (`file`; rb bytes each, from `rows`) <-> their
-// group of panels (16 rb bytes at `panels`), both ways: to_panels true writes panels.
+// Code k (0..31) of a legacy block (`file`: Q8_0 w + 128, Q5_0 0..31, Q4_1 0..15).
+inline int legacy_code(int32_t file, const uint8_t* block, int k) {
+  if (file == 8) return static_cast<uint8_t>(reinterpret_cast<const BlockQ8_0*>(block)->qs[k]) ^ 0x80;
+  const uint8_t* qs = block + (file == 6 ? 6 : 4);
+  const int low = (k < 16 ? qs[k] : qs[k - 16] >> 4) & 15;
+  if (file == 3) return low;
+  uint32_t qh;
+  std::memcpy(&qh, block + 2, 4);
+  return low | static_cast<int>((qh >> k) & 1) << 4;
+}
+
+// Sets code k of a legacy block whose code bytes were zeroed (the inverse of legacy_code).
+inline void set_legacy_code(int32_t file, uint8_t* block, int k, int code) {
+  if (file == 8) {
+    block[2 + k] = static_cast<uint8_t>(code ^ 0x80);
+    return;
+  }
+  uint8_t* qs = block + (file == 6 ? 6 : 4);
+  qs[k & 15] |= static_cast<uint8_t>((code & 15) << (k < 16 ? 0 : 4));
+  if (file == 6) block[2 + k / 8] |= static_cast<uint8_t>(((code >> 4) & 1) << (k % 8));
+}
+
+// The legacy panels of block column t (see the layout above) <-> 16 rows' blocks, both ways.
+inline void convert_legacy_column(int32_t file, uint8_t* rows, int64_t rb, int64_t t, uint8_t* p, bool to_panels) {
+  const int64_t bb = block_bytes(file);
+  if (to_panels) std::memset(p, 0, static_cast<size_t>(kPanelRows * bb));
+  for (int r = 0; r < kPanelRows; ++r) {
+    uint8_t* block = rows + r * rb + t * bb;
+    const int64_t head = file == 3 ? 4 : 2;  // d (Q4_1: d, m) at the block's start
+    const int64_t at = file == 8 ? 512 + 2 * r : file == 6 ? 320 + 2 * r : 256 + 4 * r;
+    if (to_panels) {
+      std::memcpy(p + at, block, head);
+    } else {
+      std::memset(block, 0, static_cast<size_t>(bb));
+      std::memcpy(block, p + at, head);
+    }
+    for (int k = 0; k < 32; ++k) {
+      const int64_t step = k >> 2, b = k & 3;
+      if (file == 8) {
+        if (to_panels) p[64 * step + 4 * r + b] = static_cast<uint8_t>(legacy_code(file, block, k));
+        else set_legacy_code(file, block, k, p[64 * step + 4 * r + b]);
+        continue;
+      }
+      const int64_t low = 64 * (k >> 3) + 4 * r + b, shift = 4 * (step & 1), high = 256 + 4 * r + b;
+      if (to_panels) {
+        const int c = legacy_code(file, block, k);
+        p[low] |= static_cast<uint8_t>((c & 15) << shift);
+        if (file == 6) p[high] |= static_cast<uint8_t>((c >> 4) << step);
+      } else {
+        const int c = ((p[low] >> shift) & 15) | (file == 6 ? ((p[high] >> step) & 1) << 4 : 0);
+        set_legacy_code(file, block, k, c);
+      }
+    }
+  }
+}
+
+// 16 rows of a file-order weight (`file`; rb bytes each, from `rows`) <-> their group of panels
+// (16 rb bytes at `panels`), both ways: to_panels true writes panels.
 inline void convert_panel_group(int32_t file, uint8_t* rows, int64_t rb, uint8_t* panels, bool to_panels) {
   const int64_t bb = block_bytes(file), T = rb / bb, pb = kPanelRows * bb;
+  if (file != 12 && file != 14) {
+    for (int64_t t = 0; t < T; ++t) convert_legacy_column(file, rows, rb, t, panels + t * pb, to_panels);
+    return;
+  }
   const bool q4 = file == 12;
   for (int64_t t = 0; t < T; ++t) {
     uint8_t* p = panels + t * pb;
@@ -101,10 +154,25 @@ inline void convert_panel_group(int32_t file, uint8_t* rows, int64_t rb, uint8_t
   }
 }
 
-// The group of panels at `panels` (type: Q4_K_PANELS / Q6_K_PANELS, rb the file's row bytes) ->
-// its 16 rows in the file's order at `rows`.
+// The group of panels at `panels` (type: a panel layout, rb the file's row bytes) -> its 16 rows
+// in the file's order at `rows`.
 inline void blocks_from_panels(int32_t type, const uint8_t* panels, int64_t rb, uint8_t* rows) {
   convert_panel_group(file_type(type), rows, rb, const_cast<uint8_t*>(panels), false);
+}
+
+// Rows [n_begin, n_end) of a panel weight (type, rb the file's row bytes) for a kernel of the
+// file's order: each group of 16 rows holding some of them back in that order in a per-thread
+// buffer, then run(file type, the buffer's rows, g0, lo, hi): rows [lo, hi) of the buffer are rows
+// g0 + lo .. g0 + hi of the weight.
+template <class Run>
+void panel_groups_in_file_order(int32_t type, const uint8_t* weight, int64_t rb, int64_t n_begin, int64_t n_end,
+                                Run&& run) {
+  static thread_local std::vector<uint8_t> rows;
+  rows.resize(static_cast<size_t>(kPanelRows * rb));
+  for (int64_t g0 = n_begin / kPanelRows * kPanelRows; g0 < n_end; g0 += kPanelRows) {
+    blocks_from_panels(type, weight + g0 * rb, rb, rows.data());
+    run(file_type(type), rows.data(), g0, std::max(n_begin, g0) - g0, std::min(n_end, g0 + kPanelRows) - g0);
+  }
 }
 
 }  // namespace specdec::gguf

@@ -10,6 +10,7 @@
 #include "kernels/common/cpu_isa.h"
 #include "kernels/gguf/blocks.h"
 #include "kernels/gguf/legacy_group.h"
+#include "kernels/gguf/panels.h"
 #include "kernels/gguf/q8_round.h"
 #include "kernels/gguf/q8_tiers.h"
 
@@ -118,7 +119,16 @@ void matmul_q8_cpu_rows(int32_t type, const uint8_t* xq, int64_t M, int64_t K, c
                         int64_t ldy, int64_t n_begin, int64_t n_end) {
   if (M <= 0 || n_end <= n_begin) return;
   const Q8Args args{xq, q8_row_bytes(K), K, weight, K / block_weights(type) * block_bytes(type), y, ldy};
-  if (is_lanes(type) && !kVnni) {
+  if (is_panels(type)) {
+    if (kVnni && is_legacy(file_type(type))) {  // 16 rows in the lanes, q8.h's order
+      legacy_lanes_rows(type, args, M, n_begin, n_end, /*q8_order=*/true);
+      return;
+    }
+    panel_groups_in_file_order(type, weight, args.row_bytes, n_begin, n_end,
+                               [&](int32_t file, const uint8_t* rows, int64_t g0, int64_t lo, int64_t hi) {
+                                 matmul_q8_cpu_rows(file, xq, M, K, rows, y + g0, ldy, lo, hi);
+                               });
+  } else if (is_lanes(type) && !kVnni) {
     // Repacked for a VNNI CPU, run under a narrower SPECDEC_CPU_ISA: the portable loop reads it.
     matmul_q8_rows_portable(type, args, M, n_begin, n_end);
   } else if (kVnni) {

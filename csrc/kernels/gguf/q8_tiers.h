@@ -46,4 +46,9 @@ void matmul_q8_rows_avx2(int32_t type, const Q8Args& a, int64_t M, int64_t n_beg
 void matmul_q8_rows_avx512(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
 void matmul_q8_rows_avx512_vnni(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end);
 
+// The legacy formats (file order: q8k.h's legacy order only; their panel layouts: either) with 16
+// rows of W in the vector lanes, AVX-512 VNNI (legacy_lanes_avx512_vnni.cpp): q8_order, q8.h's
+// float order (decoding), else q8k.h's legacy order (a prompt's prefill).
+void legacy_lanes_rows(int32_t type, const Q8Args& a, int64_t M, int64_t n_begin, int64_t n_end, bool q8_order);
+
 }  // namespace specdec::gguf

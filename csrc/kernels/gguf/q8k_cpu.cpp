@@ -4,9 +4,7 @@
 #include "kernels/gguf/q8k.h"
 
 #include <cmath>
-#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/gguf/blocks.h"
@@ -88,15 +86,11 @@ void matmul_q8k_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, cons
   if (M <= 0 || n_end <= n_begin) return;
   if (kVnni) {
     matmul_q8k_rows_avx512_vnni(type, xk, M, K, weight, y, ldy, n_begin, n_end);
-  } else if (is_panels(type)) {  // each group of 16 rows back in the file's order
-    const int64_t rb = K / kQK_K * block_bytes(type);
-    static thread_local std::vector<uint8_t> rows;
-    rows.resize(static_cast<size_t>(kPanelRows * rb));
-    for (int64_t g0 = n_begin / kPanelRows * kPanelRows; g0 < n_end; g0 += kPanelRows) {
-      blocks_from_panels(type, weight + g0 * rb, rb, rows.data());
-      portable_rows(file_type(type), xk, M, K, rows.data(), y + g0, ldy, std::max(n_begin, g0) - g0,
-                    std::min(n_end, g0 + kPanelRows) - g0);
-    }
+  } else if (is_panels(type)) {
+    panel_groups_in_file_order(type, weight, K / kQK_K * block_bytes(type), n_begin, n_end,
+                               [&](int32_t file, const uint8_t* rows, int64_t g0, int64_t lo, int64_t hi) {
+                                 portable_rows(file, xk, M, K, rows, y + g0, ldy, lo, hi);
+                               });
   } else {
     portable_rows(type, xk, M, K, weight, y, ldy, n_begin, n_end);
   }

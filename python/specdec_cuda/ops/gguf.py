@@ -353,13 +353,15 @@ def gguf_repack_lanes(weight: GgufWeight) -> GgufWeight:
 
 
 def gguf_repack_panels(weight: GgufWeight, inverse: bool = False) -> GgufWeight:
-    """A Q4_K or Q6_K weight (``out_features`` a multiple of 16) in panels of 16 rows: type
-    ``Q4_K_PANELS`` (524) or ``Q6_K_PANELS`` (526), the same bytes permuted so that a step of the
-    Q8K kernel (4 codes of 16 rows) is one load (``reference.gguf.to_panels``;
-    ``csrc/kernels/gguf/panels.h``). ``gguf_linear`` and the GGUF decoder layer read it in every
-    mode (the Q8K modes natively, the others through the file's order), ``gguf_dequantize`` too;
-    ``gguf_matmul`` and CUDA refuse it. ``inverse=True`` turns panels back into the file's blocks.
-    Other formats, other devices and row counts that are not whole groups are returned as they are.
+    """A GGUF weight (``out_features`` a multiple of 16) in panels of 16 rows: type 512 + its format
+    (``Q4_K_PANELS`` 524, ``Q6_K_PANELS`` 526, Q8_0 520, Q5_0 518, Q4_1 515), the same bytes
+    permuted so that a step of the VNNI lanes kernels (4 codes of 16 rows) is one load
+    (``reference.gguf.to_panels``; ``csrc/kernels/gguf/panels.h``). ``gguf_linear`` and the GGUF
+    decoder layer read it in every mode (the int8 modes natively on a VNNI CPU: the k-quants in the
+    Q8K order, the legacy formats in Q8's or the prefill's; the others through the file's order),
+    ``gguf_dequantize`` and ``gguf_rows`` too; ``gguf_matmul`` and CUDA refuse it. ``inverse=True``
+    turns panels back into the file's blocks. Other layouts, other devices and row counts that are
+    not whole groups are returned as they are.
 
     Example
     -------
@@ -378,9 +380,9 @@ def gguf_repack_panels(weight: GgufWeight, inverse: bool = False) -> GgufWeight:
 
 
 def panels_pay() -> bool:
-    """Whether a model's Q4_K and Q6_K weights should be held as panels (``gguf_repack_panels``) and
-    decoded in ``activations="q8k_q8"``: where the Q8K kernel's VNNI tier runs and no AMX tiles
-    prefill (``q8k_prefill_pays()``). At one row of x it streams as fast as the Q8 kernel, and a
+    """Whether a model's GGUF weights should be held as panels (``gguf_repack_panels``) and decoded
+    in ``activations="q8k_q8"``: where the VNNI lanes kernels run and no AMX tiles prefill
+    (``q8k_prefill_pays()``). At one row of x they stream as fast as the Q8 kernels, and a
     verification's extra rows cost a third as much (``csrc/kernels/gguf/q8k.h``)."""
     return q8k_prefill_pays()
 

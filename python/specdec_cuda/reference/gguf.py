@@ -56,13 +56,12 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 Q4_K_LANES, Q6_K_LANES = 268, 270  # not GGML types: Q4_K / Q6_K repacked for the CPU's lane dots
 LANES = {Q4_K: Q4_K_LANES, Q6_K: Q6_K_LANES}  # file format -> its lane-order layout (to_lanes)
 FILE_FORMAT = {lanes: file for file, lanes in LANES.items()}  # lane-order layout -> its file format
-Q4_K_PANELS, Q6_K_PANELS = 524, 526  # not GGML types: Q4_K / Q6_K in panels of 16 rows (to_panels)
-PANELS = {Q4_K: Q4_K_PANELS, Q6_K: Q6_K_PANELS}  # file format -> its panel layout
+Q4_K_PANELS, Q6_K_PANELS = 524, 526  # not GGML types: 512 + the format, in panels of 16 rows (to_panels)
+PANELS = {file: 512 + file for file in FORMATS}  # file format -> its panel layout
 FILE_OF_PANELS = {panels: file for file, panels in PANELS.items()}  # panel layout -> its file format
 LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144),
                                             Q6_K_LANES: ("Q6_K_LANES", 256, 210),
-                                            Q4_K_PANELS: ("Q4_K_PANELS", 256, 144),
-                                            Q6_K_PANELS: ("Q6_K_PANELS", 256, 210)}
+                                            **{PANELS[f]: (name + "_PANELS", qk, nb) for f, (name, qk, nb) in FORMATS.items()}}
 
 
 def row_bytes(qtype: int, in_features: int) -> int:
@@ -135,19 +134,80 @@ def from_lanes(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
     return torch.cat([b[:, :16], qs], dim=1).reshape(data.shape)
 
 
+def _legacy_codes(b: torch.Tensor, qtype: int) -> torch.Tensor:
+    """[..., bytes] legacy blocks -> [..., 32] codes as the panels hold them: Q8_0 w + 128, Q5_0
+    0..31, Q4_1 0..15."""
+    if qtype == Q8_0:
+        return b[..., 2:34].to(torch.int32) ^ 0x80
+    low = _nibbles(b[..., 4:20] if qtype == Q4_1 else b[..., 6:22])
+    if qtype == Q4_1:
+        return low
+    qh = b[..., 2:6].to(torch.int64)
+    qh = qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24
+    return low | (((qh[..., None] >> torch.arange(32)) & 1) << 4).to(torch.int32)
+
+
+def _legacy_to_panels(data: torch.Tensor, qtype: int) -> torch.Tensor:
+    n, rb = data.shape
+    bb = FORMATS[qtype][2]
+    g, t = n // 16, rb // bb
+    b = data.reshape(g, 16, t, bb)
+    codes = _legacy_codes(b, qtype)                                        # [g, r, t, 32]
+    if qtype == Q8_0:
+        parts = [codes.reshape(g, 16, t, 8, 4).permute(0, 2, 3, 1, 4).reshape(g, t, 512),
+                 b[..., 0:2].permute(0, 2, 1, 3).reshape(g, t, 32)]
+    else:
+        low = (codes & 15).reshape(g, 16, t, 4, 2, 4)                      # k = 8p + 4h + b
+        parts = [(low[..., 0, :] | low[..., 1, :] << 4).permute(0, 2, 3, 1, 4).reshape(g, t, 256)]
+        if qtype == Q5_0:
+            fifth = (codes >> 4).reshape(g, 16, t, 8, 4)                   # k = 4s + b
+            bits = (fifth << torch.arange(8).reshape(8, 1)).sum(3)        # [g, r, t, b]
+            parts += [bits.permute(0, 2, 1, 3).reshape(g, t, 64), b[..., 0:2].permute(0, 2, 1, 3).reshape(g, t, 32)]
+        else:
+            parts.append(b[..., 0:4].permute(0, 2, 1, 3).reshape(g, t, 64))
+    return torch.cat([p.to(torch.uint8) for p in parts], dim=-1).reshape(n, rb)
+
+
+def _legacy_from_panels(data: torch.Tensor, qtype: int) -> torch.Tensor:
+    n, rb = data.shape
+    bb = FORMATS[qtype][2]
+    g, t = n // 16, rb // bb
+    p = data.reshape(g, t, 16 * bb).to(torch.int32)
+    if qtype == Q8_0:
+        codes = p[..., :512].reshape(g, t, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(g, 16, t, 32)
+        head = p[..., 512:544].reshape(g, t, 16, 2).permute(0, 2, 1, 3)
+        return torch.cat([head, codes ^ 0x80], dim=-1).to(torch.uint8).reshape(n, rb)
+    pairs = p[..., :256].reshape(g, t, 4, 16, 4)                               # [g, t, p, r, b]
+    codes = torch.stack([pairs & 15, pairs >> 4], dim=3).permute(0, 4, 1, 2, 3, 5).reshape(g, 16, t, 32)
+    qs = (codes[..., :16] | codes[..., 16:] << 4)                              # weight k, k + 16
+    if qtype == Q4_1:
+        head = p[..., 256:320].reshape(g, t, 16, 4).permute(0, 2, 1, 3)
+        return torch.cat([head, qs], dim=-1).to(torch.uint8).reshape(n, rb)
+    bits = p[..., 256:320].reshape(g, t, 16, 4).permute(0, 2, 1, 3)             # [g, r, t, b]: bit s = step s
+    fifth = ((bits[..., None, :] >> torch.arange(8).reshape(8, 1)) & 1).reshape(g, 16, t, 32)  # k = 4s + b
+    qh = (fifth.reshape(g, 16, t, 4, 8) << torch.arange(8)).sum(-1)             # byte j: bits of k = 8j ..
+    head = p[..., 320:352].reshape(g, t, 16, 2).permute(0, 2, 1, 3)
+    return torch.cat([head, qh, qs], dim=-1).to(torch.uint8).reshape(n, rb)
+
+
 def to_panels(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
-    """Q4_K (or Q6_K) blocks of a weight ``[N, K]`` (N a multiple of 16) -> Q4_K_PANELS (Q6_K_PANELS):
-    each group of 16 rows as one panel per super-block t, [16 rows][4 codes] per step of the Q8K
-    kernel (``csrc/kernels/gguf/panels.h`` has the byte map):
+    """The blocks of a weight ``[N, K]`` (N a multiple of 16) in panels of 16 rows (type 512 +
+    ``qtype``): each group of 16 rows as one panel per block column t (a super-block, or a legacy
+    block), [16 rows][4 codes] per step of the lanes kernels (``csrc/kernels/gguf/panels.h`` has the
+    byte map):
 
-    * codes: 32 pairs p of 64 bytes, byte 4r + b = c(r, 8p + b) | c(r, 8p + 4 + b) << 4 (Q6_K: of
-      the low 4 bits), then Q6_K's 16 quads u, byte 4r + b holding c(r, 16u + 4i + b) >> 4 at
-      bits 2i;
-    * then each row's scales (Q4_K 12 bytes, Q6_K 16) as dwords of 16 lanes, then d (Q4_K: d and
-      dmin) per row.
+    * Q4_K / Q6_K: 32 pairs p of 64 bytes, byte 4r + b = c(r, 8p + b) | c(r, 8p + 4 + b) << 4 (Q6_K:
+      of the low 4 bits), then Q6_K's 16 quads u, byte 4r + b holding c(r, 16u + 4i + b) >> 4 at
+      bits 2i; then each row's scales (Q4_K 12 bytes, Q6_K 16) as dwords of 16 lanes, then d (Q4_K:
+      d and dmin) per row;
+    * Q8_0: 8 steps s, byte 4r + b = w(r, 4s + b) + 128, then d per row; Q5_0 / Q4_1: 4 pairs as
+      above, then Q5_0's fifth bits (byte 4r + b, bit s: that of weight 4s + b) and d per row, or
+      Q4_1's d, m per row.
 
-    Shape: uint8 ``[N, K / 256 * bytes]`` -> the same shape.
+    Shape: uint8 ``[N, K / QK * bytes]`` -> the same shape.
     """
+    if qtype in (Q8_0, Q5_0, Q4_1):
+        return _legacy_to_panels(data, qtype)
     n, rb = data.shape
     bb = 144 if qtype == Q4_K else 210
     g, t = n // 16, rb // bb
@@ -173,8 +233,11 @@ def to_panels(data: torch.Tensor, qtype: int = Q4_K) -> torch.Tensor:
 
 
 def from_panels(data: torch.Tensor, qtype: int = Q4_K_PANELS) -> torch.Tensor:
-    """The inverse of ``to_panels``: Q4_K_PANELS (Q6_K_PANELS) -> the file's Q4_K (Q6_K) blocks;
-    ``qtype`` names the panel layout (or its file format)."""
+    """The inverse of ``to_panels``: a panel layout -> the file's blocks; ``qtype`` names the panel
+    layout (or its file format)."""
+    file = FILE_OF_PANELS.get(qtype, qtype)
+    if file in (Q8_0, Q5_0, Q4_1):
+        return _legacy_from_panels(data, file)
     q6 = qtype in (Q6_K, Q6_K_PANELS)
     n, rb = data.shape
     bb = 210 if q6 else 144
