@@ -40,10 +40,11 @@ inline void check_gguf_weight(const char* op, const at::Tensor& weight, int64_t 
               gguf::kQ4_K_Lanes, " / ", gguf::kQ6_K_Lanes, " (Q4_K_LANES / Q6_K_LANES: gguf_repack_lanes's), or ",
               "512 + one of those (a panel layout: gguf_repack_panels's); got ", type);
   const bool is_panels = gguf::is_panels(static_cast<int32_t>(type));
-  TORCH_CHECK(!is_panels || panels, op, ": ", gguf_type_name(type), " (a panel layout) is read by gguf_linear, "
-              "decoder_layer_gguf and gguf_dequantize on the CPU only; turn it back with gguf_repack_panels(inverse=True)");
-  TORCH_CHECK(!is_panels || N % gguf::kPanelRows == 0, op, ": a ", gguf_type_name(type), " weight holds whole groups of ",
-              gguf::kPanelRows, " rows; got N = ", N);
+  TORCH_CHECK(!is_panels || panels, op, ": ", gguf_type_name(type), " (a panel layout) is read by gguf_linear, ",
+              "decoder_layer_gguf and gguf_dequantize on the CPU only; turn it back with ",
+              "gguf_repack_panels(inverse=True)");
+  TORCH_CHECK(!is_panels || N % gguf::kPanelRows == 0, op, ": a ", gguf_type_name(type),
+              " weight holds whole groups of ", gguf::kPanelRows, " rows; got N = ", N);
   const int64_t bytes = gguf::block_bytes(static_cast<int32_t>(type));
   TORCH_CHECK(N >= 0 && K > 0 && K % qk == 0, op, ": in_features K must be a positive multiple of ", gguf_type_name(type),
               "'s ", qk, "-weight block; got weight shape [", N, ", ", K, "]");

@@ -24,8 +24,8 @@
 // prefill-only contract; a part in a legacy format runs that contract's legacy order over x's Q8
 // form (q8k.h) within the same call. Or Q8K + Q8 (kQ8kQ8): the k-quant parts in Q8K, the legacy
 // ones in Q8, every row a one-row call's bits: the decoding mode of a model that holds its
-// k-quants in panels of 16 rows (kernels/gguf/panels.h). Panels are read natively by the Q8K
-// kernels and through the file's order by the others (gguf_part_rows).
+// weights in panels of 16 rows (kernels/gguf/panels.h). Panels are read natively by the int8
+// kernels on VNNI CPUs and through the file's order by the others (gguf_part_rows).
 #pragma once
 
 #include "ops/aten.h"
@@ -45,7 +45,7 @@
 
 namespace specdec::ops {
 
-// kQ8kQ8: a model's decoding mode where its k-quant weights are panels (kernels/gguf/panels.h):
+// kQ8kQ8: a model's decoding mode where its weights are panels (kernels/gguf/panels.h):
 // the k-quant parts in the Q8K order, the legacy ones in Q8's; like kQ8 and kFloat32 it gives every
 // row the bits of a one-row call, so verification rows keep decoding's bits.
 enum class GgufActivations : int64_t { kFloat32 = 0, kQ8 = 1, kBf16Amx = 2, kQ8k = 3, kQ8kQ8 = 4 };
@@ -128,7 +128,8 @@ inline void gguf_linear_rows(const GgufInputs& in, GgufActivations mode, int64_t
   int64_t offset = 0;
   for (const GgufPart& part : parts) {
     const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + part.rows);
-    if (lo < hi) gguf_part_rows(in, mode, part.type, part.data, part.row_bytes, M, K, y + offset, N, lo - offset, hi - offset);
+    if (lo < hi)
+      gguf_part_rows(in, mode, part.type, part.data, part.row_bytes, M, K, y + offset, N, lo - offset, hi - offset);
     offset += part.rows;
   }
   if (bias != nullptr)

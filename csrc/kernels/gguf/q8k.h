@@ -50,7 +50,9 @@
 //   Q4_1  A = fma(float(Σ w q), mul(d_w, dx), A);  A = fma(float(Σ q), mul(m_w, dx), A)
 //   y = A
 // q8.h's integers in one accumulator instead of its eight lanes: again row-independent and batch
-// invariant, again a prefill-only contract (figures: docs/cpu-path.md#prefill).
+// invariant, again a prefill-only contract (figures: docs/cpu-path.md#prefill). The kernel
+// (legacy_lanes_avx512_vnni.cpp) reads the file's rows or their panels (panels.h); from panels it
+// also runs q8.h's own order, for decoding.
 #pragma once
 
 #include <cstdint>

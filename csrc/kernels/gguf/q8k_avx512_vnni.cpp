@@ -53,8 +53,8 @@ void panel_scales(int32_t type, const uint8_t* group, int64_t t, Q8kScales& out)
     // bytes j of (sc_lo, sc_hi, m_lo, m_hi) = sc_j, sc_4+j, m_j, m_4+j (blocks.h's packing)
     const __m512i sc_lo = _mm512_and_si512(d0, six), m_lo = _mm512_and_si512(d1, six);
     const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(d2, four), _mm512_and_si512(_mm512_srli_epi32(d0, 2), top));
-    const __m512i m_hi =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(d2, 4), four), _mm512_and_si512(_mm512_srli_epi32(d1, 2), top));
+    const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(d2, 4), four),
+                                         _mm512_and_si512(_mm512_srli_epi32(d1, 2), top));
     for (int j = 0; j < 4; ++j) {
       const int sh = 8 * j;
       const __m512i m0 = _mm512_and_si512(_mm512_srli_epi32(m_lo, sh), byte);
@@ -130,9 +130,10 @@ void panel_lanes(int32_t type, const uint8_t* weight, int64_t rb, int64_t n0, in
   }
 }
 
-// Where a tile reads a group's codes and scales: begin(t, first) before super-block t (the first
-// tile of a group decodes panel scales and prefetches as it streams the weight), fill(t, j, w) puts
-// the kSteps steps of sub-block j of super-block t in w, scales(t) is that super-block's Q8kScales.
+// Where a tile reads a group's codes and scales: begin(t) once before super-block t's tiles (panels:
+// decodes its scales), ahead(t, j, first) in sub-block j of the first tile (panels: prefetches the
+// stream), fill(t, j, w) puts the kSteps steps of sub-block j in w, scales(t) is the super-block's
+// Q8kScales.
 struct GatheredCodes {  // panels gathered per call (Q8kPanel)
   const Q8kPanel* panels;
   void begin(int64_t) const {}
@@ -152,7 +153,8 @@ struct GatheredCodes {  // panels gathered per call (Q8kPanel)
 // the builtin prefetches of this loop.
 constexpr int64_t kPanelsAhead = 4;
 
-// The first tile of a panel group (panels.h) reads each super-block's scales from the stream once.
+// A panel group (panels.h): each super-block's scales decoded once into `decoded`, the stream
+// prefetched by the group's first tile of rows of x.
 struct PanelStream {
   int32_t type;
   const uint8_t* group;
@@ -166,7 +168,8 @@ struct PanelStream {
     if (!first) return;
     const int64_t lines = (panel_bytes + 63) / 64, per = (lines + kSubs - 1) / kSubs;
     const char* base = reinterpret_cast<const char*>(group + (t + kPanelsAhead) * panel_bytes);
-    for (int64_t l = j * per; l < std::min(lines, (j + 1) * per); ++l) asm volatile("prefetcht1 %0" : : "m"(base[64 * l]));
+    for (int64_t l = j * per; l < std::min(lines, (j + 1) * per); ++l)
+      asm volatile("prefetcht1 %0" : : "m"(base[64 * l]));
   }
   const Q8kScales& scales(int64_t t) const { return decoded[t]; }
 };
@@ -192,10 +195,11 @@ struct Q6kPanelCodes : PanelStream {
     const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f), two = _mm512_set1_epi32(0x30303030);
     const __m512i lo0 = _mm512_loadu_si512(base + 128 * j), lo1 = _mm512_loadu_si512(base + 128 * j + 64);
     const __m512i hi = _mm512_loadu_si512(base + 2048 + 64 * j);
-    w[0] = _mm512_or_si512(_mm512_and_si512(lo0, nib), _mm512_and_si512(_mm512_slli_epi32(hi, 4), two));
-    w[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lo0, 4), nib), _mm512_and_si512(_mm512_slli_epi32(hi, 2), two));
-    w[2] = _mm512_or_si512(_mm512_and_si512(lo1, nib), _mm512_and_si512(hi, two));
-    w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lo1, 4), nib), _mm512_and_si512(_mm512_srli_epi32(hi, 2), two));
+    auto low = [&](__m512i v, int shift) { return _mm512_and_si512(_mm512_srli_epi32(v, shift), nib); };
+    w[0] = _mm512_or_si512(low(lo0, 0), _mm512_and_si512(_mm512_slli_epi32(hi, 4), two));
+    w[1] = _mm512_or_si512(low(lo0, 4), _mm512_and_si512(_mm512_slli_epi32(hi, 2), two));
+    w[2] = _mm512_or_si512(low(lo1, 0), _mm512_and_si512(hi, two));
+    w[3] = _mm512_or_si512(low(lo1, 4), _mm512_and_si512(_mm512_srli_epi32(hi, 2), two));
   }
 };
 

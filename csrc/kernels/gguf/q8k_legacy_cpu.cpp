@@ -1,6 +1,7 @@
 // The legacy formats' Q8K matmul (q8k.h, "The legacy formats"): the portable tier, written straight
 // from the float order (the reference the VNNI tier, legacy_lanes_avx512_vnni.cpp, is tested
-// against bit for bit), and the run-time choice. Compiled for baseline x86-64: the fused steps are std::fma, nothing else fuses.
+// against bit for bit), and the run-time choice. Compiled for baseline x86-64: the fused steps are
+// std::fma, nothing else fuses.
 #include <cstdint>
 
 #include "kernels/common/cpu_isa.h"
