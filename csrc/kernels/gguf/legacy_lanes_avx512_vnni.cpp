@@ -50,8 +50,8 @@ inline __m512i bcast32(const void* p) {
 // What Σ u q over a block exceeds Σ w q by, per unit of Σ q (u the panel's unsigned code).
 constexpr int32_t code_offset(int32_t file) { return file == 8 ? 128 : file == 6 ? 16 : 0; }
 
-// Bytes ahead of the panel being multiplied that a group's first tile prefetches into L2 (about
-// the k-quants' 4 panels; an asm statement, as there: GCC dropped the builtin in such loops).
+// How far ahead of the panel being multiplied each block column's lines are prefetched into L2
+// (about the k-quants' 4 panels; an asm statement, as there: GCC dropped the builtin in such loops).
 constexpr int64_t kAheadBytes = 8192;
 
 // Block column g of rows n0 .. n0 + 15 into `p`: gathered from the file's rows (valid: the rows
