@@ -592,9 +592,9 @@ class LlamaModel(nn.Module):
         ones by the Q8K kernel, int8 activations with one scale per 256 values, llama.cpp's Q8_K
         (the ops' ``activations="q8k_q8"``), the legacy blocks in the Q8 kernel's order (32). The
         Qwen2.5-Coder-1.5B's 5-row verification then costs 1.13x a one-token step instead of
-        1.6x, the step itself as fast. The embedding table stays in the file's order. "q8_32" keeps every format at 32 values
-        per scale (the numerics of a CPU without that tier; the Q4_K / Q6_K weights in the Q8
-        kernel's lane order where ``lanes_pay()``)."""
+        1.6x, the step itself as fast. The embedding table stays in the file's order. "q8_32"
+        keeps every format at 32 values per scale (the numerics of a CPU without that tier; the
+        Q4_K / Q6_K weights in the Q8 kernel's lane order where ``lanes_pay()``)."""
         from .layers import dropped
 
         if self.dtype != torch.float32 or not self._packable():

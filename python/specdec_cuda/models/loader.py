@@ -119,8 +119,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torc
     step reads 4.5 - 8.5 bits per weight. The configuration comes from the file's metadata, or from
     ``hf_config`` (a ``config.json`` dict) when given; a ``generation_config.json`` beside the file
     adds its end-of-sequence ids. ``activations``: "q8" (default, llama.cpp's integer products),
-    "q8_32" or "float32" (see ``LlamaModel.load_gguf``). Float32 on a CPU with AVX-512 or AVX2 only (ValueError
-    otherwise); UnsupportedModelError for a format or architecture the kernels lack.
+    "q8_32" or "float32" (see ``LlamaModel.load_gguf``). Float32 on a CPU with AVX-512 or AVX2 only
+    (ValueError otherwise); UnsupportedModelError for a format or architecture the kernels lack.
 
     Example
     -------

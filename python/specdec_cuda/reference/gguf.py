@@ -59,9 +59,9 @@ FILE_FORMAT = {lanes: file for file, lanes in LANES.items()}  # lane-order layou
 Q4_K_PANELS, Q6_K_PANELS = 524, 526  # not GGML types: 512 + the format, in panels of 16 rows (to_panels)
 PANELS = {file: 512 + file for file in FORMATS}  # file format -> its panel layout
 FILE_OF_PANELS = {panels: file for file, panels in PANELS.items()}  # panel layout -> its file format
-LAYOUTS: dict[int, tuple[str, int, int]] = {**FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144),
-                                            Q6_K_LANES: ("Q6_K_LANES", 256, 210),
-                                            **{PANELS[f]: (name + "_PANELS", qk, nb) for f, (name, qk, nb) in FORMATS.items()}}
+LAYOUTS: dict[int, tuple[str, int, int]] = {
+    **FORMATS, Q4_K_LANES: ("Q4_K_LANES", 256, 144), Q6_K_LANES: ("Q6_K_LANES", 256, 210),
+    **{PANELS[f]: (name + "_PANELS", qk, nb) for f, (name, qk, nb) in FORMATS.items()}}
 
 
 def row_bytes(qtype: int, in_features: int) -> int:
