@@ -17,9 +17,9 @@ adds to read the clock; it reports cycles per instruction and G MAC/s per core f
 - ``vfmadd231ps`` zmm / ymm (16 / 8 float32 products).
 
 With VNNI it also times SKETCH below: the inner loop the Q8K prefill kernel (csrc/kernels/gguf/q8k.h)
-was built from, without its decoding or its loads of real blocks (not a kernel of the library). Then, where bench/results/gguf_compute.json
-exists, each format's share of the peak: 256 products per (super-block, row) over its ns per
-super-block and row, at its fastest row count.
+was built from, without its decoding or its loads of real blocks (not a kernel of the library).
+Then, where bench/results/gguf_compute.json exists, each format's share of the peak: 256 products
+per (super-block, row) over its ns per super-block and row, at its fastest row count.
 JSON to bench/results/int8_peak.json. Needs a C compiler; x86-64 only.
 """
 
@@ -99,8 +99,8 @@ OPERANDS = """__m512i u512 = _mm512_set1_epi8(3), s512 = _mm512_set1_epi8(-2);
 
 # The inner loop of a prefill GEMM for CPUs without AMX, as it was sketched to size the route before
 # the library's Q8K kernel (csrc/kernels/gguf/q8k_avx512_vnni.cpp) was built from it; kept as the
-# kernel's ceiling on the machine at hand (not a kernel of the library): Q4_K-like super-blocks with 16 rows of W in the lanes,
-# their codes decoded beforehand into [t][sub-block j][step s][16 rows][4 codes] (done once per
+# kernel's ceiling on the machine at hand (not a kernel of the library): Q4_K-like super-blocks
+# with 16 rows of W in the lanes, their codes decoded beforehand into [t][sub-block j][step s][16 rows][4 codes] (done once per
 # prompt chunk in such a kernel, not timed), x as int8 with one scale per 256 values and per-sub-
 # block sums (Q8_K-like), MB rows of x per register tile. Per row of x and super-block of 16 rows:
 # 64 vpdpbusd, the sub-block scales and mins applied in integers (16 vpmulld), then two converts and

@@ -3,9 +3,9 @@
 // for every format against 2 or more rows of x, the lane dots (q8_body.h) over x's codes
 // transposed per call; for Q4_K_LANES and Q6_K_LANES (repacked at load, blocks.h) the lane dots at
 // every row count, with no transpose of W. At one row of x (the file's formats) x's codes are
-// stored twice over per call (Q8Args::xd): a 64-byte operand where a broadcast cost Zen 4 a shuffle (one row of x: Q5_0 9.75 ->
-// 9.25 ns per 256 weights, Q4_1 9.8 -> 8.9, Q4_K 8.3 -> 7.8; 5 rows Q5_0 25.2 -> 22.7,
-// bench/bench_gguf_compute.py). The integers, hence the bits, are those of the other tiers
+// stored twice over per call (Q8Args::xd): a 64-byte operand where a broadcast cost Zen 4 a
+// shuffle (one row of x: Q5_0 9.75 -> 9.25 ns per 256 weights, Q4_1 9.8 -> 8.9, Q4_K 8.3 -> 7.8;
+// 5 rows Q5_0 25.2 -> 22.7, bench/bench_gguf_compute.py). The integers, hence the bits, are those of the other tiers
 // (q8_vec_avx512.h).
 #include "kernels/gguf/q8_tiers.h"
 

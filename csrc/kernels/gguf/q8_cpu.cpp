@@ -93,20 +93,12 @@ int64_t q8_row_bytes(int64_t K) {
 }
 
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, uint8_t* xq) {
-  const int64_t G = K / 32, T = (G + 7) / 8, rb = q8_row_bytes(K);
+  const int64_t T = (K / 32 + 7) / 8, rb = q8_row_bytes(K);
   for (int64_t m = 0; m < M; ++m) {
     uint8_t* out = xq + m * rb;
     std::memset(out, 0, rb);
-    int8_t* q = reinterpret_cast<int8_t*>(out);
-    float* d = reinterpret_cast<float*>(out + K);
-    int16_t* s = reinterpret_cast<int16_t*>(out + K + 32 * T);
-    for (int64_t g = 0; g < G; ++g) {
-      d[g] = quantize_group_int8(x + m * K + 32 * g, 32, q + 32 * g);
-      int32_t half[2] = {0, 0};
-      for (int i = 0; i < 32; ++i) half[i >> 4] += q[32 * g + i];
-      s[2 * g] = static_cast<int16_t>(half[0]);
-      s[2 * g + 1] = static_cast<int16_t>(half[1]);
-    }
+    quantize_row_int8(x + m * K, K, 32, reinterpret_cast<int8_t*>(out), reinterpret_cast<float*>(out + K),
+                      reinterpret_cast<int16_t*>(out + K + 32 * T));
   }
 }
 

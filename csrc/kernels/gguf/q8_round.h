@@ -36,4 +36,16 @@ inline float quantize_group_int8(const float* v, int n, int8_t* q) {
   return d;
 }
 
+// One row of K values rounded group by group (`group` values each, K a multiple of it and of 16):
+// q[0 .. K), d[g] the scale of group g, s[h] = q[16h] + ... + q[16h + 15] (int16). The layout of
+// both activation formats' rows (q8.h: groups of 32; q8k.h: of 256), whose callers place q, d, s.
+inline void quantize_row_int8(const float* x, int64_t K, int group, int8_t* q, float* d, int16_t* s) {
+  for (int64_t g = 0; g < K / group; ++g) d[g] = quantize_group_int8(x + group * g, group, q + group * g);
+  for (int64_t h = 0; h < K / 16; ++h) {
+    int32_t sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[16 * h + i];
+    s[h] = static_cast<int16_t>(sum);
+  }
+}
+
 }  // namespace specdec::gguf

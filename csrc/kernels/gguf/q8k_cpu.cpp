@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/common/cpu_isa.h"
 #include "kernels/gguf/blocks.h"
@@ -27,15 +28,16 @@ void portable_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, const 
   const int64_t T = K / kQK_K, rb = K / kQK_K * block_bytes(type), xb = q8k_row_bytes(K);
   const int subs = q8k_sub_blocks(type), len = 256 / subs;
   const bool q4 = file_type(type) == 12;
-  Q8kSuperblock sb;
-  for (int64_t n = n_begin; n < n_end; ++n)
+  std::vector<Q8kSuperblock> row(static_cast<size_t>(T));  // row n's super-blocks, decoded once for all of x
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    for (int64_t t = 0; t < T; ++t) q8k_decode(type, weight + n * rb, t, row[t]);
     for (int64_t m = 0; m < M; ++m) {
       const int8_t* q = reinterpret_cast<const int8_t*>(xk + m * xb);
       const float* dx = reinterpret_cast<const float*>(xk + m * xb + K);
       const int16_t* s = reinterpret_cast<const int16_t*>(xk + m * xb + K + 4 * T);
       float A = 0.0f;
       for (int64_t t = 0; t < T; ++t) {
-        q8k_decode(type, weight + n * rb, t, sb);
+        const Q8kSuperblock& sb = row[t];
         int32_t S = 0, P = 0;
         for (int j = 0; j < subs; ++j) {
           int32_t dot = 0;
@@ -54,6 +56,7 @@ void portable_rows(int32_t type, const uint8_t* xk, int64_t M, int64_t K, const 
       }
       y[m * ldy + n] = A;
     }
+  }
 }
 
 }  // namespace
@@ -67,17 +70,8 @@ void quantize_rows_q8k(const float* x, int64_t M, int64_t K, uint8_t* xk) {
   for (int64_t m = 0; m < M; ++m) {
     uint8_t* out = xk + m * rb;
     std::memset(out, 0, rb);
-    int8_t* q = reinterpret_cast<int8_t*>(out);
-    float* d = reinterpret_cast<float*>(out + K);
-    int16_t* s = reinterpret_cast<int16_t*>(out + K + 4 * T);
-    for (int64_t t = 0; t < T; ++t) {
-      d[t] = quantize_group_int8(x + m * K + 256 * t, 256, q + 256 * t);
-      for (int h = 0; h < 16; ++h) {
-        int32_t sum = 0;
-        for (int i = 0; i < 16; ++i) sum += q[256 * t + 16 * h + i];
-        s[16 * t + h] = static_cast<int16_t>(sum);
-      }
-    }
+    quantize_row_int8(x + m * K, K, kQK_K, reinterpret_cast<int8_t*>(out), reinterpret_cast<float*>(out + K),
+                      reinterpret_cast<int16_t*>(out + K + 4 * T));
   }
 }
 
