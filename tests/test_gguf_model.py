@@ -477,6 +477,14 @@ def test_k_quant_projections_in_panels_keep_the_q8k_bits(written, monkeypatch):
     assert panels._head_packed.activations == file_order._head_packed.activations == "q8k_q8"
     tokens = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(7))
     assert torch.equal(logits(panels, tokens).view(torch.int32), logits(file_order, tokens).view(torch.int32))
+    # A prompt's prefill (its own kernels where prefill_on_tiles(): AMX tiles read the panels
+    # natively, bf16_amx_panels.cpp) fills the same cache, bit for bit.
+    prompt = torch.randint(0, VOCAB, (1, llama.TILE_PREFILL_MIN_ROWS + 9), generator=torch.Generator().manual_seed(8))
+    caches = []
+    for model in (panels, file_order):
+        caches.append(model.new_cache(1, 64))
+        model.forward(prompt, torch.arange(prompt.shape[1])[None], caches[-1], prefill=True)
+    assert torch.equal(caches[0].kv, caches[1].kv)
     assert torch.equal(panels.embedding_weight(), hf["model.embed_tokens.weight"])  # the table: the file order
     panels.unpack()
     assert torch.equal(panels.layers[0].self_attn.qkv_proj.weight,

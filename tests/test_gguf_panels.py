@@ -4,7 +4,8 @@ formats on the lanes kernel in Q8's order, at every row count.
 
 Checked, for every format: the repack equals ``reference.gguf.to_panels`` byte for byte and turns
 back exactly; in every activations mode ``gguf_linear`` on panels gives the bits of the file's
-blocks (the int8 modes read them natively on a VNNI CPU, the others through the file's order),
+blocks (the int8 modes read them natively on a VNNI CPU, a prompt's AMX tiles on an AMX CPU, the
+others through the file's order),
 also where a chunk of rows starts inside a group (a legacy part of 8 rows first) and on the
 portable tier; "q8k_q8" runs legacy parts in Q8; dequantisation, row lookups and a draft
 vocabulary's rows read panels; ``gguf_matmul`` refuses them with a message that names the way back.
@@ -57,21 +58,23 @@ def test_what_panels_cannot_hold_is_returned_as_it_is():
 
 
 @FORMATS
-@pytest.mark.parametrize("mode", ["float32", "q8", "q8k", "q8k_q8"])
+@pytest.mark.parametrize("mode", ["float32", "q8", "q8k", "q8k_q8", "bf16"])
 def test_linear_on_panels_gives_the_file_blocks_bits(qtype, mode):
+    if mode == "bf16" and not g.bf16_tiles_available():
+        pytest.skip("the AMX prefill kernel needs AMX-BF16")
     k = 512
     w = file_weight(qtype, 64, k, seed=3)
     legacy = file_weight(Q5_0, 8, k, seed=4)  # 8 rows first: chunks of rows start inside a group
     p = g.gguf_repack_panels(w)
     gen = torch.Generator().manual_seed(qtype)
-    for m in (1, 2, 5, 9):
+    for m in (1, 2, 5, 9, 17, 40):  # the tiles: one x block, several, and pairs with a block missing
         x = torch.randn(m, k, generator=gen)
         want = g.gguf_linear(x, g.GgufLinear.of(legacy, w), activations=mode)
         got = g.gguf_linear(x, g.GgufLinear.of(legacy, p), activations=mode)
         assert torch.equal(bits(got), bits(want)), (mode, m)
         kquant = qtype in (Q4_K, Q6_K)
         spec = ref.matmul_q8k if mode == "q8k" or (mode == "q8k_q8" and kquant) else ref.matmul_q8
-        if mode != "float32":
+        if mode not in ("float32", "bf16"):  # bf16: tests/test_gguf_tiles.py holds the file order to its contract
             assert torch.equal(bits(got[:, 8:]), bits(spec(x, w.data, qtype, 64))), (mode, m)
 
 

@@ -25,7 +25,7 @@
 // form (q8k.h) within the same call. Or Q8K + Q8 (kQ8kQ8): the k-quant parts in Q8K, the legacy
 // ones in Q8, every row a one-row call's bits: the decoding mode of a model that holds its
 // weights in panels of 16 rows (kernels/gguf/panels.h). Panels are read natively by the int8
-// kernels on VNNI CPUs and through the file's order by the others (gguf_part_rows).
+// kernels on VNNI CPUs and by the AMX tiles, through the file's order by the others (gguf_part_rows).
 #pragma once
 
 #include "ops/aten.h"
@@ -92,14 +92,15 @@ struct GgufInputs {
   const float* x;     // [M, K] float32
   const uint8_t* xq;  // their Q8 form (q8.h)
   const uint16_t* xv; // their bfloat16 tile form (bf16_amx.h)
+  const uint16_t* xr; // their bfloat16 rows, for weights in panels (bf16_amx.h)
   const uint8_t* xk;  // their Q8K form (q8k.h)
 };
 
 // Rows [lo, hi) of one part, y[m * N + n] at y's row 0 of the part, in `mode`. Panels
 // (kernels/gguf/panels.h) go to the kernels of their mode, which read them natively where the CPU
-// has AVX-512 VNNI and through the file's order elsewhere; the float32 and AMX kernels get each
-// group of 16 rows back in the file's order here (not decoding paths: the models use panels only
-// in the Q8 modes).
+// has AVX-512 VNNI, and the AMX tiles' panel kernel (a prompt's prefill of a model in panels);
+// the float32 kernels, and the int8 ones without VNNI, get each group of 16 rows back in the
+// file's order here (not decoding paths: the models hold panels only where VNNI reads them).
 inline void gguf_part_rows(const GgufInputs& in, GgufActivations mode, int32_t type, const uint8_t* data,
                            int64_t row_bytes, int64_t M, int64_t K, float* y, int64_t N, int64_t lo, int64_t hi) {
   const bool q8k_modes = mode == GgufActivations::kQ8k || mode == GgufActivations::kQ8kQ8;
@@ -109,6 +110,8 @@ inline void gguf_part_rows(const GgufInputs& in, GgufActivations mode, int32_t t
     gguf::matmul_q8k_legacy_rows(type, in.xq, M, K, data, y, N, lo, hi);
   } else if (mode == GgufActivations::kQ8 || mode == GgufActivations::kQ8kQ8) {
     gguf::matmul_q8_cpu_rows(type, in.xq, M, K, data, y, N, lo, hi);
+  } else if (mode == GgufActivations::kBf16Amx && gguf::is_panels(type)) {
+    gguf::matmul_bf16_amx_panel_rows(type, in.xr, M, K, data, y, N, lo, hi);
   } else if (gguf::is_panels(type)) {
     gguf::panel_groups_in_file_order(type, data, row_bytes, lo, hi,
                                      [&](int32_t file, const uint8_t* rows, int64_t g0, int64_t a, int64_t b) {
@@ -143,8 +146,8 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   // x's Q8 or tile form, made once per call on the calling thread (M rows of K values, little next
   // to the weights), in buffers kept per thread: a prefill's would otherwise be fresh pages per call.
   static thread_local std::vector<uint8_t> xq_buf, xk_buf;
-  static thread_local std::vector<uint16_t> xv_buf;
-  GgufInputs in{x, nullptr, nullptr, nullptr};
+  static thread_local std::vector<uint16_t> xv_buf, xr_buf;
+  GgufInputs in{x, nullptr, nullptr, nullptr, nullptr};
   // In the Q8K modes: x's Q8K form for the k-quant parts, its Q8 form for the legacy ones.
   const bool q8k = activations == GgufActivations::kQ8k || activations == GgufActivations::kQ8kQ8;
   bool any_kquant = false, all_kquant = true, any_panels = false;
@@ -164,18 +167,28 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
     if (xq_buf.size() < need) xq_buf.resize(need);
     gguf::quantize_rows_q8(x, M, K, xq_buf.data());
     in.xq = xq_buf.data();
-  } else if (activations == GgufActivations::kBf16Amx) {
-    const size_t need = static_cast<size_t>(gguf::bf16_amx_rows_size(M, K));
-    if (xv_buf.size() < need) xv_buf.resize(need);
-    gguf::bf16_amx_prepare(x, M, K, xv_buf.data());
-    in.xv = xv_buf.data();
+  } else if (activations == GgufActivations::kBf16Amx) {  // the tiles' x forms: file order, panels
+    bool any_file = false;
+    for (const GgufPart& part : parts) any_file = any_file || !gguf::is_panels(part.type);
+    if (any_file) {
+      const size_t need = static_cast<size_t>(gguf::bf16_amx_rows_size(M, K));
+      if (xv_buf.size() < need) xv_buf.resize(need);
+      gguf::bf16_amx_prepare(x, M, K, xv_buf.data());
+      in.xv = xv_buf.data();
+    }
+    if (any_panels) {
+      const size_t need = static_cast<size_t>(gguf::bf16_amx_panel_rows_size(M, K));
+      if (xr_buf.size() < need) xr_buf.resize(need);
+      gguf::bf16_amx_prepare_panel_rows(x, M, K, xr_buf.data());
+      in.xr = xr_buf.data();
+    }
   }
   // Rows claimed in chunks of 256 KiB .. 2 MiB of blocks (streaming_grain, at the parts' mean row size);
   // the tile kernel decodes W 32 rows at a time, so its chunks are whole groups of 32.
   int64_t bytes = 0;
   for (const GgufPart& part : parts) bytes += part.rows * part.row_bytes;
   int64_t grain = streaming_grain(N, bytes / N);
-  if (in.xv != nullptr) grain = (grain + 31) / 32 * 32;
+  if (in.xv != nullptr || in.xr != nullptr) grain = (grain + 31) / 32 * 32;
   // The Q8K kernels decode W, and panels hold it, 16 rows at a time.
   if (q8k || any_panels) grain = (grain + 15) / 16 * 16;
   claim_parallel_range(0, N, grain, [&](int64_t begin, int64_t end) {

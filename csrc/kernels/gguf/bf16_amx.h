@@ -40,4 +40,18 @@ void bf16_amx_prepare(const float* x, int64_t M, int64_t K, uint16_t* xv);
 void matmul_bf16_amx_rows(int32_t type, const uint16_t* xv, int64_t M, int64_t K, const uint8_t* weight, float* y,
                           int64_t ldy, int64_t n_begin, int64_t n_end);
 
+// The same products over a weight in panels of 16 rows (panels.h; `type` one of its panel types),
+// bit for bit those of matmul_bf16_amx_rows on the file's blocks (bf16_amx_panels.cpp: W is the B
+// operand there, so x goes in as rows). xr: bf16_amx_prepare_panel_rows of M rows. Rows [n_begin,
+// n_end) of y may start and end inside a group of 16.
+int64_t bf16_amx_panel_rows_size(int64_t M, int64_t K);
+
+// xr = x [M, K] rounded to bfloat16 as A tiles: blocks of 16 rows (their count rounded up to even,
+// missing rows zero), each [K / 32 chunks][16 rows][32 k]: element ((b * K / 32 + c) * 16 + r) *
+// 32 + j = x[16 b + r, 32 c + j].
+void bf16_amx_prepare_panel_rows(const float* x, int64_t M, int64_t K, uint16_t* xr);
+
+void matmul_bf16_amx_panel_rows(int32_t type, const uint16_t* xr, int64_t M, int64_t K, const uint8_t* weight, float* y,
+                                int64_t ldy, int64_t n_begin, int64_t n_end);
+
 }  // namespace specdec::gguf

@@ -586,13 +586,15 @@ class LlamaModel(nn.Module):
         dequantised weights' float model, slower). Each is a fixed function of each row,
         so speculative decoding is exact under all.
 
-        With "q8" on an AVX-512 VNNI CPU without AMX (``ops.gguf.panels_pay()``), the projections
+        With "q8" on an AVX-512 VNNI CPU (``ops.gguf.panels_pay()``; an AMX CPU's prompt tiles read
+        them too), the projections
         and head are repacked once here into panels of 16 rows (``gguf_repack_panels``) and
         multiplied, at every row count, with 16 rows of W in the vector lanes: the Q4_K and Q6_K
         ones by the Q8K kernel, int8 activations with one scale per 256 values, llama.cpp's Q8_K
         (the ops' ``activations="q8k_q8"``), the legacy blocks in the Q8 kernel's order (32). The
-        Qwen2.5-Coder-1.5B's 5-row verification then costs 1.13x a one-token step instead of
-        1.6x, the step itself as fast. The embedding table stays in the file's order. "q8_32"
+        Qwen2.5-Coder-1.5B's 5-row verification then costs 1.13x (Zen 4) to 1.42x (a Xeon with
+        AMX) a one-token step instead of 1.5-1.6x, the step itself as fast or faster (Xeon: 55.5
+        -> 46.6 ms). The embedding table stays in the file's order. "q8_32"
         keeps every format at 32 values per scale (the numerics of a CPU without that tier; the
         Q4_K / Q6_K weights in the Q8 kernel's lane order where ``lanes_pay()``)."""
         from .layers import dropped
