@@ -45,12 +45,19 @@ namespace {
 constexpr int kTile = 16;   // rows of a tile: x rows per block, W rows per panel group
 constexpr int kChunk = 32;  // k per tile product
 
+// float32 -> its bfloat16 (round_bf16_avx512's rounding, to nearest even) in the high half of each
+// 32-bit lane, the low half left as it falls: the two values of a pair are then one blend apart.
+inline __m512i round_bf16_high(__m512 f) {
+  const __m512i b = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+}
+
 // One B tile row: the values of k = 2p and 2p + 1 for 16 rows (v0, v1: float32, one lane per row)
 // -> 16 lanes of (bf16(v0) | bf16(v1) << 16).
 inline void store_pair(uint16_t* out, __m512 v0, __m512 v1) {
-  const __m512i lo = _mm512_cvtepu16_epi32(round_bf16_avx512(v0));
-  const __m512i hi = _mm512_cvtepu16_epi32(round_bf16_avx512(v1));
-  _mm512_storeu_si512(out, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  const __m512i lo = _mm512_srli_epi32(round_bf16_high(v0), 16);
+  _mm512_storeu_si512(out, _mm512_mask_blend_epi16(0xAAAAAAAAu, lo, round_bf16_high(v1)));
 }
 
 inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
