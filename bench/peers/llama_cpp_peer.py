@@ -20,7 +20,10 @@ no penalties), with llama.cpp's sampler seeded ``seed + i`` for prompt i in ever
 ``extra_buffers``: false loads the weights without llama.cpp's extra buffer types (its weight
 repacking, e.g. the AMX buffer on an AMX CPU: ``llama_model_params.use_extra_bufts``). The bench
 side retries with it false when a run dies of a signal: llama-cpp-python 0.3.36's AMX path
-segfaulted at the first decode on a 2-core Sapphire Rapids VM (2026-12-04).
+segfaulted at the first decode on a 2-core Sapphire Rapids VM (2026-12-04; ggml-org/llama.cpp#20824),
+which also dropped its AVX-512 repacking. ``make llama-cpp-env`` therefore builds llama.cpp
+without AMX on AMX CPUs (bench/peers/install_llama_cpp.sh), so the first run succeeds with every
+other buffer type; the retry stays for a build made with ``LLAMA_CPP_AMX=1``.
 
 Modes:
 
