@@ -149,7 +149,7 @@ void gguf_repack_panels_cpu(const at::Tensor& weight, int64_t type, int64_t K, b
       if (inverse) {
         gguf::blocks_from_panels(static_cast<int32_t>(type), src, rb, dst);
       } else {
-        gguf::convert_panel_group(file, src, rb, dst, true);
+        gguf::panels_of_group(file, src, rb, dst);
       }
     }
   });

@@ -110,8 +110,78 @@ inline void convert_legacy_column(int32_t file, uint8_t* rows, int64_t rb, int64
   }
 }
 
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// The 4 bytes of a panel's nibble step for one row: codes k .. k + 3 in the low nibbles and k + 4 ..
+// k + 7 in the high ones, from the 4-bit code bytes `lo` (codes k ..) and `hi` (codes k + 4 ..) of
+// the file's block, each code at bit `shift` of its byte.
+inline uint32_t nibble_step(const uint8_t* lo, const uint8_t* hi, int shift) {
+  return ((load_u32(lo) >> shift) & 0x0F0F0F0Fu) | (((load_u32(hi) >> shift) & 0x0F0F0F0Fu) << 4);
+}
+
+// The panels of 16 rows of a file-order weight, 4 bytes at a time (the layout above, the same bytes
+// as the per-code loop of convert_panel_group below, which it replaces at load: the 1.5B's repack
+// took 3 s there).
+inline void panels_of_group(int32_t file, const uint8_t* rows, int64_t rb, uint8_t* panels) {
+  const int64_t bb = block_bytes(file), T = rb / bb, pb = kPanelRows * bb;
+  for (int64_t t = 0; t < T; ++t) {
+    uint8_t* p = panels + t * pb;
+    for (int r = 0; r < kPanelRows; ++r) {
+      const uint8_t* block = rows + r * rb + t * bb;
+      if (file == 12) {  // Q4_K: d, dmin, scales[12], qs[128]; code k of sub-block s at qs[32 (s >> 1) + k % 32] >> 4 (s & 1)
+        for (int i = 0; i < 32; ++i) {
+          const int s = i >> 2;
+          const uint8_t* q = block + 16 + 32 * (s >> 1) + 8 * (i & 3);
+          store_u32(p + 64 * i + 4 * r, nibble_step(q, q + 4, 4 * (s & 1)));
+        }
+        for (int j = 0; j < 3; ++j) std::memcpy(p + 2048 + 64 * j + 4 * r, block + 4 + 4 * j, 4);
+        std::memcpy(p + 2240 + 4 * r, block, 4);
+      } else if (file == 14) {  // Q6_K: ql[128], qh[64], scales[16], d
+        for (int i = 0; i < 32; ++i) {  // codes 8 i ..: h = k >> 7, quarter c = (k >> 5) & 3
+          const int h = i >> 4, c = (i >> 2) & 3;
+          const uint8_t* q = block + 64 * h + 32 * (c & 1) + 8 * (i & 3);
+          store_u32(p + 64 * i + 4 * r, nibble_step(q, q + 4, 4 * (c >> 1)));
+        }
+        for (int i = 0; i < 16; ++i) {  // the 2-bit planes of codes 16 i + 4 e + b at bits 2 e of byte b
+          const int h = i >> 3, c = (i >> 1) & 3;
+          const uint8_t* qh = block + 128 + 32 * h + 16 * (i & 1);
+          uint32_t v = 0;
+          for (int e = 0; e < 4; ++e) v |= ((load_u32(qh + 4 * e) >> (2 * c)) & 0x03030303u) << (2 * e);
+          store_u32(p + 2048 + 64 * i + 4 * r, v);
+        }
+        for (int j = 0; j < 4; ++j) std::memcpy(p + 3072 + 64 * j + 4 * r, block + 192 + 4 * j, 4);
+        std::memcpy(p + 3328 + 2 * r, block + 208, 2);
+      } else if (file == 8) {  // Q8_0: d, qs[32]; codes w + 128, 4 a step
+        for (int st = 0; st < 8; ++st) store_u32(p + 64 * st + 4 * r, load_u32(block + 2 + 4 * st) ^ 0x80808080u);
+        std::memcpy(p + 512 + 2 * r, block, 2);
+      } else {  // Q5_0 (d, qh[4], qs[16]) and Q4_1 (d, m, qs[16]): code k < 16 in qs[k]'s low nibble, else qs[k - 16]'s high
+        const uint8_t* qs = block + (file == 6 ? 6 : 4);
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t* q = qs + 8 * (i & 1);
+          store_u32(p + 64 * i + 4 * r, nibble_step(q, q + 4, i < 2 ? 0 : 4));
+        }
+        if (file == 6) {  // the fifth bits: bit k of qh -> bit k >> 2 of byte k & 3
+          const uint32_t qh = load_u32(block + 2);
+          uint32_t v = 0;
+          for (int k = 0; k < 32; ++k) v |= ((qh >> k) & 1u) << (8 * (k & 3) + (k >> 2));
+          store_u32(p + 256 + 4 * r, v);
+          std::memcpy(p + 320 + 2 * r, block, 2);
+        } else {
+          std::memcpy(p + 256 + 4 * r, block, 4);
+        }
+      }
+    }
+  }
+}
+
 // 16 rows of a file-order weight (`file`; rb bytes each, from `rows`) <-> their group of panels
-// (16 rb bytes at `panels`), both ways: to_panels true writes panels.
+// (16 rb bytes at `panels`), both ways: to_panels true writes panels (panels_of_group's bytes, by
+// the definition: one code at a time).
 inline void convert_panel_group(int32_t file, uint8_t* rows, int64_t rb, uint8_t* panels, bool to_panels) {
   const int64_t bb = block_bytes(file), T = rb / bb, pb = kPanelRows * bb;
   if (file != 12 && file != 14) {
