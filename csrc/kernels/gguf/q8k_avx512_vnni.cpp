@@ -258,7 +258,9 @@ void tile(const Codes& src, int64_t t, bool first, int64_t T, bool q4, const uin
 
 // All M rows of x against one group of 16 rows of W, super-block by super-block (each panel read
 // from memory once, while every row of x multiplies it: the products overlap the stream), tiles of
-// up to 4 rows: y's lanes in `mask` (lane r: output n0 + r).
+// up to 4 rows, or 5 where 5 remain (a chain verification of k = 4: one tile of 5 instead of 4 + 1
+// unpacks each panel's codes once; the 1.5B's 5- and 9-row steps 6% faster on a Sapphire Rapids
+// -class Xeon, three alternating processes): y's lanes in `mask` (lane r: output n0 + r).
 template <int kSubs, class Codes>
 void tiles(const Codes& src, int64_t T, bool q4, const uint8_t* xk, int64_t xb, int64_t M, int64_t K, float* y,
            int64_t ldy, int64_t n0, __mmask16 mask) {
@@ -271,8 +273,9 @@ void tiles(const Codes& src, int64_t T, bool q4, const uint8_t* xk, int64_t xb, 
   for (int64_t t = 0; t < T; ++t) {
     src.begin(t);
     int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) tile<4, kSubs>(src, t, m0 == 0, T, q4, xk, xb, K, m0, acc);
+    for (; m0 + 4 <= M && M - m0 != 5; m0 += 4) tile<4, kSubs>(src, t, m0 == 0, T, q4, xk, xb, K, m0, acc);
     switch (M - m0) {
+      case 5: tile<5, kSubs>(src, t, m0 == 0, T, q4, xk, xb, K, m0, acc); break;
       case 3: tile<3, kSubs>(src, t, m0 == 0, T, q4, xk, xb, K, m0, acc); break;
       case 2: tile<2, kSubs>(src, t, m0 == 0, T, q4, xk, xb, K, m0, acc); break;
       case 1: tile<1, kSubs>(src, t, m0 == 0, T, q4, xk, xb, K, m0, acc); break;
