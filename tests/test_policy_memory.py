@@ -79,6 +79,26 @@ def test_acceptance_is_remembered_per_kind_of_sampling(tmp_path):
     assert (again.seen_success, again.seen_failure) == hot
 
 
+def test_a_kind_of_sampling_never_seen_still_gets_its_early_draft():
+    # Step costs known from greedy runs (drafting pays at a good drafter's acceptance, not at the
+    # prior's 0.5), no acceptance seen yet for sampled rows: the first sampled run drafts early once
+    # to see it (before, such runs decoded plainly for good: the real pair's `lookahead+draft` at
+    # T = 0.8 after its greedy rows), and keeps drafting where that pays, not where it does not.
+    def cost(rows, k):
+        return 1.0 + (0.5 if k else 0.0) + 0.1 * k
+
+    sampled = sampling_label([0.8], [0], [1.0])
+    for acceptance, drafts_on in ((0.9, True), (0.1, False)):
+        policy = CostAwarePolicy()
+        policy.start(1)
+        _drive(policy, 30, 1, 4, cost, lambda b: 0.95)  # greedy: costs measured, drafts accepted
+        policy.start(1)
+        policy.set_sampling(sampled)
+        grants = [g[0] for g in _drive(policy, 24, 1, 4, cost, lambda b: acceptance)]
+        assert grants[1] > 0, grants  # the early draft (step 1)
+        assert (sum(grants[12:]) > 0) == drafts_on, grants
+
+
 def test_a_file_of_one_pooled_count_is_read_as_greedy_evidence(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"format": policy_memory.FORMAT, "cost": [], "seen_success": 12.0,

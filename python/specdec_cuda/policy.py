@@ -241,6 +241,10 @@ class CostAwarePolicy:
 
     # -- acceptance ---------------------------------------------------------------------------
 
+    def _acceptance_seen(self) -> bool:
+        """Whether any draft of this kind of sampling was judged: by this run's rows or remembered."""
+        return sum(self.success) + sum(self.failure) + self.seen_success + self.seen_failure > 0
+
     def _pooled(self) -> float:
         # This run's rows together with every earlier run's (slowly forgotten), over the prior.
         s = sum(self.success) + self.seen_success
@@ -425,8 +429,14 @@ class CostAwarePolicy:
         """Whether drafting could win at this batch size if every row accepted as well as the rows
         seen so far do on average (the optimistic side: no lowering for the slowest row). Where even
         that loses (at batch 8 or 16 a drafted step can cost more than two plain ones), the early
-        draft that measures this run's rows is not worth its step."""
+        draft that measures this run's rows is not worth its step. With no acceptance seen at all
+        for this kind of sampling (no row of this run, none remembered), the hopeful
+        ``EXPLORE_ALPHA`` stands in for the prior: the step costs may be known from runs that
+        sampled otherwise (greedy rows before sampled ones), and a prior that says drafting loses
+        would then keep every run plain without ever measuring what it rejects."""
         pooled = min(0.98, self._pooled())
+        if not self._acceptance_seen():
+            pooled = max(pooled, self.EXPLORE_ALPHA)
         rates = self._rates(rows, limits, adapt, k_max, fixed, remaining if remaining is not None else [1] * len(limits),
                             alphas=[pooled] * len(rows))
         base = rates.get(0)
