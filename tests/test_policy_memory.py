@@ -81,9 +81,9 @@ def test_acceptance_is_remembered_per_kind_of_sampling(tmp_path):
 
 def test_a_kind_of_sampling_never_seen_still_gets_its_early_draft():
     # Step costs known from greedy runs (drafting pays at a good drafter's acceptance, not at the
-    # prior's 0.5), no acceptance seen yet for sampled rows: the first sampled run drafts early once
-    # to see it (before, such runs decoded plainly for good: the real pair's `lookahead+draft` at
-    # T = 0.8 after its greedy rows), and keeps drafting where that pays, not where it does not.
+    # prior's 0.5), no acceptance seen yet for sampled rows: the first sampled run drafts early, a
+    # few tokens, to see it (before, such runs decoded plainly for good: the real pair's
+    # `lookahead+draft` at T = 0.8 after its greedy rows), and keeps drafting where that pays only.
     def cost(rows, k):
         return 1.0 + (0.5 if k else 0.0) + 0.1 * k
 
@@ -95,8 +95,14 @@ def test_a_kind_of_sampling_never_seen_still_gets_its_early_draft():
         policy.start(1)
         policy.set_sampling(sampled)
         grants = [g[0] for g in _drive(policy, 24, 1, 4, cost, lambda b: acceptance)]
-        assert grants[1] > 0, grants  # the early draft (step 1)
+        assert grants[1] > 1, grants  # the early draft (step 1), several tokens long
         assert (sum(grants[12:]) > 0) == drafts_on, grants
+    # One rejected token remembered is too little to give up on: the next run drafts early again.
+    unlucky = CostAwarePolicy()
+    unlucky.load_state({"cost": [[1, k, cost(1, k), 3] for k in range(5)], "seen": {sampled: [0.0, 1.0]}})
+    unlucky.set_sampling(sampled)
+    unlucky.start(1)
+    assert [g[0] for g in _drive(unlucky, 2, 1, 4, cost, lambda b: 0.9)][1] > 1
 
 
 def test_a_file_of_one_pooled_count_is_read_as_greedy_evidence(tmp_path):

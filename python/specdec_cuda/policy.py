@@ -132,6 +132,7 @@ class CostAwarePolicy:
     EXPLORE_MARGIN = 0.25  # the longest draft is measured when predicted within this share of plain decoding
     EXPLORE_ALPHA = 0.9  # ... at this acceptance (or the one seen, if higher)
     EXPLORE_SLOPE = 0.25  # ... and at this share of the first draft token's added cost per further token
+    MIN_EVIDENCE = 4  # judged draft tokens under which the acceptance is hoped for (EXPLORE_ALPHA), not settled on
     HOLD = 7  # plain decoding, once chosen, is kept this many steps without deciding again (until a probe)
 
     def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_margin: float = 0.1,
@@ -241,9 +242,9 @@ class CostAwarePolicy:
 
     # -- acceptance ---------------------------------------------------------------------------
 
-    def _acceptance_seen(self) -> bool:
-        """Whether any draft of this kind of sampling was judged: by this run's rows or remembered."""
-        return sum(self.success) + sum(self.failure) + self.seen_success + self.seen_failure > 0
+    def _evidence(self) -> float:
+        """Draft tokens of this kind of sampling judged so far: by this run's rows and remembered."""
+        return sum(self.success) + sum(self.failure) + self.seen_success + self.seen_failure
 
     def _pooled(self) -> float:
         # This run's rows together with every earlier run's (slowly forgotten), over the prior.
@@ -332,7 +333,9 @@ class CostAwarePolicy:
             # Every run drafts once early, so its rows show their acceptance: one token, or the best
             # of the lengths that cost about what one token does (where a step is mostly fixed work,
             # a longer draft shows more of the row for the same price).
-            k = self._early_length(rows, limits, adapt, k_max, fixed, remaining)
+            k = (self._early_length(rows, limits, adapt, k_max, fixed, remaining)
+                 if self._evidence() >= self.MIN_EVIDENCE else self._hopeful_length(rows, limits, adapt, k_max, fixed,
+                                                                                      remaining))
         else:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
                                 remaining if remaining is not None else [1] * len(active))
@@ -363,7 +366,9 @@ class CostAwarePolicy:
             # costs only when measured), so this run would never draft again.
             if (k == 0 and not fixed and not self.shadowed and self.steps >= 1 and 0 in rates
                     and len(rates) == k_max + 1
-                    and all(r < (1.0 - self.probe_margin) * rates[0] for kk, r in rates.items() if kk)):
+                    and all(r < (1.0 - self.probe_margin) * rates[0] for kk, r in rates.items() if kk)
+                    and (self._evidence() >= self.MIN_EVIDENCE
+                         or not self._may_pay(rows, limits, adapt, k_max, fixed, remaining))):
                 self.settled = True
         self.last_k = k
         key = (len(rows), max(k, fixed))
@@ -385,6 +390,18 @@ class CostAwarePolicy:
         cheap = [kk for kk in rates if kk and self._step_seconds(len(rows), max(kk, fixed), line)
                  <= (1.0 + self.EARLY_COST_MARGIN) * one]
         return max(cheap, key=rates.get, default=1)
+
+    def _hopeful_length(self, rows: list[int], limits: list[int], adapt: list[bool], k_max: int, fixed: int,
+                        remaining: list[int] | None) -> int:
+        """The early draft while this kind of sampling has shown too little acceptance to judge
+        (``MIN_EVIDENCE``): the length with the best predicted rate at ``EXPLORE_ALPHA``, so that
+        one step shows several tokens' worth (a single drafted token, rejected, said the drafter
+        was hopeless when it was not)."""
+        rates = self._rates(rows, limits, adapt, k_max, fixed,
+                            remaining if remaining is not None else [1] * len(limits),
+                            alphas=[self.EXPLORE_ALPHA] * len(rows))
+        drafted = {kk: r for kk, r in rates.items() if kk}
+        return max(drafted, key=drafted.get, default=1)
 
     def drafting_over(self) -> bool:
         """Whether this run will draft no more (see ``plan``; never in a run whose shadow drafts
@@ -429,13 +446,14 @@ class CostAwarePolicy:
         """Whether drafting could win at this batch size if every row accepted as well as the rows
         seen so far do on average (the optimistic side: no lowering for the slowest row). Where even
         that loses (at batch 8 or 16 a drafted step can cost more than two plain ones), the early
-        draft that measures this run's rows is not worth its step. With no acceptance seen at all
-        for this kind of sampling (no row of this run, none remembered), the hopeful
-        ``EXPLORE_ALPHA`` stands in for the prior: the step costs may be known from runs that
-        sampled otherwise (greedy rows before sampled ones), and a prior that says drafting loses
-        would then keep every run plain without ever measuring what it rejects."""
+        draft that measures this run's rows is not worth its step. While fewer than
+        ``MIN_EVIDENCE`` draft tokens of this kind of sampling have been judged (this run's and
+        remembered), the hopeful ``EXPLORE_ALPHA`` stands in: the step costs may be known from runs
+        that sampled otherwise (greedy rows before sampled ones), and the prior, or one unlucky
+        token over it, would then keep every later run plain without measuring what it rejects
+        (the real pair's `lookahead+draft` at T = 0.8 after its greedy rows: tau 1.00)."""
         pooled = min(0.98, self._pooled())
-        if not self._acceptance_seen():
+        if self._evidence() < self.MIN_EVIDENCE:
             pooled = max(pooled, self.EXPLORE_ALPHA)
         rates = self._rates(rows, limits, adapt, k_max, fixed, remaining if remaining is not None else [1] * len(limits),
                             alphas=[pooled] * len(rows))
