@@ -226,11 +226,7 @@ void matmul_bf16_amx_rows(int32_t type, const uint16_t* xv, int64_t M, int64_t K
   static thread_local std::vector<uint16_t> wbuf;      // [chunks][32 W rows][32 k]
   wbuf.resize(chunks * kGroupTiles);
   alignas(64) float cbuf[4][kTile * kTile];
-  AmxTileConfig cfg;  // every register 16 rows of 64 bytes
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = kTile;
-    cfg.colsb[t] = 64;
-  }
+  const AmxTileConfig cfg = AmxTileConfig::full();  // every register 16 rows of 64 bytes
   _tile_loadconfig(&cfg);
   const int64_t x_block = chunks * kTile * kChunk;  // elements of one x block
   for (int64_t n0 = n_begin; n0 < n_end; n0 += 2 * kTile) {

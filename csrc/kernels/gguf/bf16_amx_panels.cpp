@@ -219,11 +219,7 @@ void matmul_bf16_amx_panel_rows(int32_t type, const uint16_t* xr, int64_t M, int
   static thread_local std::vector<uint16_t> wbuf;  // [chunks][2 groups][16 k-pairs][16 rows][2]
   wbuf.resize(chunks * 2 * kTileElems);
   alignas(64) float cbuf[4][kTile * kTile];
-  AmxTileConfig cfg;  // every register 16 rows of 64 bytes
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = kTile;
-    cfg.colsb[t] = 64;
-  }
+  const AmxTileConfig cfg = AmxTileConfig::full();  // every register 16 rows of 64 bytes
   _tile_loadconfig(&cfg);
   for (int64_t n0 = n_begin / kPanelRows * kPanelRows; n0 < n_end; n0 += 2 * kTile) {
     const int groups = n0 + kTile < n_end ? 2 : 1;
