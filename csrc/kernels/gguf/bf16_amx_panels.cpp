@@ -62,7 +62,7 @@ inline void store_pair(uint16_t* out, __m512 v0, __m512 v1) {
 
 inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline __m512 f32(__m512i v) { return _mm512_cvtepi32_ps(v); }
-// Byte b of each lane (row), shifted right by `shift` more bits and masked.
+// Each lane (row) shifted right by `bit` and masked: a code or a byte at that bit.
 inline __m512i field(__m512i v, int bit, int mask) {
   return _mm512_and_si512(_mm512_srli_epi32(v, bit), _mm512_set1_epi32(mask));
 }
@@ -121,7 +121,8 @@ void decode_q6k_chunk(const uint8_t* p, int g, uint16_t* out) {
         __m512 v[2];
         for (int e = 0; e < 2; ++e) {
           const int k = k0 + 8 * i + 2 * q + e;
-          const __m512i code = _mm512_or_si512(nibble(low, k), _mm512_slli_epi32(field(high, 8 * (k & 3) + 2 * ((k >> 2) & 3), 3), 4));
+          const __m512i top = field(high, 8 * (k & 3) + 2 * ((k >> 2) & 3), 3);  // bits 4, 5 of the code
+          const __m512i code = _mm512_or_si512(nibble(low, k), _mm512_slli_epi32(top, 4));
           v[e] = _mm512_mul_ps(ds, f32(_mm512_sub_epi32(code, bias)));
         }
         store_pair(out + 32 * (8 * half + 4 * i + q), v[0], v[1]);

@@ -133,7 +133,7 @@ inline void panels_of_group(int32_t file, const uint8_t* rows, int64_t rb, uint8
     uint8_t* p = panels + t * pb;
     for (int r = 0; r < kPanelRows; ++r) {
       const uint8_t* block = rows + r * rb + t * bb;
-      if (file == 12) {  // Q4_K: d, dmin, scales[12], qs[128]; code k of sub-block s at qs[32 (s >> 1) + k % 32] >> 4 (s & 1)
+      if (file == 12) {  // Q4_K: d, dmin, scales[12], qs[128]; code k: qs[32 (s >> 1) + k % 32] >> 4 (s & 1), s = k/32
         for (int i = 0; i < 32; ++i) {
           const int s = i >> 2;
           const uint8_t* q = block + 16 + 32 * (s >> 1) + 8 * (i & 3);
@@ -159,7 +159,7 @@ inline void panels_of_group(int32_t file, const uint8_t* rows, int64_t rb, uint8
       } else if (file == 8) {  // Q8_0: d, qs[32]; codes w + 128, 4 a step
         for (int st = 0; st < 8; ++st) store_u32(p + 64 * st + 4 * r, load_u32(block + 2 + 4 * st) ^ 0x80808080u);
         std::memcpy(p + 512 + 2 * r, block, 2);
-      } else {  // Q5_0 (d, qh[4], qs[16]) and Q4_1 (d, m, qs[16]): code k < 16 in qs[k]'s low nibble, else qs[k - 16]'s high
+      } else {  // Q5_0 (d, qh[4], qs[16]), Q4_1 (d, m, qs[16]): code k < 16 in qs[k]'s low nibble, else qs[k - 16]'s
         const uint8_t* qs = block + (file == 6 ? 6 : 4);
         for (int i = 0; i < 4; ++i) {
           const uint8_t* q = qs + 8 * (i & 1);
