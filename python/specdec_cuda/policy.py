@@ -332,10 +332,12 @@ class CostAwarePolicy:
         elif self.steps == 1 and self._may_pay(rows, limits, adapt, k_max, fixed, remaining):
             # Every run drafts once early, so its rows show their acceptance: one token, or the best
             # of the lengths that cost about what one token does (where a step is mostly fixed work,
-            # a longer draft shows more of the row for the same price).
-            k = (self._early_length(rows, limits, adapt, k_max, fixed, remaining)
-                 if self._evidence() >= self.MIN_EVIDENCE else self._hopeful_length(rows, limits, adapt, k_max, fixed,
-                                                                                      remaining))
+            # a longer draft shows more of the row for the same price); while too little has been
+            # seen to judge, the length best at a good drafter's acceptance.
+            if self._evidence() >= self.MIN_EVIDENCE:
+                k = self._early_length(rows, limits, adapt, k_max, fixed, remaining)
+            else:
+                k = self._hopeful_length(rows, limits, adapt, k_max, fixed, remaining)
         else:
             rates = self._rates(rows, limits, adapt, k_max, fixed,
                                 remaining if remaining is not None else [1] * len(active))
