@@ -1,8 +1,9 @@
 // The panel layouts of GGUF weights: Q4_K_PANELS (type 524), Q6_K_PANELS (526), Q8_0_PANELS (520),
 // Q5_0_PANELS (518) and Q4_1_PANELS (515): not ggml types (512 + the file format's id) but this
 // project's repacking at load for the kernels that hold 16 rows of W in the vector lanes, on CPUs
-// with AVX-512 VNNI and no AMX: the Q8K kernel for the k-quants (q8k.h, ops/gguf_linear.h's mode
-// Q8K + Q8), the lanes kernel in q8.h's order for the legacy formats (legacy_lanes_avx512_vnni.cpp).
+// with AVX-512 VNNI: the Q8K kernel for the k-quants (q8k.h, ops/gguf_linear.h's mode Q8K + Q8),
+// the lanes kernel in q8.h's order for the legacy formats (legacy_lanes_avx512_vnni.cpp), and on
+// AMX CPUs a prompt's tile kernel (bf16_amx_panels.cpp).
 // Torch-free, scalar: the conversions run once at load, or where a kernel without a panel loop
 // meets a repacked weight (not a decoding path).
 //
@@ -30,17 +31,8 @@ namespace specdec::gguf {
 
 inline constexpr int kPanelRows = 16;
 
-// Code k (0..255) of a file-order super-block of `file` (Q4_K: 0..15, Q6_K: 0..63).
-inline int kquant_code(int32_t file, const uint8_t* block, int k) {
-  if (file == 12) {
-    const auto& b = *reinterpret_cast<const BlockQ4_K*>(block);
-    const int s = k >> 5;
-    return (b.qs[32 * (s >> 1) + (k & 31)] >> (4 * (s & 1))) & 15;
-  }
-  return q6k_code(*reinterpret_cast<const BlockQ6_K*>(block), k >> 7, (k >> 5) & 3, k & 31) + 32;
-}
-
-// Sets code k of a file-order super-block whose code bytes were zeroed (the inverse of kquant_code).
+// Sets code k (0..255; Q4_K: 0..15, Q6_K: 0..63) of a file-order super-block whose code bytes were
+// zeroed.
 inline void set_kquant_code(int32_t file, uint8_t* block, int k, int code) {
   if (file == 12) {
     auto& b = *reinterpret_cast<BlockQ4_K*>(block);
@@ -54,18 +46,8 @@ inline void set_kquant_code(int32_t file, uint8_t* block, int k, int code) {
   b.qh[32 * h + l] |= static_cast<uint8_t>((code >> 4) << (2 * i));
 }
 
-// Code k (0..31) of a legacy block (`file`: Q8_0 w + 128, Q5_0 0..31, Q4_1 0..15).
-inline int legacy_code(int32_t file, const uint8_t* block, int k) {
-  if (file == 8) return static_cast<uint8_t>(reinterpret_cast<const BlockQ8_0*>(block)->qs[k]) ^ 0x80;
-  const uint8_t* qs = block + (file == 6 ? 6 : 4);
-  const int low = (k < 16 ? qs[k] : qs[k - 16] >> 4) & 15;
-  if (file == 3) return low;
-  uint32_t qh;
-  std::memcpy(&qh, block + 2, 4);
-  return low | static_cast<int>((qh >> k) & 1) << 4;
-}
-
-// Sets code k of a legacy block whose code bytes were zeroed (the inverse of legacy_code).
+// Sets code k (0..31: Q8_0 w + 128, Q5_0 0..31, Q4_1 0..15) of a legacy block whose code bytes were
+// zeroed.
 inline void set_legacy_code(int32_t file, uint8_t* block, int k, int code) {
   if (file == 8) {
     block[2 + k] = static_cast<uint8_t>(code ^ 0x80);
@@ -76,36 +58,23 @@ inline void set_legacy_code(int32_t file, uint8_t* block, int k, int code) {
   if (file == 6) block[2 + k / 8] |= static_cast<uint8_t>(((code >> 4) & 1) << (k % 8));
 }
 
-// The legacy panels of block column t (see the layout above) <-> 16 rows' blocks, both ways.
-inline void convert_legacy_column(int32_t file, uint8_t* rows, int64_t rb, int64_t t, uint8_t* p, bool to_panels) {
+// The legacy panels of block column t (see the layout above) -> 16 rows' blocks.
+inline void legacy_column_to_blocks(int32_t file, const uint8_t* p, int64_t t, uint8_t* rows, int64_t rb) {
   const int64_t bb = block_bytes(file);
-  if (to_panels) std::memset(p, 0, static_cast<size_t>(kPanelRows * bb));
   for (int r = 0; r < kPanelRows; ++r) {
     uint8_t* block = rows + r * rb + t * bb;
     const int64_t head = file == 3 ? 4 : 2;  // d (Q4_1: d, m) at the block's start
     const int64_t at = file == 8 ? 512 + 2 * r : file == 6 ? 320 + 2 * r : 256 + 4 * r;
-    if (to_panels) {
-      std::memcpy(p + at, block, head);
-    } else {
-      std::memset(block, 0, static_cast<size_t>(bb));
-      std::memcpy(block, p + at, head);
-    }
+    std::memset(block, 0, static_cast<size_t>(bb));
+    std::memcpy(block, p + at, head);
     for (int k = 0; k < 32; ++k) {
       const int64_t step = k >> 2, b = k & 3;
       if (file == 8) {
-        if (to_panels) p[64 * step + 4 * r + b] = static_cast<uint8_t>(legacy_code(file, block, k));
-        else set_legacy_code(file, block, k, p[64 * step + 4 * r + b]);
+        set_legacy_code(file, block, k, p[64 * step + 4 * r + b]);
         continue;
       }
       const int64_t low = 64 * (k >> 3) + 4 * r + b, shift = 4 * (step & 1), high = 256 + 4 * r + b;
-      if (to_panels) {
-        const int c = legacy_code(file, block, k);
-        p[low] |= static_cast<uint8_t>((c & 15) << shift);
-        if (file == 6) p[high] |= static_cast<uint8_t>((c >> 4) << step);
-      } else {
-        const int c = ((p[low] >> shift) & 15) | (file == 6 ? ((p[high] >> step) & 1) << 4 : 0);
-        set_legacy_code(file, block, k, c);
-      }
+      set_legacy_code(file, block, k, ((p[low] >> shift) & 15) | (file == 6 ? ((p[high] >> step) & 1) << 4 : 0));
     }
   }
 }
@@ -124,9 +93,9 @@ inline uint32_t nibble_step(const uint8_t* lo, const uint8_t* hi, int shift) {
   return ((load_u32(lo) >> shift) & 0x0F0F0F0Fu) | (((load_u32(hi) >> shift) & 0x0F0F0F0Fu) << 4);
 }
 
-// The panels of 16 rows of a file-order weight, 4 bytes at a time (the layout above, the same bytes
-// as the per-code loop of convert_panel_group below, which it replaces at load: the 1.5B's repack
-// took 3 s there).
+// The panels of 16 rows of a file-order weight, 4 bytes at a time (the layout above; once at load:
+// made one code at a time, the 1.5B's repack took 3 s). blocks_from_panels below turns them back;
+// tests/test_gguf_panels.py holds both to reference.gguf.to_panels / from_panels byte for byte.
 inline void panels_of_group(int32_t file, const uint8_t* rows, int64_t rb, uint8_t* panels) {
   const int64_t bb = block_bytes(file), T = rb / bb, pb = kPanelRows * bb;
   for (int64_t t = 0; t < T; ++t) {
@@ -179,28 +148,25 @@ inline void panels_of_group(int32_t file, const uint8_t* rows, int64_t rb, uint8
   }
 }
 
-// 16 rows of a file-order weight (`file`; rb bytes each, from `rows`) <-> their group of panels
-// (16 rb bytes at `panels`), both ways: to_panels true writes panels (panels_of_group's bytes, by
-// the definition: one code at a time).
-inline void convert_panel_group(int32_t file, uint8_t* rows, int64_t rb, uint8_t* panels, bool to_panels) {
+// The group of panels at `panels` (type: a panel layout, rb the file's row bytes) -> its 16 rows
+// in the file's order at `rows`, one code at a time (the inverse of panels_of_group; not a decoding
+// path: a kernel without a panel loop, a draft vocabulary's rows).
+inline void blocks_from_panels(int32_t type, const uint8_t* panels, int64_t rb, uint8_t* rows) {
+  const int32_t file = file_type(type);
   const int64_t bb = block_bytes(file), T = rb / bb, pb = kPanelRows * bb;
   if (file != 12 && file != 14) {
-    for (int64_t t = 0; t < T; ++t) convert_legacy_column(file, rows, rb, t, panels + t * pb, to_panels);
+    for (int64_t t = 0; t < T; ++t) legacy_column_to_blocks(file, panels + t * pb, t, rows, rb);
     return;
   }
   const bool q4 = file == 12;
   for (int64_t t = 0; t < T; ++t) {
-    uint8_t* p = panels + t * pb;
-    if (to_panels) std::memset(p, 0, static_cast<size_t>(pb));
+    const uint8_t* p = panels + t * pb;
     for (int r = 0; r < kPanelRows; ++r) {
       uint8_t* block = rows + r * rb + t * bb;
-      if (!to_panels) {  // the code bytes are ORed in below; scales and scales' fp16 copied
-        if (q4) std::memset(block + 16, 0, 128); else std::memset(block, 0, 192);
-      }
-      // scales and fp16 fields: (panel offset, block offset, bytes)
-      auto field = [&](int64_t at, int64_t from, int n) {
-        if (to_panels) std::memcpy(p + at, block + from, n); else std::memcpy(block + from, p + at, n);
-      };
+      // the code bytes are ORed in below; the scales and fp16 fields copied: (panel offset, block
+      // offset, bytes)
+      if (q4) std::memset(block + 16, 0, 128); else std::memset(block, 0, 192);
+      auto field = [&](int64_t at, int64_t from, int n) { std::memcpy(block + from, p + at, n); };
       if (q4) {
         for (int j = 0; j < 3; ++j) field(2048 + 64 * j + 4 * r, 4 + 4 * j, 4);
         field(2240 + 4 * r, 0, 4);
@@ -211,23 +177,10 @@ inline void convert_panel_group(int32_t file, uint8_t* rows, int64_t rb, uint8_t
       for (int k = 0; k < 256; ++k) {
         const int64_t low = 64 * (k >> 3) + 4 * r + (k & 3), shift = 4 * ((k >> 2) & 1);
         const int64_t high = 2048 + 64 * (k >> 4) + 4 * r + (k & 3), hshift = 2 * ((k >> 2) & 3);
-        if (to_panels) {
-          const int c = kquant_code(file, block, k);
-          p[low] |= static_cast<uint8_t>((c & 15) << shift);
-          if (!q4) p[high] |= static_cast<uint8_t>((c >> 4) << hshift);
-        } else {
-          const int c = ((p[low] >> shift) & 15) | (q4 ? 0 : ((p[high] >> hshift) & 3) << 4);
-          set_kquant_code(file, block, k, c);
-        }
+        set_kquant_code(file, block, k, ((p[low] >> shift) & 15) | (q4 ? 0 : ((p[high] >> hshift) & 3) << 4));
       }
     }
   }
-}
-
-// The group of panels at `panels` (type: a panel layout, rb the file's row bytes) -> its 16 rows
-// in the file's order at `rows`.
-inline void blocks_from_panels(int32_t type, const uint8_t* panels, int64_t rb, uint8_t* rows) {
-  convert_panel_group(file_type(type), rows, rb, const_cast<uint8_t*>(panels), false);
 }
 
 // Rows [n_begin, n_end) of a panel weight (type, rb the file's row bytes) for a kernel of the
