@@ -38,6 +38,7 @@
 #include <immintrin.h>
 
 #include "kernels/common/bf16_avx512.h"
+#include "kernels/gguf/bf16_tile_pairs.h"
 
 namespace specdec::gguf {
 namespace {
@@ -184,16 +185,6 @@ void decode_group(int32_t file, const uint8_t* group, int64_t K, uint16_t* out, 
   for (int64_t c = 0; c < K / kQK; ++c) decode_legacy_chunk(file, group + c * panel, out + c * step);
 }
 
-// The next chunk's four tiles (1 KiB each) into L1 while this chunk's products run, as the file
-// order kernel does (bf16_amx.cpp: tile loads from L2 left the products waiting).
-inline void prefetch_tiles(const uint16_t* w, const uint16_t* x0, const uint16_t* x1) {
-  for (int l = 0; l < 2 * kTile * kChunk * 2; l += 64) _mm_prefetch(reinterpret_cast<const char*>(w) + l, _MM_HINT_T0);
-  for (int l = 0; l < kTile * kChunk * 2; l += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(x0) + l, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(x1) + l, _MM_HINT_T0);
-  }
-}
-
 }  // namespace
 
 int64_t bf16_amx_panel_rows_size(int64_t M, int64_t K) { return bf16_amx_rows_size(M, K); }
@@ -231,27 +222,8 @@ void matmul_bf16_amx_panel_rows(int32_t type, const uint16_t* xr, int64_t M, int
       for (int64_t c = 0; c < chunks; ++c) std::memset(wbuf.data() + (2 * c + 1) * kTileElems, 0, 2 * kTileElems);
     for (int64_t b = 0; b < blocks; b += 2) {
       const uint16_t* x0 = xr + b * kTile * K;
-      const uint16_t* x1 = x0 + kTile * K;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const uint16_t* w = wbuf.data() + 2 * c * kTileElems;
-        if (c + 1 < chunks) prefetch_tiles(w + 2 * kTileElems, x0 + (c + 1) * kTileElems, x1 + (c + 1) * kTileElems);
-        _tile_loadd(4, x0 + c * kTileElems, 64);
-        _tile_loadd(5, x1 + c * kTileElems, 64);
-        _tile_loadd(6, w, 64);
-        _tile_loadd(7, w + kTileElems, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, cbuf[0], 64);
-      _tile_stored(1, cbuf[1], 64);
-      _tile_stored(2, cbuf[2], 64);
-      _tile_stored(3, cbuf[3], 64);
+      tile_pair_products(x0, x0 + kTile * K, kTileElems, wbuf.data(), wbuf.data() + kTileElems, 2 * kTileElems,
+                         chunks, cbuf);
       for (int t = 0; t < 4; ++t) {
         const int64_t m0 = (b + t / 2) * kTile;          // x rows m0 ..
         const int64_t w0 = n0 + kTile * (t % 2);         // W rows w0 ..
