@@ -150,11 +150,12 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
   GgufInputs in{x, nullptr, nullptr, nullptr, nullptr};
   // In the Q8K modes: x's Q8K form for the k-quant parts, its Q8 form for the legacy ones.
   const bool q8k = activations == GgufActivations::kQ8k || activations == GgufActivations::kQ8kQ8;
-  bool any_kquant = false, all_kquant = true, any_panels = false;
+  bool any_kquant = false, all_kquant = true, any_panels = false, all_panels = true;
   for (const GgufPart& part : parts) {
     any_kquant = any_kquant || gguf::q8k_supported(part.type);
     all_kquant = all_kquant && gguf::q8k_supported(part.type);
     any_panels = any_panels || gguf::is_panels(part.type);
+    all_panels = all_panels && gguf::is_panels(part.type);
   }
   if (q8k && any_kquant) {  // k-quant rows are whole super-blocks: K % 256 == 0
     const size_t need = static_cast<size_t>(M * gguf::q8k_row_bytes(K));
@@ -168,9 +169,7 @@ inline void gguf_linear(const float* x, int64_t M, int64_t K, const std::vector<
     gguf::quantize_rows_q8(x, M, K, xq_buf.data());
     in.xq = xq_buf.data();
   } else if (activations == GgufActivations::kBf16Amx) {  // the tiles' x forms: file order, panels
-    bool any_file = false;
-    for (const GgufPart& part : parts) any_file = any_file || !gguf::is_panels(part.type);
-    if (any_file) {
+    if (!all_panels) {
       const size_t need = static_cast<size_t>(gguf::bf16_amx_rows_size(M, K));
       if (xv_buf.size() < need) xv_buf.resize(need);
       gguf::bf16_amx_prepare(x, M, K, xv_buf.data());
