@@ -192,10 +192,22 @@ def quantspec_real(pair):
 def layer_skip_real(pair):
     """The target drafting through a subset of its own layers (chosen by the calibration at the first
     prompt), k = 4: under the cost policy (the default) and always drafting, and with the draft passes'
-    head over the first DRAFT_VOCAB ids (the draft method's draft vocabulary)."""
+    head over the first DRAFT_VOCAB ids (the draft method's draft vocabulary). Where the drafter cache
+    holds an exit adapter trained for the target (Kangaroo; ``bash bench/train_exit_adapter.sh``),
+    also through its first layers and that adapter, over its draft vocabulary: k = 3 and 4 always
+    drafting, k = 4 under the cost policy."""
+    from specdec_cuda import drafters
+    from specdec_cuda.proposers.layer_skip import load_adapter
+
     vocab = min(DRAFT_VOCAB, pair.target.vocab_size)
-    return [("calibrated, k=4", dict(k=4)), ("calibrated, k=4, fixed", dict(k=4, policy="fixed")),
+    rows = [("calibrated, k=4", dict(k=4)), ("calibrated, k=4, fixed", dict(k=4, policy="fixed")),
             (f"calibrated, k=4, draft vocab {vocab}", dict(k=4, draft_vocab=vocab))]
+    if drafters.find(pair.target, "exit") is not None:
+        adapter = load_adapter(pair.target, True)
+        rows += [("exit adapter, k=3, fixed", dict(k=3, adapter=adapter, policy="fixed")),
+                 ("exit adapter, k=4, fixed", dict(k=4, adapter=adapter, policy="fixed")),
+                 ("exit adapter, k=4", dict(k=4, adapter=adapter))]
+    return rows
 
 
 # The real bench's configurations (bench/bench_real.py): fewer than the zoo's (a real model's step

@@ -252,3 +252,20 @@ def load_hf_mtp_target(folder: Path):
                                                               attn_implementation="sdpa",
                                                               experts_implementation="eager")
     return HFCausalLM(model.eval())
+
+
+def random_exit_adapter(model, exit_layer: int = 1, mlp: int = 8, ids=None, seed: int = 1, std: float = 0.3):
+    """An exit adapter (``models.exit_adapter``) for ``model`` with random weights, the output
+    projections included (an untrained one is the plain early exit), over ``ids`` (default: every
+    id), attached to the model."""
+    from specdec_cuda.models.exit_adapter import ExitAdapter, ExitAdapterConfig
+
+    ids = torch.arange(model.vocab_size) if ids is None else torch.as_tensor(ids)
+    config = ExitAdapterConfig.for_target(model, exit_layer=exit_layer, intermediate_size=mlp,
+                                          draft_vocab_size=ids.numel())
+    adapter = ExitAdapter.initial(config, seed=seed, std=std, draft_ids=ids)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for p in (adapter.o_proj.weight, *([adapter.down_proj.weight] if mlp else [])):
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return adapter.attach(model)

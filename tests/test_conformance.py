@@ -31,6 +31,7 @@ import torch
 
 import specdec_cuda
 from _eagle3_testlib import trained_drafter
+from _models_testlib import random_exit_adapter
 from conformance_proposers import (ChainAsTree, DeepOffByOne, GuessTree, SampledTree, VaryingPolicy,
                                    cross_tokenizer_options)
 from decoding_models import load_backend, make_checkpoint
@@ -216,6 +217,15 @@ CASES = [
          options=lambda env: dict(k=3, skip=[0], policy="fixed", verification="rejection",
                                   draft_vocab=env.target.vocab_size // 2),
          target=lambda env: _builtin_target(env.target, "layer_skip")),
+    # A random exit adapter (Kangaroo) after the first layer, with its own draft vocabulary (every
+    # fourth id left out); its K/V of committed positions come from the verifications' stream.
+    Case("layer-skip-adapter", True, method="layer_skip",
+         options=lambda env: dict(k=3, adapter=random_exit_adapter(env.target, ids=_without_every_fourth(env.target)), policy="fixed",
+                                  verification="rejection"),
+         target=lambda env: _builtin_target(env.target, "layer_skip")),
+    Case("layer-skip-adapter-coupled", True, method="layer_skip",
+         options=lambda env: dict(k=3, adapter=random_exit_adapter(env.target, ids=_without_every_fourth(env.target)), policy=VaryingPolicy()),
+         target=lambda env: _builtin_target(env.target, "layer_skip"), same_samples_as=AR),
 ]
 
 

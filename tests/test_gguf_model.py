@@ -363,6 +363,24 @@ def test_layer_skip_drafts_through_the_files_own_layers(written):
     assert out.tokens == expected and out.metrics.drafted[0] > 0  # drafted, verified, exact
 
 
+def test_layer_skip_with_an_exit_adapter_is_exact_on_the_files_layers(written):
+    """A random exit adapter after layer 1 (its K/V of committed positions from the verifications'
+    stream, which the GGUF path hands out as float32): greedy output and, with coupled drafts, the
+    samples of autoregressive decoding."""
+    from _models_testlib import random_exit_adapter
+
+    _, path, _ = written
+    target = models.load(path)
+    adapter = random_exit_adapter(target, exit_layer=1, ids=list(range(0, VOCAB, 2)))
+    prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(8)).tolist() for n in (40, 9)]
+    for temperature in (0.0, 0.8):
+        expected = specdec_cuda.generate(target, prompts, method="autoregressive", max_new_tokens=16,
+                                         temperature=temperature, seed=4).tokens
+        out = specdec_cuda.generate(target, prompts, method="layer_skip", adapter=adapter, max_new_tokens=16, k=3,
+                                    policy="fixed", temperature=temperature, seed=4)
+        assert out.tokens == expected and out.metrics.drafted[0] > 0
+
+
 def test_a_draft_vocabulary_reads_the_heads_own_blocks(written):
     """``vocab_subset`` on a GGUF model gathers the head's rows as stored: the subset's logits are
     the full head's columns, bit for bit (a prefix and a scattered set), and a drafter with a

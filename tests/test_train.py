@@ -201,6 +201,35 @@ def test_training_fits_the_targets_continuations(target_dir):
     assert all(t["top1"] > u["top1"] + 0.03 for t, u in zip(trained, untrained))
 
 
+def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_reads(target_dir):
+    # Teacher forcing (gen_tokens 0 by default from the CLI; here given): the sequences are the
+    # prompts themselves, the labels the target's own distributions. Fit on the sequences trained
+    # on (a random tiny target): the trained adapter agrees with the target's argmax more often than
+    # the untrained one (the plain early exit), and layer_skip finds it and decodes exactly.
+    from specdec_cuda.models.exit_adapter import ExitAdapter, ExitAdapterConfig
+    from specdec_cuda.train.exit_adapter import _Teacher, exit_report
+
+    prompts = [[random.Random(i).randrange(64) for _ in range(24)] for i in range(96)]
+    lines = []
+    result = T.train("exit", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0, batch_size=16),
+                     loop=T.LoopSpec(steps=150, batch_size=16, lr=3e-3),
+                     drafter=T.DrafterSpec(exit_layer=1, exit_intermediate=32), log=lines.append)
+    assert any("the target reads 88 prompts" in line for line in lines)
+    target = models.load(target_dir)
+    features = max((F.load_features(f) for f in
+                    (drafters.write_root() / drafters.fingerprint(target) / "features").iterdir()), key=len)
+    assert features.generated_tokens() == 0 and sorted(features.hidden) == [-1, 0]
+    trained = ExitAdapter.load(result.folder)
+    teacher = _Teacher(target, trained.draft_ids)
+    untrained = ExitAdapter.initial(ExitAdapterConfig(**{k: v for k, v in vars(trained.config).items()}))
+    assert exit_report(trained, teacher, features)["positions"][0]["top1"] > \
+        exit_report(untrained, teacher, features)["positions"][0]["top1"] + 0.05
+    ar = specdec_cuda.generate(target, prompts[:4], max_new_tokens=12).tokens
+    out = specdec_cuda.generate(target, prompts[:4], method="layer_skip", adapter=True, max_new_tokens=12,
+                                policy="fixed")
+    assert out.tokens == ar and sum(out.metrics.drafted) > 0
+
+
 def test_resumed_training_reuses_the_cached_data(target_dir):
     prompts = _prompts()
     lines = []
@@ -285,6 +314,15 @@ def test_the_cli_trains_from_a_prompts_file(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["kind"] == "medusa" and cfg["num_heads"] == 2 and (out / "report.json").is_file()
     assert main(["eagle3", "--target", str(folder), "--data", str(tmp_path / "nothing")]) == 2  # a clear error
+    text = tmp_path / "code.py"
+    text.write_text("\n".join(lines) * 4)
+    assert main(["exit", "--target", str(folder), "--data", str(text), "--out", str(tmp_path / "exit"), "--steps", "3",
+                 "--num-prompts", "20", "--prompt-tokens", "16", "--exit-layer", "1", "--exit-mlp", "8",
+                 "--draft-vocab", "300"]) == 0
+    cfg = json.loads((tmp_path / "exit" / "config.json").read_text())
+    assert cfg["model_type"] == "exit_adapter" and cfg["exit_layer"] == 1 and cfg["draft_vocab_size"] == 300
+    report = json.loads((tmp_path / "exit" / "report.json").read_text())
+    assert report["distill"]["gen_tokens"] == 0  # the CLI's default for exit: the target reads the windows
 
 
 # -- memory ---------------------------------------------------------------------------------------

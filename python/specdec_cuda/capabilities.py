@@ -26,7 +26,9 @@ _NEEDS = {
     "diffusion": "a diffusion LM of its own (a generation mode, not speculation on this model)",
 }
 # Notes on methods that run with no options but on a wrapped target.
-_NOTES = {"quantspec": "on the built-in model over its int4 KV cache: models.QuantKVModel(models.load(DIR))"}
+_NOTES = {"quantspec": "on the built-in model over its int4 KV cache: models.QuantKVModel(models.load(DIR))",
+          "layer_skip": "optionally with an exit adapter trained for it: adapter=<folder>, or adapter=True for the one "
+                        "cached by python -m specdec_cuda.train exit"}
 _BUILTIN_ONLY = ("quantspec", "layer_skip")  # they run the built-in model's own forward paths
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("medusa", "mtp", "dflash", "eagle3")
+KINDS = ("medusa", "mtp", "dflash", "eagle3", "exit")
 SAMPLED_ROWS = 64  # rows of the embedding / LM head hashed: enough to tell fine-tunes apart
 
 _registered: dict[tuple[str, str], Path] = {}  # (fingerprint, kind) -> folder, this process only

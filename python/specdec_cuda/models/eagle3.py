@@ -44,10 +44,7 @@ Checkpoints: ``save`` / ``load`` write and read this library's folder (``config.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -57,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .draft_vocab import MASKED
+from .drafter_folder import read_drafter_folder, write_drafter_folder
 from .layers import rms_norm
 from .rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -398,45 +396,17 @@ class Eagle3Drafter(nn.Module):
     def save(self, folder) -> Path:
         """``config.json`` + ``model.safetensors`` in ``folder``, written beside it and renamed into
         place (a reader never sees half a checkpoint). Float weights are stored as float32."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        tmp = folder.with_name(folder.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
         config = asdict(self.config)
         config["target_layers"] = None if self.config.target_layers is None else list(self.config.target_layers)
         config.update(model_type=MODEL_TYPE, format=FORMAT)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        state = {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
-                 for k, v in self.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-        return folder
+        return write_drafter_folder(folder, config, self.state_dict())
 
     @classmethod
     def load(cls, folder) -> "Eagle3Drafter":
         """A drafter written by ``save``; float32 on the CPU until ``attach``. (``models.published.
         load_eagle3`` also reads the published EAGLE-3 layouts.)"""
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        path = folder / "config.json"
-        if not path.is_file() or not (folder / "model.safetensors").is_file():
-            raise FileNotFoundError(f"{folder}: not an EAGLE-3 drafter folder (needs config.json and model.safetensors)")
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict) or raw.pop("model_type", None) != MODEL_TYPE:
-            raise ValueError(f"{path}: not an EAGLE-3 drafter config (model_type must be {MODEL_TYPE!r})")
-        fmt = raw.pop("format", FORMAT)
-        if fmt != FORMAT:
-            raise ValueError(f"{path}: format {fmt!r} is not this library's ({FORMAT})")
-        model = cls(Eagle3Config(**raw))
-        tensors = load_file(str(folder / "model.safetensors"))
-        model.load_checked(tensors, str(folder))
-        return model
+        raw, tensors = read_drafter_folder(folder, MODEL_TYPE, FORMAT, "EAGLE-3 drafter")
+        return cls(Eagle3Config(**raw)).load_checked(tensors, str(folder))
 
     def load_checked(self, tensors: dict[str, torch.Tensor], source: str) -> "Eagle3Drafter":
         """Copy ``tensors`` (this module's state-dict names) in, float ones as float32; ValueError

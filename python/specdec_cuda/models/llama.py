@@ -8,7 +8,7 @@ with batched tensor ops only (no per-row Python loop, no host sync).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -393,6 +393,7 @@ class LlamaModel(nn.Module):
         layers: Sequence[int] | None = None,
         vocab: VocabSubset | None = None,
         prefill: bool = False,
+        before_head: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> ModelOutput:
         """Run ``tokens`` [B, n] at ``positions`` [B, n] on top of ``cache`` (see ``CausalLM.forward``).
 
@@ -419,16 +420,21 @@ class LlamaModel(nn.Module):
         to bfloat16 instead of split exactly into three (1.8x); on a VNNI CPU without AMX, a GGUF
         model's k-quant blocks through the Q8K kernel (``activations="q8k"``). Never set it on rows whose bits must
         equal a one-row forward's (a verification). ``fast_prefill = False`` turns it off.
+
+        ``before_head`` (an extension for ``method="layer_skip"``'s exit adapter): a function of the
+        residual stream after the last layer run, [B, n, hidden] -> [B, n, hidden] (float32 on the
+        packed path), applied before the final norm and the LM head; hidden states of the layers
+        are taken before it.
         """
         if torch.is_grad_enabled():  # no autograd graph, also when the caller did not turn it off
             with torch.no_grad():
                 return self.forward(tokens, positions, cache, tree_mask, hidden_layers, logits_at, layers, vocab,
-                                    prefill)
+                                    prefill, before_head)
         plan = self._layer_plan(layers, hidden_layers)
         if isinstance(cache, QuantKVCache):  # the hierarchical int4 cache: attention by its own kernel
-            if layers is not None or vocab is not None:
-                raise ValueError("forward(layers=..., vocab=...) runs on the model's own StaticKVCache, not a "
-                                 "QuantKVCache")
+            if layers is not None or vocab is not None or before_head is not None:
+                raise ValueError("forward(layers=..., vocab=..., before_head=...) runs on the model's own "
+                                 "StaticKVCache, not a QuantKVCache")
             return quantized_forward(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at=logits_at)
         B, n = check_forward_args(tokens, positions, cache, tree_mask, hidden_layers, self.num_layers, logits_at)
         if vocab is not None and vocab.model_id != id(self):
@@ -442,7 +448,7 @@ class LlamaModel(nn.Module):
                              f"{self._head_form()}): make it again with vocab_subset()")
         if self._packed:
             return self._forward_packed(tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan, vocab,
-                                        prefill and self.fast_prefill)
+                                        prefill and self.fast_prefill, before_head)
 
         # Slot of each new token and the attention mask over slots 0 .. span-1, shared by all layers.
         lengths = cache.lengths
@@ -474,6 +480,8 @@ class LlamaModel(nn.Module):
             x = layer.forward(x, cos, sin, cache.keys[i], cache.values[i], slot_index, span, attn_mask)
             if i in wanted:
                 hidden_states[i] = x
+        if before_head is not None:
+            x = before_head(x)
         return self._output(x, wanted, hidden_states, logits_at, vocab)
 
     def _layer_plan(self, layers: Sequence[int] | None, hidden_layers: Sequence[int]) -> list:
@@ -490,7 +498,7 @@ class LlamaModel(nn.Module):
         return [(i, self.layers[i]) for i in chosen]
 
     def _forward_packed(self, tokens, positions, cache, tree_mask, hidden_layers, logits_at, plan,
-                        vocab=None, prefill: bool = False) -> ModelOutput:
+                        vocab=None, prefill: bool = False, before_head=None) -> ModelOutput:
         """``forward`` of a packed model on the CPU: each layer one ``decoder_layer`` op over packed
         weights, the LM head through ``skinny_linear_packed``, all in float32. A causal forward of
         more than ``PACKED_MAX_ROWS`` rows (a prefill) runs in chunks of new tokens, each chunk on
@@ -522,6 +530,8 @@ class LlamaModel(nn.Module):
             outputs.append(x)
         hidden_states = {i: (xs[0] if len(xs) == 1 else torch.cat(xs, 1)).to(self.dtype) for i, xs in chunks.items()}
         x = outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1)
+        if before_head is not None:
+            x = before_head(x)
         x = torch.nn.functional.rms_norm(x, x.shape[-1:], self._norm_f32, eps=self.norm.eps)
         if -1 in wanted:
             hidden_states[-1] = x.to(self.dtype)

@@ -29,12 +29,19 @@ target chooses it (lossless). The head is a large share of a small model's forwa
 15% of its weight bytes, so of every draft pass), and the calibration counts the subset's cost and
 its agreement.
 
-What it does not do: trees, a trained exit adapter (Kangaroo), and verification that reuses the
-draft's work. Only the layers before the first skipped one see the inputs the full model sees;
-an early exit's draft K/V and layer-L inputs for those layers are the target's own, and a
-verification could start at layer L from them. The loop's verification is one full forward, and
-on the CPU the saving is small (verification of k + 1 rows costs about 1.3 steps there), so it is
-left for later.
+Exit adapter (``adapter=``, Kangaroo, ``models.exit_adapter``): a small network trained for this
+target (``python -m specdec_cuda.train exit``) between its first ``exit_layer`` layers and its head,
+which an early exit needs on a model whose head reads only the last layers' stream. The draft pass
+is then ``forward(layers=range(exit_layer), before_head=adapter)`` over the adapter's draft
+vocabulary. The adapter's own K/V of a committed position come from the stream the target's layers
+made of it: the prompt's from the prefill, the accepted path's from each verification (the loop
+hands the proposer that layer's hidden states), so its cache never holds a drafted position.
+
+What it does not do: trees, and verification that reuses the draft's work. Only the layers
+before the first skipped one see the inputs the full model sees; an early exit's draft K/V and
+layer-L inputs for those layers are the target's own, and a verification could start at layer L
+from them. The loop's verification is one full forward, and on the CPU the saving is small
+(verification of k + 1 rows costs about 1.3 steps there), so it is left for later.
 """
 
 from __future__ import annotations
@@ -155,7 +162,7 @@ class LayerSkipProposer(Proposer):
     module docstring); ``layers`` is the subset, set from the options or at the first prefill."""
 
     def __init__(self, target: LlamaModel, k: int = 4, skip=None, exit_layer: int | None = None,
-                 verification: str = "coupled", draft_vocab=None) -> None:
+                 verification: str = "coupled", draft_vocab=None, adapter=None) -> None:
         if not isinstance(target, LlamaModel):
             raise TypeError("method 'layer_skip' drafts through a subset of the target's decoder layers, which the "
                             "built-in model runs (models.load / models.load_gguf: LlamaModel.forward(layers=...)); "
@@ -170,6 +177,17 @@ class LayerSkipProposer(Proposer):
         self.layers: tuple[int, ...] | None = None
         self.choice: LayerChoice | None = None  # what the calibration chose, when it did
         self.candidates: list[LayerChoice] = []
+        self.adapter = None if adapter is None else load_adapter(target, adapter)
+        self.hidden_layers: tuple[int, ...] = ()
+        if self.adapter is not None:
+            exit_at = self.adapter.config.exit_layer
+            if skip is not None or exit_layer not in (None, exit_at):
+                raise ValueError(f"the exit adapter was trained at exit_layer={exit_at}: give no skip, and exit_layer "
+                                 f"only as {exit_at}")
+            self.layers, exit_layer = tuple(range(exit_at)), None
+            self.hidden_layers = (exit_at - 1,)  # its input: the stream the target's layers made
+            if draft_vocab is None:
+                draft_vocab = self.adapter.draft_ids
         # The draft passes' head over part of the vocabulary (made now: the model is as it will run).
         self.vocab = None if draft_vocab is None else target.vocab_subset(draft_vocab)
         if exit_layer is not None:
@@ -191,13 +209,30 @@ class LayerSkipProposer(Proposer):
             self.choice, self.candidates = choose_layers(self.target, row[None], self.k, self.vocab)
             self.layers = self.choice.layers
         self.kind = sampled_draft_kind(self.verification, bool((ctx.params.temperature == 0).all()))
+        if self.adapter is not None:
+            # The adapter's K/V of the prompt, from the stream the prefill's layers made of it.
+            B, P = ctx.prompts.shape
+            self.adapter_cache = self.adapter.new_cache(B, ctx.max_length + self.k + 2)
+            positions = torch.arange(P, device=ctx.prompts.device).expand(B, P)
+            self.adapter.step(ctx.hidden_states[self.hidden_layers[0]], positions, self.adapter_cache,
+                              num_new=ctx.prompt_lens)
+            self.adapter_cache.commit(ctx.prompt_lens)
 
     def _draft_logits(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The draft pass's logits [B, V] (``MASKED`` outside a draft vocabulary)."""
-        out = self.target.forward(tokens, positions, self.cache, layers=self.layers, vocab=self.vocab).logits[:, 0]
+        before_head = None
+        if self.adapter is not None:  # the chain's j-th pass writes the adapter's scratch slot j
+            offset, self.offset = self.offset, self.offset + 1
+
+            def before_head(stream: torch.Tensor) -> torch.Tensor:
+                return self.adapter.step(stream, positions, self.adapter_cache, offset=offset)
+
+        out = self.target.forward(tokens, positions, self.cache, layers=self.layers, vocab=self.vocab,
+                                  before_head=before_head).logits[:, 0]
         return out if self.vocab is None else self.vocab.expand(out)
 
     def propose(self, state: StepState) -> Draft | None:
+        self.offset = 0
         return self_draft_chain(self._draft_logits, self.cache, state, self.params, self.k, self.kind,
                                 coupled=self.verification == "coupled")
 
@@ -205,14 +240,43 @@ class LayerSkipProposer(Proposer):
         return self.verification == "coupled"
 
     def accept(self, draft: Draft | None, outcome: Outcome) -> None:
-        """Nothing to learn: the shared cache was committed by the loop."""
+        """The target's cache was committed by the loop. With an adapter, its K/V of the
+        positions committed this step (the root and the accepted drafts), from the verification's
+        stream at the exit layer; the scratch its draft passes wrote is left behind."""
+        if self.adapter is None:
+            return
+        stream = outcome.hidden_states[self.hidden_layers[0]]  # [B, m, H], the root first
+        kept = torch.where(outcome.active, outcome.num_accepted + 1, 0)
+        positions = outcome.lengths[:, None] + torch.arange(stream.shape[1], device=stream.device)
+        self.adapter.step(stream, positions, self.adapter_cache, num_new=kept)
+        self.adapter_cache.commit(kept)
+
+
+def load_adapter(target, adapter):
+    """An ``ExitAdapter`` attached to ``target``: an adapter, its folder, or True for the drafter
+    cache's (``python -m specdec_cuda.train exit`` writes it; FileNotFoundError naming that command
+    when there is none)."""
+    from pathlib import Path
+
+    from ..models.exit_adapter import ExitAdapter
+
+    if adapter is True:
+        from ..drafters import cached_drafter
+
+        adapter = cached_drafter(target, "exit")
+    if isinstance(adapter, (str, Path)):
+        adapter = ExitAdapter.load(adapter)
+    if not isinstance(adapter, ExitAdapter):
+        raise TypeError(f"adapter: expected an ExitAdapter, its folder or True (the drafter cache's), got "
+                        f"{type(adapter).__name__}")
+    return adapter.attach(target)
 
 
 def make_layer_skip_proposer(target, k: int = 4, skip=None, exit_layer: int | None = None,
-                             verification: str = "coupled", draft_vocab=None) -> LayerSkipProposer:
+                             verification: str = "coupled", draft_vocab=None, adapter=None) -> LayerSkipProposer:
     """The ``method="layer_skip"`` proposer; ``target`` is a built-in ``models.LlamaModel``."""
     return LayerSkipProposer(target, k=k, skip=skip, exit_layer=exit_layer, verification=verification,
-                             draft_vocab=draft_vocab)
+                             draft_vocab=draft_vocab, adapter=adapter)
 
 
 register(MethodSpec(
@@ -230,6 +294,9 @@ register(MethodSpec(
         "exit_layer": "draft with the first L layers only (an early exit), instead of skip",
         "verification": SAMPLED_VERIFICATION_OPTION,
         "draft_vocab": "the draft passes' LM head over part of the vocabulary (FR-Spec, as for method draft): an "
-                       "int n (ids 0 .. n-1) or token ids; lossless (default: the whole vocabulary)",
+                       "int n (ids 0 .. n-1) or token ids; lossless (default: the whole vocabulary, or the adapter's)",
+        "adapter": "a trained exit adapter (Kangaroo) between the first exit_layer layers and the head: an "
+                   "ExitAdapter, its folder, or True for the drafter cache's (`python -m specdec_cuda.train exit "
+                   "--target DIR --data FILE` trains one); default none",
     },
 ))

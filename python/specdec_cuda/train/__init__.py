@@ -1,4 +1,4 @@
-"""Train a drafter for your own target: ``python -m specdec_cuda.train {medusa,mtp,dflash,eagle3}``.
+"""Train a drafter for your own target: ``python -m specdec_cuda.train {medusa,mtp,dflash,eagle3,exit}``.
 
 The same from Python::
 
@@ -12,7 +12,9 @@ Steps (each resumable: run the same command again after an interruption):
    the user's texts (``data``), chat-templated for instruct models; a fixed part is held out;
 2. self-distillation (``features``): the target continues every prompt and its hidden states over
    the sequences are cached on disk once, for every drafter kind and every epoch;
-3. the drafter is trained on them (``heads``, ``dflash``, ``eagle3``; the shared loop ``loop``
+3. the drafter is trained on them (``heads``, ``dflash``, ``eagle3``, ``exit_adapter``: the exit
+   adapter of ``method="layer_skip"``, on the stream after its exit layer and by default on the
+   target reading the prompts, not continuing them; the shared loop ``loop``
    writes checkpoints), then scored on the held-out prompts (``metrics``: agreement and chain
    acceptance per draft position);
 4. it is saved into the drafter cache under the target's fingerprint (``specdec_cuda.drafters``),
@@ -34,7 +36,7 @@ from ..drafters import target_folder
 from .features import DistillSpec
 from .loop import LoopSpec
 
-KINDS = ("medusa", "mtp", "dflash", "eagle3")
+KINDS = ("medusa", "mtp", "dflash", "eagle3", "exit")
 
 
 @dataclass
@@ -55,6 +57,9 @@ class DrafterSpec:
     dflash_weights: str = "float32"
     eagle3_steps: int = 7  # EAGLE-3's training-time test: rolled-out steps per position
     eagle3_draft_vocab: int = 32768  # the reduced draft vocabulary (the whole one when it is smaller)
+    exit_layer: int | None = None  # the exit adapter's: after this many target layers (None: ~30% of them)
+    exit_intermediate: int = 2048  # the exit adapter's MLP width (0: attention only, Kangaroo's)
+    exit_draft_vocab: int = 32768  # the exit adapter's draft vocabulary
 
 
 @dataclass
@@ -138,7 +143,13 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
         train_ids = ids
         held_ids = _prompt_ids(model, held_out, None, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens,
                                glob, loop.seed)
-    layers, eos = feature_layers(model), _eos(model)
+    layers, eos, config = feature_layers(model), _eos(model), None
+    if kind == "exit":  # the stream after the exit layer and the final hidden state (its teacher's logits)
+        from ..models.exit_adapter import ExitAdapterConfig
+
+        config = ExitAdapterConfig.for_target(model, drafter.exit_layer, drafter.exit_intermediate,
+                                              min(drafter.exit_draft_vocab, int(model.vocab_size)))
+        layers = (config.exit_layer - 1, -1)
     root = drafters.write_root() / fp / "features"
     t0 = time.perf_counter()
     features = build_features(model, train_ids, root / cache_key(train_ids, layers, distill, eos), distill, layers,
@@ -147,14 +158,15 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     held_out = build_features(model, held_ids, root / cache_key(held_ids, layers, held_spec, eos), held_spec, layers,
                               eos, log, "held-out")
     data_seconds = time.perf_counter() - t0
-    log(f"[train] data: {len(features)} training sequences ({features.generated_tokens()} generated tokens), "
+    log(f"[train] data: {len(features)} training sequences ({features.generated_tokens()} generated tokens of "
+        f"{int(features.lengths.sum())}), "
         f"{len(held_out)} held out, ready in {data_seconds:.0f}s")
 
     partial = out.with_name(out.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
     checkpoint = partial / "checkpoint.pt"
     t1 = time.perf_counter()
-    module, report = _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
+    module, report = _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config)
     train_seconds = time.perf_counter() - t1
     report = dict(kind=kind, target_fingerprint=fp, target=str(target_folder(model) or ""),
                   training_sequences=len(features), held_out_sequences=len(held_out),
@@ -171,7 +183,7 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     return TrainResult(out, report)
 
 
-def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log):
+def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config=None):
     if kind == "medusa":
         from .heads import train_medusa
 
@@ -188,6 +200,10 @@ def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log)
                                          intermediate_size=int(model.config.intermediate_size))
         return train_dflash(model, features, config, loop, checkpoint, log, held_out, gamma=drafter.dflash_gamma,
                             draft_vocab=drafter.dflash_draft_vocab, weights=drafter.dflash_weights)
+    if kind == "exit":
+        from .exit_adapter import train_exit
+
+        return train_exit(model, features, config, loop, checkpoint, log, held_out)
     from .eagle3 import train_eagle3
 
     return train_eagle3(model, features, drafter.eagle3_steps, drafter.eagle3_draft_vocab, loop, checkpoint, log,

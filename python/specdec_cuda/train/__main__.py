@@ -1,8 +1,9 @@
-"""``python -m specdec_cuda.train {medusa,mtp,dflash,eagle3} --target DIR (--prompts FILE | --data PATH)``.
+"""``python -m specdec_cuda.train {medusa,mtp,dflash,eagle3,exit} --target DIR (--prompts FILE | --data PATH)``.
 
 Trains a drafter for the target by self-distillation and stores it in the drafter cache, where
 ``method="medusa"`` / ``"mtp"`` / ``"dflash"`` / ``"ddtree"`` / ``"eagle3"`` find it when no drafter
-is passed. Run the same command again to resume an interrupted run. See ``specdec_cuda.train``.
+is passed (``exit``: ``method="layer_skip", adapter=True``). Run the same command again to resume an
+interrupted run. See ``specdec_cuda.train``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="--prompts: longer prompts keep their end")
     p.add_argument("--chat", choices=("auto", "on", "off"), default="auto",
                    help="--prompts through the tokenizer's chat template (auto: when it has one)")
-    p.add_argument("--gen-tokens", type=int, default=DistillSpec.gen_tokens, help="tokens the target generates per prompt")
+    p.add_argument("--gen-tokens", type=int, default=None,
+                   help=f"tokens the target generates per prompt (default {DistillSpec.gen_tokens}; exit: 0, the "
+                        "target reads the prompts and its own next-token distributions are the labels)")
     p.add_argument("--sampled-fraction", type=float, default=DistillSpec.sampled_fraction,
                    help="share of prompts continued by sampling at --temperature (the rest greedily)")
     p.add_argument("--temperature", type=float, default=DistillSpec.temperature)
@@ -54,11 +57,16 @@ def parser() -> argparse.ArgumentParser:
                         "the target slowly")
     p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
     p.add_argument("--draft-vocab", type=int, default=None,
-                   help="eagle3 / dflash: the draft vocabulary, the N ids most frequent in the training sequences "
-                        f"(eagle3 default {DrafterSpec.eagle3_draft_vocab}; dflash default: the whole vocabulary)")
+                   help="eagle3 / dflash / exit: the draft vocabulary, the N ids most frequent in the training "
+                        f"sequences (eagle3 and exit default {DrafterSpec.eagle3_draft_vocab}; dflash default: the "
+                        "whole vocabulary)")
     p.add_argument("--dflash-weights", choices=("float32", "bfloat16"), default=DrafterSpec.dflash_weights,
                    help="dflash: the trained drafter's weights as saved (bfloat16: rounded before the held-out "
                         "report; half the bytes its CPU decoding path streams per block)")
+    p.add_argument("--exit-layer", type=int, default=None,
+                   help="exit: the adapter reads the stream after this many target layers (default ~30%% of them)")
+    p.add_argument("--exit-mlp", type=int, default=DrafterSpec.exit_intermediate,
+                   help="exit: the adapter's MLP width (0: attention only, as Kangaroo's)")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="which weights of the folder the target runs on (models.load)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -78,7 +86,11 @@ def main(argv=None) -> int:
         return 2
     drafter = DrafterSpec(dflash_block_size=args.block_size, dflash_gamma=args.gamma, eagle3_steps=args.ttt_steps,
                           eagle3_draft_vocab=args.draft_vocab or DrafterSpec.eagle3_draft_vocab,
-                          dflash_draft_vocab=args.draft_vocab, dflash_weights=args.dflash_weights)
+                          dflash_draft_vocab=args.draft_vocab, dflash_weights=args.dflash_weights,
+                          exit_layer=args.exit_layer, exit_intermediate=args.exit_mlp,
+                          exit_draft_vocab=args.draft_vocab or DrafterSpec.exit_draft_vocab)
+    if args.gen_tokens is None:
+        args.gen_tokens = 0 if args.kind == "exit" else DistillSpec.gen_tokens
     if args.heads is not None:
         field = {"medusa": "medusa_heads", "mtp": "mtp_modules", "dflash": "dflash_layers"}.get(args.kind)
         if field is None:

@@ -27,6 +27,8 @@ from typing import Callable
 
 import torch
 
+from ..models.protocol import prefill_kwargs
+
 SHARD = 32  # prompts per shard: a few minutes of a 1.5B target on CPU, so little is lost to an interrupt
 
 
@@ -34,7 +36,7 @@ SHARD = 32  # prompts per shard: a few minutes of a 1.5B target on CPU, so littl
 class DistillSpec:
     """How the target continues the prompts."""
 
-    gen_tokens: int = 64  # tokens generated per prompt (fewer when it emits EOS)
+    gen_tokens: int = 64  # tokens generated per prompt (fewer when it emits EOS); 0: the prompts only
     sampled_fraction: float = 0.0  # this share of the prompts is continued by sampling, the rest greedily
     temperature: float = 1.0  # of the sampled continuations
     batch_size: int = 16  # prompts decoded (and run for hidden states) together
@@ -133,8 +135,10 @@ def hidden_states(target, sequences: list[list[int]], layers: tuple[int, ...]) -
         tokens[i, : len(s)] = torch.tensor(s)
     cache = target.new_cache(B, T)
     positions = torch.arange(T).expand(B, T)
+    # Run as a prompt (``prefill_kwargs``): features need not carry a verification's bits, and a
+    # GGUF target on an AMX CPU then reads them on its faster prompt kernels (bfloat16 tiles).
     out = target.forward(tokens.to(device), positions.to(device), cache, hidden_layers=layers,
-                         logits_at=torch.zeros(B, dtype=torch.int64, device=device))
+                         logits_at=torch.zeros(B, dtype=torch.int64, device=device), **prefill_kwargs(target))
     return {l: [out.hidden_states[l][i, : len(s)].to("cpu", torch.float16) for i, s in enumerate(sequences)]
             for l in layers}
 
@@ -189,14 +193,15 @@ def build_features(target, prompts: list[list[int]], folder: str | Path, spec: D
     shards = range(0, len(prompts), SHARD)
     todo = [s for s in shards if not (folder / f"shard-{s // SHARD:05d}.safetensors").is_file()]
     if todo:
-        log(f"[train] {what} data: the target continues {len(prompts)} prompts by {spec.gen_tokens} tokens and "
-            f"its hidden states at layers {list(layers)} are kept ({len(shards) - len(todo)} of {len(shards)} "
-            f"shards already in {folder})")
+        reads = f"continues {len(prompts)} prompts by {spec.gen_tokens} tokens" if spec.gen_tokens else \
+            f"reads {len(prompts)} prompts"
+        log(f"[train] {what} data: the target {reads} and its hidden states at layers {list(layers)} are kept "
+            f"({len(shards) - len(todo)} of {len(shards)} shards already in {folder})")
     started, done = time.perf_counter(), 0
     for s in todo:
         chunk = prompts[s : s + SHARD]
-        sequences = []
-        for b in range(0, len(chunk), spec.batch_size):
+        sequences = [] if spec.gen_tokens else [list(p) for p in chunk]  # 0: the target reads the prompts
+        for b in range(0, len(chunk) if spec.gen_tokens else 0, spec.batch_size):
             sequences += continue_prompts(target, chunk[b : b + spec.batch_size], spec, eos, s + b)
         hidden: dict[int, list[torch.Tensor]] = {l: [] for l in layers}
         for b in range(0, len(sequences), spec.batch_size):
