@@ -7,7 +7,9 @@ the target's continuations of the training prompts (greedy, and a ``sampled_frac
 states over those sequences: the final normed state (Medusa, MTP) and a few inner layers (DFlash,
 EAGLE-3). One target forward per sequence gives them all; they are stored for the union of the
 layers every drafter kind needs (``feature_layers``), so one cache serves every kind and every
-epoch.
+epoch. With ``gen_tokens = 0`` the target only reads the prompts (teacher forcing, the exit
+adapter's default): the sequences are the prompts, and the labels come from the target's own
+distributions over them (its final normed state), not from the text.
 
 On disk (``<drafter cache>/<target fingerprint>/features/<key>/``): shards of ``SHARD`` prompts,
 ``shard-00000.safetensors`` ..., each with ``tokens`` [S] int64 (the sequences, concatenated),
