@@ -318,9 +318,9 @@ def test_the_cli_trains_from_a_prompts_file(tmp_path):
     text.write_text("\n".join(lines) * 4)
     assert main(["exit", "--target", str(folder), "--data", str(text), "--out", str(tmp_path / "exit"), "--steps", "3",
                  "--num-prompts", "20", "--prompt-tokens", "16", "--exit-layer", "1", "--exit-mlp", "8",
-                 "--draft-vocab", "300"]) == 0
+                 "--draft-vocab", "3"]) == 0
     cfg = json.loads((tmp_path / "exit" / "config.json").read_text())
-    assert cfg["model_type"] == "exit_adapter" and cfg["exit_layer"] == 1 and cfg["draft_vocab_size"] == 300
+    assert cfg["model_type"] == "exit_adapter" and cfg["exit_layer"] == 1 and cfg["draft_vocab_size"] == 3
     report = json.loads((tmp_path / "exit" / "report.json").read_text())
     assert report["distill"]["gen_tokens"] == 0  # the CLI's default for exit: the target reads the windows
 

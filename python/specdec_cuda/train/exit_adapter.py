@@ -83,7 +83,8 @@ def exit_report(adapter: ExitAdapter, teacher: _Teacher, features: FeatureSet) -
     hits, top5, total = 0, 0, 0
     for i in range(len(features)):
         stream, final, valid = _batch(adapter, features, [i])
-        guess = teacher.ids[teacher.adapter_logits(adapter.forward_full(stream))[valid].float().topk(5, -1).indices]
+        logits = teacher.adapter_logits(adapter.forward_full(stream))[valid].float()
+        guess = teacher.ids[logits.topk(min(5, logits.shape[-1]), -1).indices]  # [n, 5] target ids
         label = F.linear(final[valid], teacher.full).argmax(-1)  # the target's argmax over every id
         hits += int((guess[:, 0] == label).sum())
         top5 += int((guess == label[:, None]).any(-1).sum())
