@@ -56,7 +56,7 @@ from torch import nn
 from .draft_vocab import MASKED
 from .drafter_folder import read_drafter_folder, write_drafter_folder
 from .layers import rms_norm
-from .rope import apply_rope, inverse_frequencies, rope_cos_sin
+from .rope import apply_rope, cached_cos_sin
 
 MODEL_TYPE = "eagle3_drafter"
 FORMAT = 1
@@ -467,12 +467,7 @@ class Eagle3Drafter(nn.Module):
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [B, n, 1, D] at absolute ``positions`` [B, n] (``models.rope``)."""
-        precision = torch.float64 if self.dtype == torch.float64 else torch.float32
-        key = (positions.device, precision)
-        if key not in self._inv_freq:
-            inv = inverse_frequencies(self.config, precision)
-            self._inv_freq[key] = torch.cat((inv, inv)).to(positions.device)
-        return rope_cos_sin(positions, self._inv_freq[key], self.dtype)
+        return cached_cos_sin(self._inv_freq, self.config, positions, self.dtype)
 
     def project(self, hidden: torch.Tensor, tokens: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

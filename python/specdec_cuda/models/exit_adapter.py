@@ -45,7 +45,7 @@ from torch import nn
 
 from .drafter_folder import read_drafter_folder, write_drafter_folder
 from .eagle3 import Eagle3Cache, _RMSNorm, _target_llama_config
-from .rope import apply_rope, inverse_frequencies, rope_cos_sin
+from .rope import apply_rope, cached_cos_sin
 
 MODEL_TYPE = "exit_adapter"
 FORMAT = 1
@@ -140,12 +140,7 @@ class ExitAdapter(nn.Module):
             self.up_proj = nn.Linear(H, c.intermediate_size, bias=False)
             self.down_proj = nn.Linear(c.intermediate_size, H, bias=False)
         self.register_buffer("draft_ids", torch.arange(c.draft_vocab_size, dtype=torch.int64))
-        self._inv_freq: dict = {}
-
-    def _apply(self, fn, recurse=True):
-        result = super()._apply(fn, recurse)
-        self._inv_freq = {}
-        return result
+        self._inv_freq: dict = {}  # rope.cached_inv_freq's, per (device, precision)
 
     @classmethod
     def initial(cls, config: ExitAdapterConfig, seed: int = 0, std: float = 0.02,
@@ -198,14 +193,6 @@ class ExitAdapter(nn.Module):
 
     # -- forward ------------------------------------------------------------------------------
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        precision = torch.float64 if self.dtype == torch.float64 else torch.float32
-        key = (positions.device, precision)
-        if key not in self._inv_freq:
-            inv = inverse_frequencies(self.config, precision)
-            self._inv_freq[key] = torch.cat((inv, inv)).to(positions.device)
-        return rope_cos_sin(positions, self._inv_freq[key], self.dtype)
-
     def _qkv(self, s: torch.Tensor, positions: torch.Tensor):
         """RoPE'd q [B, heads, n, D], k / v [B, kv_heads, n, D] of stream s [B, n, H] at positions [B, n]."""
         c = self.config
@@ -214,7 +201,7 @@ class ExitAdapter(nn.Module):
         q = self.q_proj(x).view(B, n, c.num_attention_heads, c.head_dim)
         k = self.k_proj(x).view(B, n, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).view(B, n, c.num_key_value_heads, c.head_dim)
-        cos, sin = self._rope(positions)
+        cos, sin = cached_cos_sin(self._inv_freq, self.config, positions, self.dtype)
         return apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
 
     def _finish(self, s: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:

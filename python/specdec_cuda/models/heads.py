@@ -35,7 +35,7 @@ from torch import nn
 from .cache import StaticKVCache
 from .config import LlamaConfig
 from .layers import PACKED_MAX_ROWS, DecoderLayer, packed_path_wanted, rms_norm
-from .rope import inverse_frequencies, rope_cos_sin
+from .rope import cached_cos_sin
 
 HEADS_FORMAT = 1
 
@@ -376,13 +376,7 @@ class MTPModules(nn.Module):
                 for _ in range(self.num_modules)]
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = self.modules_[0].eh_proj.dtype
-        precision = torch.float64 if dtype == torch.float64 else torch.float32
-        key = (positions.device, precision)
-        if key not in self._inv_freq:
-            inv = inverse_frequencies(self.config, precision)
-            self._inv_freq[key] = torch.cat((inv, inv)).to(positions.device)
-        return rope_cos_sin(positions, self._inv_freq[key], dtype)
+        return cached_cos_sin(self._inv_freq, self.config, positions, self.modules_[0].eh_proj.dtype)
 
     def module_input(self, depth: int, h_prev: torch.Tensor, tokens: torch.Tensor, head: TargetHead) -> torch.Tensor:
         """``eh_proj([enorm(emb(tokens)); hnorm(h_prev)])`` for module ``depth`` (0-based), through

@@ -22,7 +22,7 @@ from .draft_vocab import VocabSubset, gguf_rows_of, subset_ids
 from .layers import PACKED_MAX_ROWS, DecoderLayer, RMSNorm, project
 from .protocol import ModelOutput, check_forward_args, logits_rows
 from .quant_cache import QuantKVCache, quantized_forward
-from .rope import inverse_frequencies, rope_cos_sin
+from .rope import cached_inv_freq, rope_cos_sin
 
 # Rows per chunk of a prefill on AMX tiles (DecoderLayer.prefill_on_tiles): each chunk decodes every
 # weight of the model once (~0.15 s for the 1.5B at 2 threads), but past ~256 rows x's tile form
@@ -340,12 +340,7 @@ class LlamaModel(nn.Module):
 
     def _rope_inv_freq(self) -> torch.Tensor:
         # Angles in fp32 as Hugging Face does (fp64 for an fp64 model); computed once per device.
-        precision = torch.float64 if self.dtype == torch.float64 else torch.float32
-        key = (self.device, precision)
-        if key not in self._inv_freq:
-            inv_freq = inverse_frequencies(self.config, precision)
-            self._inv_freq[key] = torch.cat((inv_freq, inv_freq)).to(self.device)  # [head_dim]
-        return self._inv_freq[key]
+        return cached_inv_freq(self._inv_freq, self.config, self.device, self.dtype)  # [head_dim]
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``rope_cos_sin`` of ``positions`` [B, n] in ``dtype`` (default: the model's; the packed

@@ -46,6 +46,26 @@ def _llama3_scaling(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def cached_inv_freq(cache: dict, config, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The [head_dim] vector ``cat(f, f)`` of ``config``'s frequencies for a model computing in
+    ``dtype``, on ``device``: angles in float32 as Hugging Face does (float64 for a float64 model).
+    ``cache`` (the model's own dict) keeps it per (device, precision), so it never goes stale when
+    the model moves. ``config``: anything ``inverse_frequencies`` reads (head_dim, rope_theta,
+    rope_scaling)."""
+    precision = torch.float64 if dtype == torch.float64 else torch.float32
+    key = (device, precision)
+    if key not in cache:
+        inv = inverse_frequencies(config, precision)
+        cache[key] = torch.cat((inv, inv)).to(device)
+    return cache[key]
+
+
+def cached_cos_sin(cache: dict, config, positions: torch.Tensor,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_cos_sin`` at ``positions`` [B, n] with ``cached_inv_freq``'s frequencies."""
+    return rope_cos_sin(positions, cached_inv_freq(cache, config, positions.device, dtype), dtype)
+
+
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
