@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..models.eagle3 import draft_vocab_from_counts
 from ..models.exit_adapter import ExitAdapter, ExitAdapterConfig
 from ..models.layers import rms_norm
 from .features import FeatureSet
@@ -32,13 +33,14 @@ CHAIN = 4  # the chain length of the report's mean_accepted estimate
 
 
 def draft_vocabulary(features: FeatureSet, vocab_size: int, size: int | None) -> torch.Tensor:
-    """The ``size`` ids most frequent in the training sequences, sorted (all ids when None or at
-    least the vocabulary)."""
+    """The ``size`` ids most frequent in the training sequences, sorted, ties to the lower id (EAGLE-3's
+    rule, ``draft_vocab_from_counts``); all ids when None or at least the vocabulary."""
     if size is None or size >= vocab_size:
         return torch.arange(vocab_size)
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
-    return torch.sort(-counts.double(), stable=True).indices[:size].sort().values
+    d2t, _ = draft_vocab_from_counts(counts, size)  # draft id d is target id d + d2t[d]
+    return torch.arange(size) + d2t
 
 
 class _Teacher:
