@@ -101,10 +101,10 @@ OPERANDS = """__m512i u512 = _mm512_set1_epi8(3), s512 = _mm512_set1_epi8(-2);
 # the library's Q8K kernel (csrc/kernels/gguf/q8k_avx512_vnni.cpp) was built from it; kept as the
 # kernel's ceiling on the machine at hand (not a kernel of the library): Q4_K-like super-blocks
 # with 16 rows of W in the lanes, their codes decoded beforehand into [t][sub-block j][step s][16
-# rows][4 codes] (done once per prompt chunk in such a kernel, not timed), x as int8 with one scale per 256 values and per-sub-
-# block sums (Q8_K-like), MB rows of x per register tile. Per row of x and super-block of 16 rows:
-# 64 vpdpbusd, the sub-block scales and mins applied in integers (16 vpmulld), then two converts and
-# two fused multiply-adds.
+# rows][4 codes] (done once per prompt chunk in such a kernel, not timed), x as int8 with one scale
+# per 256 values and per-sub-block sums (Q8_K-like), MB rows of x per register tile. Per row of x
+# and super-block of 16 rows: 64 vpdpbusd, the sub-block scales and mins applied in integers (16
+# vpmulld), then two converts and two fused multiply-adds.
 SKETCH = r"""
 #include <immintrin.h>
 #include <stdio.h>
