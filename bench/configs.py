@@ -92,12 +92,13 @@ def ddtree(pair):
 
 def eagle3(pair):
     """A chain of 4 and the dynamic trees of 16 and 24 nodes (depth 5, top-4) under the cost policy,
-    and the chain and the 16-node tree always drafting."""
+    and chains of 2, 3 and 4 and the 16-node tree always drafting (on a CPU a verified row costs
+    enough that short chains pay best)."""
     drafter = _drafter_dir(pair, "eagle3")
     return [("chain k=4", dict(drafter=drafter, tree=False, k=4)), ("tree 16", dict(drafter=drafter, budget=16)),
-            ("tree 24", dict(drafter=drafter, budget=24)),
-            ("chain k=4, always drafting", dict(drafter=drafter, tree=False, k=4, policy="fixed")),
-            ("tree 16, always drafting", dict(drafter=drafter, budget=16, policy="fixed"))]
+            ("tree 24", dict(drafter=drafter, budget=24))] + \
+        [(f"chain k={k}, always drafting", dict(drafter=drafter, tree=False, k=k, policy="fixed")) for k in (2, 3, 4)] + \
+        [("tree 16, always drafting", dict(drafter=drafter, budget=16, policy="fixed"))]
 
 
 def cross_tokenizer(pair):

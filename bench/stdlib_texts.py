@@ -1,6 +1,6 @@
-"""Training text for the real target's exit adapter: the Python standard library's own modules (not
-HumanEval, not site-packages, not the stdlib's test suites), copied into one folder for
-``python -m specdec_cuda.train exit --data DIR --glob '*.py'``.
+"""Training text for the real target's exit adapter and EAGLE-3 drafter: the Python standard
+library's own modules (not HumanEval, not site-packages, not the stdlib's test suites), copied into
+one folder for ``python -m specdec_cuda.train exit --data DIR --glob '*.py'`` (or ``eagle3``).
 
     python bench/stdlib_texts.py --out bench/results/stdlib-texts
 """

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F_
 
 import specdec_cuda
 from decoding_models import make_checkpoint
@@ -207,7 +208,8 @@ def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_read
     # on (a random tiny target): the trained adapter agrees with the target's argmax more often than
     # the untrained one (the plain early exit), and layer_skip finds it and decodes exactly.
     from specdec_cuda.models.exit_adapter import ExitAdapter, ExitAdapterConfig
-    from specdec_cuda.train.exit_adapter import _Teacher, exit_report
+    from specdec_cuda.train.exit_adapter import exit_report
+    from specdec_cuda.train.teacher import Teacher
 
     prompts = [[random.Random(i).randrange(64) for _ in range(24)] for i in range(96)]
     lines = []
@@ -220,7 +222,7 @@ def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_read
                     (drafters.write_root() / drafters.fingerprint(target) / "features").iterdir()), key=len)
     assert features.generated_tokens() == 0 and sorted(features.hidden) == [-1, 0]
     trained = ExitAdapter.load(result.folder)
-    teacher = _Teacher(target, trained.draft_ids)
+    teacher = Teacher(target, trained.draft_ids)
     untrained = ExitAdapter.initial(ExitAdapterConfig(**{k: v for k, v in vars(trained.config).items()}))
     assert exit_report(trained, teacher, features)["positions"][0]["top1"] > \
         exit_report(untrained, teacher, features)["positions"][0]["top1"] + 0.05
@@ -228,6 +230,69 @@ def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_read
     out = specdec_cuda.generate(target, prompts[:4], method="layer_skip", adapter=True, max_new_tokens=12,
                                 policy="fixed")
     assert out.tokens == ar and sum(out.metrics.drafted) > 0
+
+
+def test_eagle3_starts_with_the_targets_final_norm_and_head_rows(target_dir):
+    # Before training, the drafter's logits are the target's final norm and LM head over its
+    # draft vocabulary (every other id here): the output space is the target's from the first step.
+    from specdec_cuda.models.eagle3 import Eagle3Config, Eagle3Drafter
+    from specdec_cuda.models.layers import rms_norm
+    from specdec_cuda.train.eagle3 import head_from_target
+    from specdec_cuda.train.teacher import Teacher
+
+    target = models.load(target_dir)
+    config = Eagle3Config.for_target(target, draft_vocab_size=32, intermediate_size=16)
+    ids = torch.arange(0, 64, 2)
+    drafter = Eagle3Drafter.random(config, d2t=ids - torch.arange(32), t2d=torch.isin(torch.arange(64), ids))
+    drafter = drafter.attach(target).float()
+    teacher = Teacher(target, drafter.target_ids())
+    head_from_target(drafter, teacher)
+    h = torch.randn(5, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    want = F_.linear(rms_norm(h, teacher.norm_weight, teacher.eps), teacher.full[ids])
+    torch.testing.assert_close(drafter.logits(h), want, atol=1e-5, rtol=1e-5)
+
+
+def test_eagle3_learns_the_targets_next_tokens_from_text_it_reads(target_dir):
+    # Teacher forcing for EAGLE-3: the sequences are the prompts, the labels the target's own
+    # distributions at every position (its final state), only EAGLE-3's layers are cached. Fit on
+    # the sequences trained on (a random tiny target): training beats the untrained drafter at step
+    # 0, and method="eagle3" finds the drafter and decodes exactly.
+    from specdec_cuda.models.eagle3 import Eagle3Drafter
+    from specdec_cuda.train.eagle3 import eagle3_report, head_from_target
+    from specdec_cuda.train.teacher import Teacher
+
+    prompts = [[random.Random(i).randrange(64) for _ in range(24)] for i in range(96)]
+    lines = []
+    result = T.train("eagle3", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0, batch_size=16),
+                     loop=T.LoopSpec(steps=120, batch_size=16, lr=3e-3),
+                     drafter=T.DrafterSpec(eagle3_steps=2, eagle3_intermediate=32), log=lines.append)
+    assert any("the target reads 88 prompts" in line for line in lines)
+    target = models.load(target_dir)
+    features = max((F.load_features(f) for f in
+                    (drafters.write_root() / drafters.fingerprint(target) / "features").iterdir()), key=len)
+    trained = Eagle3Drafter.load(result.folder).attach(target)
+    assert features.generated_tokens() == 0 and sorted(features.hidden) == sorted({*trained.config.target_layers, -1})
+    teacher = Teacher(target, trained.target_ids())
+    start = Eagle3Drafter.random(trained.config, d2t=trained.d2t, t2d=trained.t2d).attach(target)
+    head_from_target(start, teacher)
+    fitted, untrained = (eagle3_report(d, teacher, features, 2)["positions"] for d in (trained, start))
+    assert fitted[0]["top1"] > untrained[0]["top1"] + 0.05
+    ar = specdec_cuda.generate(target, prompts[:4], max_new_tokens=12).tokens
+    out = specdec_cuda.generate(target, prompts[:4], method="eagle3", max_new_tokens=12, policy="fixed")
+    assert out.tokens == ar and sum(out.metrics.drafted) > 0
+    with pytest.raises(ValueError, match="gen_tokens 0"):  # Medusa's labels are generated tokens
+        T.train("medusa", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0), log=lambda s: None)
+    # Fine-tuning (init=): the drafter starts from the trained one (its vocabulary and shape kept),
+    # here on the target's continuations; the other kinds refuse init=.
+    lines.clear()
+    tuned = T.train("eagle3", target_dir, prompts=prompts, distill=DISTILL, init=result.folder,
+                    out=result.folder.parent / "tuned", loop=T.LoopSpec(steps=20, batch_size=16, lr=1e-3),
+                    drafter=T.DrafterSpec(eagle3_steps=2), log=lines.append)
+    assert any("fine-tuning the given drafter" in line for line in lines)
+    again = Eagle3Drafter.load(tuned.folder)
+    assert torch.equal(again.d2t, trained.d2t) and again.config.intermediate_size == 32
+    with pytest.raises(ValueError, match="init="):
+        T.train("medusa", target_dir, prompts=prompts, distill=DISTILL, init=result.folder, log=lambda s: None)
 
 
 def test_resumed_training_reuses_the_cached_data(target_dir):

@@ -37,6 +37,9 @@ from .features import DistillSpec
 from .loop import LoopSpec
 
 KINDS = ("medusa", "mtp", "dflash", "eagle3", "exit")
+# The kinds whose labels are the target's own distributions, so they can learn from text the target
+# only reads (``DistillSpec.gen_tokens = 0``); the others' labels are the tokens it generated.
+TEACHER_FORCED = ("exit", "eagle3")
 
 
 @dataclass
@@ -57,6 +60,9 @@ class DrafterSpec:
     dflash_weights: str = "float32"
     eagle3_steps: int = 7  # EAGLE-3's training-time test: rolled-out steps per position
     eagle3_draft_vocab: int = 32768  # the reduced draft vocabulary (the whole one when it is smaller)
+    # EAGLE-3's MLP width (None: the target's, as published drafters have it). Narrower drafts
+    # faster where the drafter's weights are read from memory each token, as on a CPU.
+    eagle3_intermediate: int | None = None
     exit_layer: int | None = None  # the exit adapter's: after this many target layers (None: ~30% of them)
     exit_intermediate: int = 2048  # the exit adapter's MLP width (0: attention only, Kangaroo's)
     exit_draft_vocab: int = 32768  # the exit adapter's draft vocabulary
@@ -115,13 +121,15 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
           chat: str = "auto", num_prompts: int = 1024, prompt_tokens: int = 64, max_prompt_tokens: int = 512,
           glob: str = "*", distill: DistillSpec = DistillSpec(), loop: LoopSpec = LoopSpec(),
           drafter: DrafterSpec = DrafterSpec(), weights: str = "safetensors", dtype: torch.dtype = torch.float32,
-          log: Callable[[str], None] = print) -> TrainResult:
+          init: str | Path | None = None, log: Callable[[str], None] = print) -> TrainResult:
     """Train a ``kind`` drafter for ``target`` (a checkpoint folder or a loaded model); see the
     module docstring. ``prompts``: a prompts file or token-id lists; ``data``: a text file or folder
     (``num_prompts`` windows of ``prompt_tokens`` tokens are cut from it); ``held_out``: the report's
     prompts (a prompts file or token-id lists; default: a fixed part of the prompts, not trained
-    on). ``weights`` / ``dtype``: how a folder is loaded (``models.load``). Returns the saved folder
-    and the held-out report."""
+    on). ``weights`` / ``dtype``: how a folder is loaded (``models.load``). ``init``: fine-tune this
+    trained drafter (eagle3: a folder in this library's or a published layout; its shape and draft
+    vocabulary are kept) instead of starting a new one. Returns the saved folder and the held-out
+    report."""
     from .. import drafters
     from .allocator import bound_allocator_growth
     from .features import build_features, cache_key, feature_layers
@@ -129,6 +137,11 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if init is not None and kind != "eagle3":
+        raise ValueError(f"init= (fine-tuning a trained drafter) is supported for eagle3, not {kind}")
+    if distill.gen_tokens == 0 and kind not in TEACHER_FORCED:
+        raise ValueError(f"{kind} learns from the tokens the target generates: gen_tokens 0 (the target only reading "
+                         f"the prompts) is for {' and '.join(TEACHER_FORCED)}")
     started = time.perf_counter()
     bound_allocator_growth()  # else glibc's heap fragments over the steps' changing shapes (allocator.py)
     model = _load_target(target, weights, dtype)
@@ -143,13 +156,23 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
         train_ids = ids
         held_ids = _prompt_ids(model, held_out, None, tokenizer, chat, num_prompts, prompt_tokens, max_prompt_tokens,
                                glob, loop.seed)
-    layers, eos, config = feature_layers(model), _eos(model), None
+    layers, eos, config, start = feature_layers(model), _eos(model), None, None
     if kind == "exit":  # the stream after the exit layer and the final hidden state (its teacher's logits)
         from ..models.exit_adapter import ExitAdapterConfig
 
         config = ExitAdapterConfig.for_target(model, drafter.exit_layer, drafter.exit_intermediate,
                                               min(drafter.exit_draft_vocab, int(model.vocab_size)))
         layers = (config.exit_layer - 1, -1)
+    elif kind == "eagle3":
+        from ..models.eagle3 import Eagle3Config
+        from ..models.published import load_eagle3
+
+        start = None if init is None else load_eagle3(init).attach(model)  # the drafter fine-tuned
+        reads = (Eagle3Config.for_target(model) if start is None else start.config).target_layers
+        # Teacher forcing is cheap to redo (one forward per window), so its cache holds only what
+        # EAGLE-3 reads: its low / middle / high layers and the final state (its labels' logits),
+        # not the union every kind reads (a third of the bytes on the 1.5B).
+        layers = tuple(sorted({*reads, -1} if distill.gen_tokens == 0 else {*layers, *reads}))
     root = drafters.write_root() / fp / "features"
     t0 = time.perf_counter()
     features = build_features(model, train_ids, root / cache_key(train_ids, layers, distill, eos), distill, layers,
@@ -166,7 +189,7 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     partial.mkdir(parents=True, exist_ok=True)
     checkpoint = partial / "checkpoint.pt"
     t1 = time.perf_counter()
-    module, report = _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config)
+    module, report = _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config, start)
     train_seconds = time.perf_counter() - t1
     report = dict(kind=kind, target_fingerprint=fp, target=str(target_folder(model) or ""),
                   training_sequences=len(features), held_out_sequences=len(held_out),
@@ -183,7 +206,7 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     return TrainResult(out, report)
 
 
-def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config=None):
+def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config=None, start=None):
     if kind == "medusa":
         from .heads import train_medusa
 
@@ -207,7 +230,7 @@ def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log,
     from .eagle3 import train_eagle3
 
     return train_eagle3(model, features, drafter.eagle3_steps, drafter.eagle3_draft_vocab, loop, checkpoint, log,
-                        held_out)
+                        held_out, intermediate_size=drafter.eagle3_intermediate, start=start)
 
 
 def _save(kind: str, module, out: Path, report: dict) -> None:

@@ -37,8 +37,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", choices=("auto", "on", "off"), default="auto",
                    help="--prompts through the tokenizer's chat template (auto: when it has one)")
     p.add_argument("--gen-tokens", type=int, default=None,
-                   help=f"tokens the target generates per prompt (default {DistillSpec.gen_tokens}; exit: 0, the "
-                        "target reads the prompts and its own next-token distributions are the labels)")
+                   help=f"tokens the target generates per prompt (default {DistillSpec.gen_tokens}; exit: 0). 0: "
+                        "the target only reads the prompts (teacher forcing, one forward per prompt) and its own "
+                        "next-token distributions are the labels (exit, eagle3)")
     p.add_argument("--sampled-fraction", type=float, default=DistillSpec.sampled_fraction,
                    help="share of prompts continued by sampling at --temperature (the rest greedily)")
     p.add_argument("--temperature", type=float, default=DistillSpec.temperature)
@@ -56,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
                         "training on the first drafted tokens, the ones a chain accepts when the drafter learns "
                         "the target slowly")
     p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
+    p.add_argument("--init", default=None,
+                   help="eagle3: fine-tune this trained drafter (a folder) instead of starting a new one")
+    p.add_argument("--eagle3-mlp", type=int, default=None,
+                   help="eagle3: the drafter's MLP width (default: the target's); narrower drafts faster on a CPU")
     p.add_argument("--draft-vocab", type=int, default=None,
                    help="eagle3 / dflash / exit: the draft vocabulary, the N ids most frequent in the training "
                         f"sequences (eagle3 and exit default {DrafterSpec.eagle3_draft_vocab}; dflash default: the "
@@ -81,13 +86,16 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
-    if args.draft_vocab is not None and args.draft_vocab < 1:
-        print(f"error: --draft-vocab must be >= 1, got {args.draft_vocab}", file=sys.stderr)
-        return 2
+    for name in ("draft_vocab", "eagle3_mlp"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
+            return 2
     drafter = DrafterSpec(dflash_block_size=args.block_size, dflash_gamma=args.gamma, eagle3_steps=args.ttt_steps,
                           eagle3_draft_vocab=args.draft_vocab or DrafterSpec.eagle3_draft_vocab,
                           dflash_draft_vocab=args.draft_vocab, dflash_weights=args.dflash_weights,
-                          exit_layer=args.exit_layer, exit_intermediate=args.exit_mlp,
+                          eagle3_intermediate=args.eagle3_mlp, exit_layer=args.exit_layer,
+                          exit_intermediate=args.exit_mlp,
                           exit_draft_vocab=args.draft_vocab or DrafterSpec.exit_draft_vocab)
     if args.gen_tokens is None:
         args.gen_tokens = 0 if args.kind == "exit" else DistillSpec.gen_tokens
@@ -105,7 +113,7 @@ def main(argv=None) -> int:
                                   temperature=args.temperature, batch_size=args.gen_batch, seed=args.seed),
               loop=LoopSpec(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
                             checkpoint_seconds=args.checkpoint_seconds, autocast=args.autocast),
-              drafter=drafter, weights=args.weights, dtype=getattr(torch, args.dtype))
+              drafter=drafter, weights=args.weights, dtype=getattr(torch, args.dtype), init=args.init)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from ..models.eagle3 import draft_vocab_from_counts
 from ..models.exit_adapter import ExitAdapter, ExitAdapterConfig
-from ..models.layers import rms_norm
 from .features import FeatureSet
+from .teacher import Teacher
 
 CHAIN = 4  # the chain length of the report's mean_accepted estimate
 
@@ -43,26 +43,6 @@ def draft_vocabulary(features: FeatureSet, vocab_size: int, size: int | None) ->
     return torch.arange(size) + d2t
 
 
-class _Teacher:
-    """The target's frozen final norm and LM head rows (float32): its logits from its final normed
-    hidden state, the adapter's from its output stream."""
-
-    def __init__(self, target, ids: torch.Tensor):
-        from ..models.heads import target_head
-
-        head = target_head(target)
-        self.norm_weight, self.eps = head.norm_weight.detach().float(), head.eps
-        self.full = head.lm_head.detach().float()  # [V, H]
-        self.ids = ids
-        self.rows = self.full[ids].contiguous()  # [Vd, H]
-
-    def target_logits(self, final_hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(final_hidden, self.rows.to(final_hidden.dtype))
-
-    def adapter_logits(self, stream: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(stream, self.norm_weight.to(stream.dtype), self.eps), self.rows.to(stream.dtype))
-
-
 def _batch(adapter: ExitAdapter, features: FeatureSet, rows):
     """stream [B, T, H], final hidden [B, T, H] and valid [B, T] of sequences ``rows``."""
     L = adapter.config.exit_layer - 1
@@ -72,22 +52,22 @@ def _batch(adapter: ExitAdapter, features: FeatureSet, rows):
     return hidden[L], hidden[-1], valid
 
 
-def exit_loss(adapter: ExitAdapter, teacher: _Teacher, features: FeatureSet, rows) -> torch.Tensor:
+def exit_loss(adapter: ExitAdapter, teacher: Teacher, features: FeatureSet, rows) -> torch.Tensor:
     stream, final, valid = _batch(adapter, features, rows)
-    student = teacher.adapter_logits(adapter.forward_full(stream))[valid].float()
+    student = teacher.head_logits(adapter.forward_full(stream))[valid].float()
     with torch.no_grad():
-        target = teacher.target_logits(final)[valid].float()
+        target = teacher.draft_logits(final)[valid].float()
     return F.kl_div(F.log_softmax(student, -1), F.log_softmax(target, -1), log_target=True, reduction="batchmean")
 
 
 @torch.no_grad()
-def exit_report(adapter: ExitAdapter, teacher: _Teacher, features: FeatureSet) -> dict:
+def exit_report(adapter: ExitAdapter, teacher: Teacher, features: FeatureSet) -> dict:
     hits, top5, total = 0, 0, 0
     for i in range(len(features)):
         stream, final, valid = _batch(adapter, features, [i])
-        logits = teacher.adapter_logits(adapter.forward_full(stream))[valid].float()
+        logits = teacher.head_logits(adapter.forward_full(stream))[valid].float()
         guess = teacher.ids[logits.topk(min(5, logits.shape[-1]), -1).indices]  # [n, 5] target ids
-        label = F.linear(final[valid], teacher.full).argmax(-1)  # the target's argmax over every id
+        label = teacher.argmax(final[valid])  # the target's argmax over every id
         hits += int((guess[:, 0] == label).sum())
         top5 += int((guess == label[:, None]).any(-1).sum())
         total += int(valid.sum())
@@ -104,7 +84,7 @@ def train_exit(target, features: FeatureSet, config: ExitAdapterConfig, loop, ch
 
     ids = draft_vocabulary(features, int(target.vocab_size), config.draft_vocab_size)
     config.draft_vocab_size = ids.numel()
-    teacher = _Teacher(target, ids)
+    teacher = Teacher(target, ids)
     adapter = ExitAdapter.initial(config, seed=loop.seed, draft_ids=ids).float()
     log(f"[train] exit: adapter after layer {config.exit_layer} of {config.num_target_layers}, MLP width "
         f"{config.intermediate_size}, draft vocabulary {ids.numel()}, "
