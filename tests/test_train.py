@@ -42,6 +42,13 @@ def target_dir(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("train") / "target", layers=4, seed=0)
 
 
+def _trained_on(target) -> F.FeatureSet:
+    """The largest features set cached for ``target``: the training sequences (the held-out set is
+    a sixteenth of them)."""
+    folder = drafters.write_root() / drafters.fingerprint(target) / "features"
+    return max((F.load_features(f) for f in folder.iterdir()), key=len)
+
+
 def _prompts(n=40, seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(64) for _ in range(rng.randrange(2, 10))] for _ in range(n)]
@@ -194,8 +201,7 @@ def test_training_fits_the_targets_continuations(target_dir):
     result = T.train("medusa", target_dir, prompts=prompts, distill=DISTILL,
                      loop=T.LoopSpec(steps=200, batch_size=16, lr=1e-2), log=lambda s: None)
     target = models.load(target_dir)
-    sets = [F.load_features(f) for f in (drafters.write_root() / drafters.fingerprint(target) / "features").iterdir()]
-    trained_on = max(sets, key=len)
+    trained_on = _trained_on(target)
     head = target_head(target)
     trained = medusa_report(load_heads(result.folder), head, trained_on)["positions"]
     untrained = medusa_report(MedusaHeads(32, 4), head, trained_on)["positions"]
@@ -218,8 +224,7 @@ def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_read
                      drafter=T.DrafterSpec(exit_layer=1, exit_intermediate=32), log=lines.append)
     assert any("the target reads 88 prompts" in line for line in lines)
     target = models.load(target_dir)
-    features = max((F.load_features(f) for f in
-                    (drafters.write_root() / drafters.fingerprint(target) / "features").iterdir()), key=len)
+    features = _trained_on(target)
     assert features.generated_tokens() == 0 and sorted(features.hidden) == [-1, 0]
     trained = ExitAdapter.load(result.folder)
     teacher = Teacher(target, trained.draft_ids)
@@ -268,8 +273,7 @@ def test_eagle3_learns_the_targets_next_tokens_from_text_it_reads(target_dir):
                      drafter=T.DrafterSpec(eagle3_steps=2, eagle3_intermediate=32), log=lines.append)
     assert any("the target reads 88 prompts" in line for line in lines)
     target = models.load(target_dir)
-    features = max((F.load_features(f) for f in
-                    (drafters.write_root() / drafters.fingerprint(target) / "features").iterdir()), key=len)
+    features = _trained_on(target)
     trained = Eagle3Drafter.load(result.folder).attach(target)
     assert features.generated_tokens() == 0 and sorted(features.hidden) == sorted({*trained.config.target_layers, -1})
     teacher = Teacher(target, trained.target_ids())
@@ -325,8 +329,7 @@ def test_a_dflash_draft_vocabulary_is_the_training_texts_most_frequent_ids(tmp_p
     result = T.train("dflash", target_dir, prompts=prompts, distill=DISTILL, loop=LOOP, out=tmp_path / "d",
                      drafter=T.DrafterSpec(dflash_block_size=4, dflash_draft_vocab=12), log=lambda s: None)
     target = models.load(target_dir)
-    trained_on = max((F.load_features(f) for f in (drafters.write_root() / drafters.fingerprint(target) /
-                                                   "features").iterdir()), key=len)
+    trained_on = _trained_on(target)
     counts = torch.bincount(trained_on.tokens, minlength=target.vocab_size)
     vocab = DFlashDrafter.load(result.folder).config.draft_vocab
     assert len(vocab) == 12 and counts[list(vocab)].min() >= counts[[i for i in range(target.vocab_size)

@@ -11,12 +11,14 @@ Steps (each resumable: run the same command again after an interruption):
 1. prompts: the user's (``prompts``: a file, see ``texts``; or token-id lists) or windows cut from
    the user's texts (``data``), chat-templated for instruct models; a fixed part is held out;
 2. self-distillation (``features``): the target continues every prompt and its hidden states over
-   the sequences are cached on disk once, for every drafter kind and every epoch;
+   the sequences are cached on disk once, for every drafter kind and every epoch (with
+   ``gen_tokens = 0``, for the kinds of ``TEACHER_FORCED``, it only reads them);
 3. the drafter is trained on them (``heads``, ``dflash``, ``eagle3``, ``exit_adapter``: the exit
    adapter of ``method="layer_skip"``, on the stream after its exit layer and by default on the
-   target reading the prompts, not continuing them; the shared loop ``loop``
-   writes checkpoints), then scored on the held-out prompts (``metrics``: agreement and chain
-   acceptance per draft position);
+   target reading the prompts, not continuing them; ``teacher``: the target's head, whose
+   distributions label the exit adapter and EAGLE-3; the shared loop ``loop`` writes checkpoints;
+   ``init`` fine-tunes a trained EAGLE-3 drafter), then scored on the held-out prompts
+   (``metrics``: agreement and chain acceptance per draft position);
 4. it is saved into the drafter cache under the target's fingerprint (``specdec_cuda.drafters``),
    or to ``out``, with ``report.json`` beside its weights.
 """
