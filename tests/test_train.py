@@ -208,6 +208,19 @@ def test_training_fits_the_targets_continuations(target_dir):
     assert all(t["top1"] > u["top1"] + 0.03 for t, u in zip(trained, untrained))
 
 
+def _teacher_forced(kind, target_dir, steps, drafter):
+    """Train ``kind`` on 96 random 24-token prompts the target only reads (gen_tokens 0; 88 trained
+    on, the rest held out). Returns the prompts, the result, the target, the training features and
+    the log lines."""
+    prompts = [[random.Random(i).randrange(64) for _ in range(24)] for i in range(96)]
+    lines = []
+    result = T.train(kind, target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0, batch_size=16),
+                     loop=T.LoopSpec(steps=steps, batch_size=16, lr=3e-3), drafter=drafter, log=lines.append)
+    assert any("the target reads 88 prompts" in line for line in lines)
+    target = models.load(target_dir)
+    return prompts, result, target, _trained_on(target), lines
+
+
 def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_reads(target_dir):
     # Teacher forcing (gen_tokens 0 by default from the CLI; here given): the sequences are the
     # prompts themselves, the labels the target's own distributions. Fit on the sequences trained
@@ -217,14 +230,8 @@ def test_an_exit_adapter_learns_the_targets_next_tokens_from_the_prompts_it_read
     from specdec_cuda.train.exit_adapter import exit_report
     from specdec_cuda.train.teacher import Teacher
 
-    prompts = [[random.Random(i).randrange(64) for _ in range(24)] for i in range(96)]
-    lines = []
-    result = T.train("exit", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0, batch_size=16),
-                     loop=T.LoopSpec(steps=150, batch_size=16, lr=3e-3),
-                     drafter=T.DrafterSpec(exit_layer=1, exit_intermediate=32), log=lines.append)
-    assert any("the target reads 88 prompts" in line for line in lines)
-    target = models.load(target_dir)
-    features = _trained_on(target)
+    prompts, result, target, features, _ = _teacher_forced(
+        "exit", target_dir, 150, T.DrafterSpec(exit_layer=1, exit_intermediate=32))
     assert features.generated_tokens() == 0 and sorted(features.hidden) == [-1, 0]
     trained = ExitAdapter.load(result.folder)
     teacher = Teacher(target, trained.draft_ids)
@@ -266,14 +273,8 @@ def test_eagle3_learns_the_targets_next_tokens_from_text_it_reads(target_dir):
     from specdec_cuda.train.eagle3 import eagle3_report, head_from_target
     from specdec_cuda.train.teacher import Teacher
 
-    prompts = [[random.Random(i).randrange(64) for _ in range(24)] for i in range(96)]
-    lines = []
-    result = T.train("eagle3", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0, batch_size=16),
-                     loop=T.LoopSpec(steps=120, batch_size=16, lr=3e-3),
-                     drafter=T.DrafterSpec(eagle3_steps=2, eagle3_intermediate=32), log=lines.append)
-    assert any("the target reads 88 prompts" in line for line in lines)
-    target = models.load(target_dir)
-    features = _trained_on(target)
+    prompts, result, target, features, lines = _teacher_forced(
+        "eagle3", target_dir, 120, T.DrafterSpec(eagle3_steps=2, eagle3_intermediate=32))
     trained = Eagle3Drafter.load(result.folder).attach(target)
     assert features.generated_tokens() == 0 and sorted(features.hidden) == sorted({*trained.config.target_layers, -1})
     teacher = Teacher(target, trained.target_ids())

@@ -161,7 +161,6 @@ def frequent_ids(features: FeatureSet, vocab_size: int, n: int) -> tuple[tuple[i
     share of the sequences' tokens they cover."""
     from ..models.eagle3 import draft_vocab_from_counts
 
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
+    counts = features.token_counts(vocab_size)
     _, chosen = draft_vocab_from_counts(counts, n)
     return tuple(chosen.nonzero().flatten().tolist()), float(counts[chosen].sum() / counts.sum().clamp(min=1))

@@ -106,8 +106,7 @@ def train_eagle3(target, features: FeatureSet, steps: int, draft_vocab: int, loo
     from .loop import optimise
 
     V = int(target.vocab_size)
-    counts = torch.zeros(V, dtype=torch.int64)
-    counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
+    counts = features.token_counts(V)
     if start is None:
         size = min(draft_vocab, V)
         d2t, t2d = draft_vocab_from_counts(counts, size)

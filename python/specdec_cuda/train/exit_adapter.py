@@ -37,8 +37,7 @@ def draft_vocabulary(features: FeatureSet, vocab_size: int, size: int | None) ->
     rule, ``draft_vocab_from_counts``); all ids when None or at least the vocabulary."""
     if size is None or size >= vocab_size:
         return torch.arange(vocab_size)
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
+    counts = features.token_counts(vocab_size)
     d2t, _ = draft_vocab_from_counts(counts, size)  # draft id d is target id d + d2t[d]
     return torch.arange(size) + d2t
 

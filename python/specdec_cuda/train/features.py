@@ -79,6 +79,12 @@ class FeatureSet:
     def generated_tokens(self) -> int:
         return int((self.lengths - self.prompt_lens).sum())
 
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each id occurs in the sequences (what draft vocabularies are chosen by).
+        Shape: [vocab_size] int64."""
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        return counts.index_add_(0, self.tokens, torch.ones_like(self.tokens))
+
     def batch(self, rows, layers=(), dtype=torch.float32, start: int = 0):
         """Sequences ``rows``, right-padded, from token ``start`` on (a common cut of the prompt).
 

@@ -34,8 +34,7 @@ def loss_vocab(features: FeatureSet, vocab_size: int, size: int = LOSS_VOCAB) ->
     most frequent when there are more; None (the whole vocabulary) when it has at most 2 x ``size``."""
     if vocab_size <= 2 * size:
         return None
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    counts.index_add_(0, features.tokens, torch.ones_like(features.tokens))
+    counts = features.token_counts(vocab_size)
     return counts.topk(min(size, int((counts > 0).sum()))).indices.sort().values
 
 
