@@ -243,7 +243,7 @@ def transformers_rows(args, pair: Pair, workloads: dict[str, list[list[int]]], r
     """``--peers transformers``: ``generate`` on the pair's HF folders in ``--dtype`` (the bf16 folders
     when ``--weights gguf``: transformers does not run the GGUF blocks as stored), same prompt token ids,
     batch 1, at each ``--temperatures`` value, same ``--max-new-tokens`` and ``--threads``: plain,
-    ``assistant_model=`` the draft, ``prompt_lookup_num_tokens=10``; rows named ``transformers ...``
+    ``assistant_model=`` the draft, ``prompt_lookup_num_tokens=`` 10 and 32; rows named ``transformers ...``
     (bench/peers/transformers_rows.py)."""
     from bench.peers import transformers_rows as peer
 

@@ -149,7 +149,8 @@ def test_transformers_rows_on_a_tiny_pair(tmp_path):
     workloads = {"bench": [[5, 6, 7, 8, 5, 6]], "heldout": [[9, 10, 11]]}
     rows = transformers_rows.measure(pair / "target", pair / "draft", workloads, 4, None, {}, dtype="float32",
                                      threads=1)
-    names = ["transformers plain", "transformers assistant_model draft", "transformers prompt_lookup n=10"]
+    names = ["transformers plain", "transformers assistant_model draft", "transformers prompt_lookup n=10",
+             "transformers prompt_lookup n=32"]
     assert [(r["workload"], r["method"]) for r in rows] == [(w, n) for w in workloads for n in names]
     assert all(r["tokens"] == 4 and r["tokens_per_s"] > 0 and r["dtype"] == "float32" for r in rows)
     assert all(r["identical"] for r in rows)  # float32 greedy: transformers' speculation keeps its tokens

@@ -285,8 +285,14 @@ def test_eagle3_learns_the_targets_next_tokens_from_text_it_reads(target_dir):
     ar = specdec_cuda.generate(target, prompts[:4], max_new_tokens=12).tokens
     out = specdec_cuda.generate(target, prompts[:4], method="eagle3", max_new_tokens=12, policy="fixed")
     assert out.tokens == ar and sum(out.metrics.drafted) > 0
-    with pytest.raises(ValueError, match="gen_tokens 0"):  # Medusa's labels are generated tokens
-        T.train("medusa", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0), log=lambda s: None)
+    with pytest.raises(ValueError, match="gen_tokens 0"):  # DFlash's labels are generated tokens
+        T.train("dflash", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0), log=lambda s: None)
+    # Medusa on the same text reads the final state from EAGLE-3's cache: nothing is computed again.
+    lines.clear()
+    T.train("medusa", target_dir, prompts=prompts, distill=F.DistillSpec(gen_tokens=0, batch_size=16),
+            loop=T.LoopSpec(steps=2, batch_size=16), log=lines.append)
+    assert any("holds these sequences with more layers; reading layers [-1]" in line for line in lines)
+    assert not any("the target reads" in line for line in lines)
     # Fine-tuning (init=): the drafter starts from the trained one (its vocabulary and shape kept),
     # here on the target's continuations; the other kinds refuse init=.
     lines.clear()
@@ -297,7 +303,58 @@ def test_eagle3_learns_the_targets_next_tokens_from_text_it_reads(target_dir):
     again = Eagle3Drafter.load(tuned.folder)
     assert torch.equal(again.d2t, trained.d2t) and again.config.intermediate_size == 32
     with pytest.raises(ValueError, match="init="):
-        T.train("medusa", target_dir, prompts=prompts, distill=DISTILL, init=result.folder, log=lambda s: None)
+        T.train("dflash", target_dir, prompts=prompts, distill=DISTILL, init=result.folder, log=lambda s: None)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "mtp"])
+def test_medusa_and_mtp_learn_the_targets_choices_from_text_it_reads(target_dir, kind):
+    # Teacher forcing for Medusa / MTP: the sequences are the prompts, the labels the target's
+    # greedy choices over them (checked against its own forward); only the final state is cached.
+    # Fit on the sequences trained on (a random tiny target, whose choices vary too little for the
+    # held-out report's positions to tell): the trained drafter's loss is well below the untrained
+    # one's, and the method finds it and decodes exactly.
+    from specdec_cuda.models.heads import MedusaHeads, MTPModules, load_heads, mtp_block_config, target_head
+    from specdec_cuda.train.heads import Scorer, _follows, _labels, medusa_loss, mtp_loss
+
+    prompts, result, target, features, _ = _teacher_forced(kind, target_dir, 150,
+                                                           T.DrafterSpec(medusa_heads=2, mtp_modules=2))
+    assert features.generated_tokens() == 0 and sorted(features.hidden) == [-1]
+    head = target_head(target)
+    scorer, rows = Scorer(head, None), list(range(len(features)))
+    tokens, generated, hidden = features.batch(rows, (-1,))
+    labels, counts = _labels(scorer, features, rows, tokens, generated, hidden[-1])
+    logits = target.forward(tokens, torch.arange(tokens.shape[1]).expand_as(tokens),
+                            target.new_cache(len(rows), tokens.shape[1])).logits
+    assert torch.equal(labels[:, 1:], logits.argmax(-1)[:, :-1]) and bool(counts[:, 1:].all())
+    # Over a subset of the vocabulary (as on a large one) labels are the scorer's indices: whether a
+    # token is the target's choice is asked in those ids too.
+    ids = torch.arange(0, 64, 2)
+    sub = Scorer(head, ids)
+    sub_labels, _ = _labels(sub, features, rows, tokens, generated, hidden[-1])
+    choice = ids[sub_labels[:, 1:].clamp(min=0)]  # [B, T - 1] the target's choice among the even ids
+    assert torch.equal(_follows(sub, tokens, sub_labels)[:, 1:], tokens[:, 1:] == choice)
+    torch.manual_seed(0)
+    untrained = MedusaHeads(32, 2) if kind == "medusa" else MTPModules(mtp_block_config(head), 2)
+
+    def loss(drafter) -> float:
+        with torch.no_grad():
+            return float(medusa_loss(drafter, scorer, features, rows) if kind == "medusa"
+                         else mtp_loss(drafter, head, scorer, features, rows))
+
+    assert loss(load_heads(result.folder)) < 0.8 * loss(untrained)
+    ar = specdec_cuda.generate(target, prompts[:4], max_new_tokens=12).tokens
+    out = specdec_cuda.generate(target, prompts[:4], method=kind, max_new_tokens=12, policy="fixed")
+    assert out.tokens == ar and sum(out.metrics.drafted) > 0
+    # Fine-tuning (init=) on the target's continuations: the heads start as the trained ones (their
+    # count kept over DrafterSpec's); heads of the other kind are refused.
+    lines = []
+    tuned = T.train(kind, target_dir, prompts=prompts, distill=DISTILL, init=result.folder,
+                    out=result.folder.parent / "tuned", loop=T.LoopSpec(steps=4, batch_size=16), log=lines.append)
+    assert any("fine-tuning the given" in line for line in lines)
+    assert len(load_heads(tuned.folder).topk_accuracy) == 2
+    other = "mtp" if kind == "medusa" else "medusa"
+    with pytest.raises(ValueError, match=f"holds {kind} heads, not {other}"):
+        T.train(other, target_dir, prompts=prompts, distill=DISTILL, init=result.folder, log=lambda s: None)
 
 
 def test_resumed_training_reuses_the_cached_data(target_dir):

@@ -71,7 +71,7 @@ from peer_job import job_main
 # Greedy: temperature 0 makes llama-cpp-python's sampler chain (neutral penalties) + greedy argmax.
 GREEDY = dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
               frequency_penalty=0.0, presence_penalty=0.0)
-DEFAULT_MODES = ("plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4")
+DEFAULT_MODES = ("plain", "prompt_lookup:10", "prompt_lookup:32", "prompt_lookup:2", "draft:4")
 
 
 class GGUFDraftModel(LlamaDraftModel):

@@ -3,9 +3,9 @@
 The runner itself (``llama_cpp_peer.py``) runs in the private environment ``.venv-llamacpp``
 (``make llama-cpp-env``); this module runs in the project's and imports nothing of it. On the same
 GGUF files this engine reads and the same prompt token ids, llama.cpp decodes greedily at batch 1 in
-four modes (``MODES``), and each becomes a bench row: tokens/s, its ratio to this engine's
-autoregressive row, and the share of positions where its tokens equal that row's (different
-numerics: a figure to read, not a check).
+five modes (``MODES``: plain, prompt lookup of 10, 32 and 2 tokens, the draft), and each becomes a
+bench row: tokens/s, its ratio to this engine's autoregressive row, and the share of positions
+where its tokens equal that row's (different numerics: a figure to read, not a check).
 
 Standalone, for a quick measurement without the project's methods::
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-llamacpp"
 RUNNER = Path(__file__).resolve().parent / "llama_cpp_peer.py"
 # The runner's modes the bench asks for (see llama_cpp_peer.py); draft:K only with a draft GGUF.
-MODES = ("plain", "prompt_lookup:10", "prompt_lookup:2", "draft:4")
+MODES = ("plain", "prompt_lookup:10", "prompt_lookup:32", "prompt_lookup:2", "draft:4")
 BASELINE = "llama.cpp plain"
 
 

@@ -3,11 +3,13 @@
 On the same HF folders (``dtype=`` the bench's ``--dtype``: the bf16 checkpoints as stored, or
 float32), the same prompt token ids, ``max_new_tokens``, EOS and torch thread count, batch 1,
 greedy (``do_sample=False``) or sampled at each temperature asked (top-k and top-p off,
-``torch.manual_seed(seed + i)`` before prompt i), three configurations (``configs``): plain
+``torch.manual_seed(seed + i)`` before prompt i), the configurations of ``configs``: plain
 ``generate``, ``assistant_model=`` the draft (transformers' assisted generation; speculative
-sampling when sampled) and ``prompt_lookup_num_tokens=`` (its prompt lookup; its candidates are
-kept while they match the target's own samples). Prompts are interleaved: every configuration
-decodes prompt i before any decodes prompt i + 1, after one untimed warm-up call each. Each becomes
+sampling when sampled) and ``prompt_lookup_num_tokens=`` each of ``PROMPT_LOOKUP`` (its prompt
+lookup; its candidates are kept while they match the target's own samples; 10 is its documented
+setting, 32 gives it the long chains that pay on requests which restate their code). Prompts are
+interleaved: every configuration decodes prompt i before any decodes prompt i + 1, after one
+untimed warm-up call each. Each becomes
 a bench row: tokens/s (``generate``'s wall time, prefill included, as this engine's rows), its ratio
 to this engine's autoregressive row at the same temperature, and, greedy only, the share of
 positions where its tokens equal that row's (``llama_cpp_rows.agreement``; different numerics: a
@@ -24,17 +26,19 @@ import torch
 from bench.e2e import hf_group
 from bench.peers.llama_cpp_rows import agreement, size_label
 
-PROMPT_LOOKUP = 10
+PROMPT_LOOKUP = (10, 32)
 BASELINE = "transformers plain"
 
 
-def configs(draft, prompt_lookup: int = PROMPT_LOOKUP, draft_label: str = "") -> list[tuple[str, dict]]:
-    """[(row name, ``generate`` options)]: plain, assisted by ``draft`` (when given), prompt lookup."""
+def configs(draft, prompt_lookup=PROMPT_LOOKUP, draft_label: str = "") -> list[tuple[str, dict]]:
+    """[(row name, ``generate`` options)]: plain, assisted by ``draft`` (when given), prompt lookup
+    with each of ``prompt_lookup`` (an int or a sequence of them) candidate tokens."""
     out = [(BASELINE, {})]
     if draft is not None:
         out.append((" ".join(["transformers assistant_model", *([draft_label] if draft_label else [])]),
                     dict(assistant_model=draft)))
-    out.append((f"transformers prompt_lookup n={prompt_lookup}", dict(prompt_lookup_num_tokens=prompt_lookup)))
+    for n in ([prompt_lookup] if isinstance(prompt_lookup, int) else prompt_lookup):
+        out.append((f"transformers prompt_lookup n={n}", dict(prompt_lookup_num_tokens=n)))
     return out
 
 
@@ -68,7 +72,7 @@ def bench_rows(per_config: dict[tuple[str, float], list[dict]], workloads: dict[
 
 def measure(target_dir: Path, draft_dir: Path | None, workloads: dict[str, list[list[int]]], max_new_tokens: int,
             eos: int | None, engine_ar: dict[tuple[str, float], dict], dtype: str = "bfloat16",
-            threads: int | None = None, prompt_lookup: int = PROMPT_LOOKUP, temperatures=(0.0,),
+            threads: int | None = None, prompt_lookup=PROMPT_LOOKUP, temperatures=(0.0,),
             seed: int = 0) -> list[dict]:
     """Load the folders with ``AutoModelForCausalLM`` in ``dtype``, run every configuration at every
     temperature on every prompt (interleaved, batch 1), free the models; the rows."""

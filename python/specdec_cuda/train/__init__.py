@@ -12,13 +12,14 @@ Steps (each resumable: run the same command again after an interruption):
    the user's texts (``data``), chat-templated for instruct models; a fixed part is held out;
 2. self-distillation (``features``): the target continues every prompt and its hidden states over
    the sequences are cached on disk once, for every drafter kind and every epoch (with
-   ``gen_tokens = 0``, for the kinds of ``TEACHER_FORCED``, it only reads them);
+   ``gen_tokens = 0``, for the kinds of ``TEACHER_FORCED``, it only reads them; a cache of the
+   same sequences with more layers serves a kind that reads fewer);
 3. the drafter is trained on them (``heads``, ``dflash``, ``eagle3``, ``exit_adapter``: the exit
    adapter of ``method="layer_skip"``, on the stream after its exit layer and by default on the
    target reading the prompts, not continuing them; ``teacher``: the target's head, whose
-   distributions label the exit adapter and EAGLE-3; the shared loop ``loop`` writes checkpoints;
-   ``init`` fine-tunes a trained EAGLE-3 drafter), then scored on the held-out prompts
-   (``metrics``: agreement and chain acceptance per draft position);
+   distributions label the exit adapter and EAGLE-3 (Medusa and MTP: ``heads``); the shared loop
+   ``loop`` writes checkpoints; ``init`` fine-tunes a trained drafter), then scored on the
+   held-out prompts (``metrics``: agreement and chain acceptance per draft position);
 4. it is saved into the drafter cache under the target's fingerprint (``specdec_cuda.drafters``),
    or to ``out``, with ``report.json`` beside its weights.
 """
@@ -40,8 +41,10 @@ from .loop import LoopSpec
 
 KINDS = ("medusa", "mtp", "dflash", "eagle3", "exit")
 # The kinds whose labels are the target's own distributions, so they can learn from text the target
-# only reads (``DistillSpec.gen_tokens = 0``); the others' labels are the tokens it generated.
-TEACHER_FORCED = ("exit", "eagle3")
+# only reads (``DistillSpec.gen_tokens = 0``); DFlash's labels are the tokens it generated.
+TEACHER_FORCED = ("exit", "eagle3", "medusa", "mtp")
+# The kinds ``init=`` fine-tunes (a drafter trained on one text, tuned on another).
+FINE_TUNED = ("eagle3", "medusa", "mtp")
 
 
 @dataclass
@@ -129,21 +132,21 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     (``num_prompts`` windows of ``prompt_tokens`` tokens are cut from it); ``held_out``: the report's
     prompts (a prompts file or token-id lists; default: a fixed part of the prompts, not trained
     on). ``weights`` / ``dtype``: how a folder is loaded (``models.load``). ``init``: fine-tune this
-    trained drafter (eagle3: a folder in this library's or a published layout; its shape and draft
-    vocabulary are kept) instead of starting a new one. Returns the saved folder and the held-out
-    report."""
+    trained drafter (``FINE_TUNED`` kinds: a folder in this library's or a published layout; its
+    shape, and EAGLE-3's draft vocabulary, are kept) instead of starting a new one. Returns the
+    saved folder and the held-out report."""
     from .. import drafters
     from .allocator import bound_allocator_growth
-    from .features import build_features, cache_key, feature_layers
+    from .features import cached_features, feature_layers
     from .texts import split_held_out
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if init is not None and kind != "eagle3":
-        raise ValueError(f"init= (fine-tuning a trained drafter) is supported for eagle3, not {kind}")
+    if init is not None and kind not in FINE_TUNED:
+        raise ValueError(f"init= (fine-tuning a trained drafter) is supported for {', '.join(FINE_TUNED)}, not {kind}")
     if distill.gen_tokens == 0 and kind not in TEACHER_FORCED:
         raise ValueError(f"{kind} learns from the tokens the target generates: gen_tokens 0 (the target only reading "
-                         f"the prompts) is for {' and '.join(TEACHER_FORCED)}")
+                         f"the prompts) is for {', '.join(TEACHER_FORCED)}")
     started = time.perf_counter()
     bound_allocator_growth()  # else glibc's heap fragments over the steps' changing shapes (allocator.py)
     model = _load_target(target, weights, dtype)
@@ -175,13 +178,15 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
         # EAGLE-3 reads: its low / middle / high layers and the final state (its labels' logits),
         # not the union every kind reads (a third of the bytes on the 1.5B).
         layers = tuple(sorted({*reads, -1} if distill.gen_tokens == 0 else {*layers, *reads}))
+    elif kind in ("medusa", "mtp"):
+        start = None if init is None else _heads_to_tune(init, kind, model)
+        if distill.gen_tokens == 0:
+            layers = (-1,)  # they read the final state alone (a cache with more layers serves too: cached_features)
     root = drafters.write_root() / fp / "features"
     t0 = time.perf_counter()
-    features = build_features(model, train_ids, root / cache_key(train_ids, layers, distill, eos), distill, layers,
-                              eos, log, "training")
+    features = cached_features(model, train_ids, root, distill, layers, eos, log, "training")
     held_spec = DistillSpec(**dict(asdict(distill), sampled_fraction=0.0))  # greedy: what greedy decoding meets
-    held_out = build_features(model, held_ids, root / cache_key(held_ids, layers, held_spec, eos), held_spec, layers,
-                              eos, log, "held-out")
+    held_out = cached_features(model, held_ids, root, held_spec, layers, eos, log, "held-out")
     data_seconds = time.perf_counter() - t0
     log(f"[train] data: {len(features)} training sequences ({features.generated_tokens()} generated tokens of "
         f"{int(features.lengths.sum())}), "
@@ -208,15 +213,30 @@ def train(kind: str, target, *, prompts=None, data=None, held_out=None, out: str
     return TrainResult(out, report)
 
 
+def _heads_to_tune(folder, kind: str, model):
+    """The ``kind`` heads of ``folder`` (this library's layout or a published Medusa one), checked
+    against the target's width."""
+    from ..models.published import load_heads
+
+    heads = load_heads(folder)
+    found = "medusa" if hasattr(heads, "num_heads") else "mtp"
+    if found != kind:
+        raise ValueError(f"init={folder}: holds {found} heads, not {kind}")
+    width, theirs = int(model.config.hidden_size), int(heads.config.hidden_size if found == "mtp" else heads.hidden_size)
+    if theirs != width:
+        raise ValueError(f"init={folder}: heads of width {theirs}, the target's hidden size is {width}")
+    return heads
+
+
 def _train_kind(kind, model, features, held_out, loop, drafter, checkpoint, log, config=None, start=None):
     if kind == "medusa":
         from .heads import train_medusa
 
-        return train_medusa(model, features, drafter.medusa_heads, loop, checkpoint, log, held_out)
+        return train_medusa(model, features, drafter.medusa_heads, loop, checkpoint, log, held_out, start)
     if kind == "mtp":
         from .heads import train_mtp
 
-        return train_mtp(model, features, drafter.mtp_modules, loop, checkpoint, log, held_out)
+        return train_mtp(model, features, drafter.mtp_modules, loop, checkpoint, log, held_out, start)
     if kind == "dflash":
         from ..models.dflash import DFlashConfig
         from .dflash import train_dflash

@@ -58,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
                         "the target slowly")
     p.add_argument("--ttt-steps", type=int, default=DrafterSpec.eagle3_steps, help="eagle3: rolled-out training steps")
     p.add_argument("--init", default=None,
-                   help="eagle3: fine-tune this trained drafter (a folder) instead of starting a new one")
+                   help="eagle3, medusa, mtp: fine-tune this trained drafter (a folder) instead of starting a new "
+                        "one")
     p.add_argument("--eagle3-mlp", type=int, default=None,
                    help="eagle3: the drafter's MLP width (default: the target's); narrower drafts faster on a CPU")
     p.add_argument("--draft-vocab", type=int, default=None,

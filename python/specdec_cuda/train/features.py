@@ -16,6 +16,9 @@ On disk (``<drafter cache>/<target fingerprint>/features/<key>/``): shards of ``
 ``offsets`` [n + 1], ``prompt_lens`` [n] and one ``layer.<i>`` [S, H] float16 per layer, written
 atomically; an interrupted run resumes at the first missing shard. ``key`` hashes the prompts,
 the layers and the generation settings, so other prompts or settings get another folder.
+``cached_features`` also takes a finished folder of the same prompts and settings that holds more
+layers than asked (one made for a drafter kind that reads more: teacher-forced EAGLE-3 data serves
+Medusa and MTP, which read only the final state) and loads just the layers asked for.
 """
 
 from __future__ import annotations
@@ -166,16 +169,25 @@ def _write_shard(path: Path, sequences: list[list[int]], prompt_lens: list[int],
     tmp.rename(path)
 
 
-def load_features(folder: str | Path) -> FeatureSet:
-    """Every shard of a features folder, concatenated."""
-    from safetensors.torch import load_file
+def load_features(folder: str | Path, layers: tuple[int, ...] | None = None) -> FeatureSet:
+    """Every shard of a features folder, concatenated; of its hidden states only ``layers`` (None:
+    all it holds)."""
+    from safetensors import safe_open
 
     folder = Path(folder)
     shards = sorted(folder.glob("shard-*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{folder}: no feature shards")
-    parts = [load_file(str(s)) for s in shards]
-    layers = sorted(int(k.split(".", 1)[1]) for k in parts[0] if k.startswith("layer."))
+    parts = []
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            keys = [k for k in f.keys()
+                    if not k.startswith("layer.") or layers is None or int(k.split(".", 1)[1]) in layers]
+            parts.append({k: f.get_tensor(k) for k in keys})
+    held = sorted(int(k.split(".", 1)[1]) for k in parts[0] if k.startswith("layer."))
+    if layers is not None and sorted(set(layers)) != held:
+        raise ValueError(f"{folder}: holds layers {held}, not all of {sorted(set(layers))}")
+    layers = held
     tokens = torch.cat([p["tokens"] for p in parts])
     offsets, base = [torch.zeros(1, dtype=torch.int64)], 0
     for p in parts:
@@ -183,6 +195,40 @@ def load_features(folder: str | Path) -> FeatureSet:
         base += int(p["offsets"][-1])
     return FeatureSet(tokens, torch.cat(offsets), torch.cat([p["prompt_lens"] for p in parts]),
                       {l: torch.cat([p[f"layer.{l}"] for p in parts]) for l in layers})
+
+
+def _finished(folder: Path, prompts: list[list[int]]) -> bool:
+    return all((folder / f"shard-{s // SHARD:05d}.safetensors").is_file() for s in range(0, len(prompts), SHARD))
+
+
+def find_features(root: str | Path, prompts: list[list[int]], layers: tuple[int, ...], spec: DistillSpec,
+                  eos: tuple[int, ...]) -> Path:
+    """The folder under ``root`` for these prompts, layers and settings: a finished one of the same
+    prompts, settings and EOS that holds at least ``layers`` when there is one, else the folder of
+    exactly these (``cache_key``; built or resumed there)."""
+    root, wanted = Path(root), set(layers)
+    for meta_path in sorted(root.glob("*/features.json")):
+        try:
+            held = tuple(json.loads(meta_path.read_text())["layers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        folder = meta_path.parent
+        if (held != tuple(layers) and wanted <= set(held) and folder.name == cache_key(prompts, held, spec, eos)
+                and _finished(folder, prompts)):
+            return folder
+    return root / cache_key(prompts, layers, spec, eos)
+
+
+def cached_features(target, prompts: list[list[int]], root: str | Path, spec: DistillSpec, layers: tuple[int, ...],
+                    eos: tuple[int, ...], log: Callable[[str], None] = print, what: str = "training") -> FeatureSet:
+    """``build_features`` in the folder ``find_features`` picks: a finished cache holding more
+    layers is loaded for ``layers`` only, with nothing computed."""
+    folder = find_features(root, prompts, layers, spec, eos)
+    if folder.name != cache_key(prompts, layers, spec, eos):
+        log(f"[train] {what} data: the cache {folder} holds these sequences with more layers; "
+            f"reading layers {list(layers)} of it")
+        return load_features(folder, tuple(layers))
+    return build_features(target, prompts, folder, spec, layers, eos, log, what)
 
 
 def build_features(target, prompts: list[list[int]], folder: str | Path, spec: DistillSpec = DistillSpec(),

@@ -7,13 +7,23 @@
   trained jointly over whole sequences (teacher-forced: under greedy decoding the inputs of an
   accepted chain are exactly these).
 
-Only labels the target generated count. A large vocabulary is scored over a subset of the LM
-head's rows (``loss_vocab``): the ids the sequences hold (the ``LOSS_VOCAB`` most frequent when
-there are more), every label outside it dropped. The softmax over the subset approximates the full one where the head
-puts its mass, and costs a tenth on a 152k-token vocabulary; drafting still uses the whole head.
+The labels: where the target generated, its generated tokens; on text it only read
+(``DistillSpec.gen_tokens = 0``, teacher forcing), its own greedy choice at every token (the
+argmax of its LM head over its final state at the token before), which is what greedy
+verification accepts there. (On a greedy continuation the two are the same tokens.) A Medusa head
+does not see the tokens between its position and its label, so on text it learns only where those
+are the target's own choices, as greedy decoding would have fed them; MTP modules read them. A large
+vocabulary is scored over a subset of the LM head's rows (``loss_vocab``): the ids the sequences
+hold (the ``LOSS_VOCAB`` most frequent when there are more), every generated label outside it
+dropped, and on text the target's choice taken among those rows. The softmax over the subset
+approximates the full one where the head puts its mass, and costs a tenth on a 152k-token
+vocabulary; drafting still uses the whole head.
 
-The held-out report (``metrics``) gives, per draft position, the agreement with the target and
-the chain acceptance. The rank-r accuracies are kept in the checkpoint: they pick the Medusa tree.
+The held-out report (``metrics``) gives, per draft position, the agreement with the target's
+greedy choice over its whole vocabulary and the chain acceptance, at the positions t where the
+tokens the draft builds on (t + 1 .. up to the drafted one) are the target's own greedy choices,
+as in greedy decoding (on generated continuations: the generated positions). The rank-r accuracies
+are kept in the checkpoint: they pick the Medusa tree.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import torch.nn.functional as F
 from ..models.heads import MedusaHeads, MTPModules, TargetHead, mtp_block_config
 from ..models.layers import rms_norm
 from .features import FeatureSet
-from .metrics import position_report, ranks_hit
+from .metrics import TOPK_RANKS, position_report, ranks_hit
 
 LOSS_VOCAB = 16384  # rows of the LM head scored in training when the vocabulary is larger
 
@@ -65,53 +75,115 @@ def masked_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) ->
     return F.cross_entropy(logits[keep].float(), labels[keep])
 
 
-def _shifted(tokens: torch.Tensor, mask: torch.Tensor, offset: int):
-    """Labels ``tokens[:, t + offset]`` at positions t and where they count. Shape: [B, T] -> [B, T - offset]."""
-    return tokens[:, offset:], mask[:, offset:]
+@torch.no_grad()
+def _labels(scorer: Scorer, features: FeatureSet, rows, tokens: torch.Tensor, generated: torch.Tensor,
+            final: torch.Tensor, start: int = 0):
+    """Each token's label in the scorer's ids and whether it counts (module docstring): the
+    generated tokens where the target generated; on text it only read, the target's greedy choice of
+    every token but the first (among the scored rows, from its final state at the token before).
+    Shape: tokens / generated [B, T] (``features.batch``'s rows from ``start``), final [B, T, H]
+    -> labels [B, T] int64, counts [B, T] bool."""
+    if features.generated_tokens() > 0:
+        return scorer.labels(tokens), generated
+    choice = F.linear(final.float(), scorer.weight).argmax(-1)  # [B, T]: of token s + 1
+    labels = torch.cat([torch.full_like(choice[:, :1], -1), choice[:, :-1]], dim=1)
+    n = features.lengths[torch.as_tensor(rows, dtype=torch.int64).reshape(-1)] - start
+    return labels, torch.arange(tokens.shape[1])[None] < n[:, None]
+
+
+def _follows(scorer: Scorer, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Whether token s is the label there (``_labels``' on read text: the target's choice), both
+    compared in the scorer's ids. Shape: tokens / labels [B, T] -> [B, T] bool."""
+    return (scorer.labels(tokens) == labels) & (labels >= 0)
+
+
+def _greedy(head: TargetHead, tokens: torch.Tensor, final: torch.Tensor):
+    """The target's greedy choice of token t + 1 [T] (over its whole vocabulary) and whether token
+    t + 1 is it [T - 1]. Shape: tokens [T], final [T, H]."""
+    greedy = F.linear(final.float(), head.lm_head).argmax(-1)
+    return greedy, tokens[1:] == greedy[:-1]
+
+
+def _scored(follows: torch.Tensor, generated: torch.Tensor | None, offset: int, n: int) -> torch.Tensor:
+    """The report's positions t < n for a draft of token t + ``offset``: tokens t + 1 .. t + offset - 1
+    follow the target (greedy decoding's inputs), and token t + offset was generated (on generated
+    data, ``generated`` [T]; None on text). Shape: [n] bool."""
+    valid = torch.ones(n, dtype=torch.bool) if generated is None else generated[offset : offset + n].clone()
+    for j in range(offset - 1):
+        valid &= follows[j : j + n]
+    return valid
 
 
 # -- Medusa -------------------------------------------------------------------------------------------
 
 
 def medusa_loss(heads: MedusaHeads, scorer: Scorer, features: FeatureSet, rows: torch.Tensor) -> torch.Tensor:
-    """Mean over heads of each head's cross-entropy on ``rows``."""
-    start = max(0, int(features.prompt_lens[rows].min()) - 2)  # no label before the first prompt end - 2
+    """Mean over heads of each head's cross-entropy on ``rows``: head i at t learns token t + 2 + i."""
+    # Where the target generated, no label comes before the first prompt's end: cut there, less 2.
+    start = max(0, int(features.prompt_lens[rows].min()) - 2) if features.generated_tokens() > 0 else 0
     tokens, generated, hidden = features.batch(rows, (-1,), start=start)
+    labels, counts = _labels(scorer, features, rows, tokens, generated, hidden[-1], start)
+    # On read text a head learns only where the tokens between it and its label are the target's own
+    # choices: it does not see them, and greedy decoding feeds it no others (a greedy continuation
+    # is the target's choice throughout).
+    follows = _follows(scorer, tokens, labels) if features.generated_tokens() == 0 else None
     out = heads(hidden[-1])  # [B, T, K, H]
     loss = 0.0
     for i in range(heads.num_heads):
-        labels, mask = _shifted(tokens, generated, 2 + i)
-        n = labels.shape[1]
-        loss = loss + masked_ce(scorer.logits(out[:, :n, i]), scorer.labels(labels), mask)
+        n = max(0, tokens.shape[1] - 2 - i)
+        counted = counts[:, 2 + i :]
+        for j in range(i + 1 if follows is not None else 0):  # tokens t + 1 .. t + 1 + i
+            counted = counted & follows[:, 1 + j : 1 + j + n]
+        keep = counted & (labels[:, 2 + i :] >= 0)  # the LM head runs on these positions only
+        loss = loss + (F.cross_entropy(scorer.logits(out[:, :n, i][keep]).float(), labels[:, 2 + i :][keep])
+                       if keep.any() else out.sum() * 0.0)
     return loss / heads.num_heads
 
 
 @torch.no_grad()
 def medusa_report(heads: MedusaHeads, head: TargetHead, features: FeatureSet) -> dict:
-    """The held-out report (``metrics.position_report``): head i is draft position i."""
+    """The held-out report (``metrics.position_report``; what is scored where: module docstring):
+    head i is draft position i."""
+    only_generated = features.generated_tokens() > 0
     per = [[] for _ in range(heads.num_heads)]
     for i in range(len(features)):
         tokens, generated, hidden = features.batch([i], (-1,))
-        logits = head.logits(heads(hidden[-1]))[0]  # [T, K, V]
+        greedy, follows = _greedy(head, tokens[0], hidden[-1][0])
+        out = heads(hidden[-1])[0]  # [T, K, H]
         for k in range(heads.num_heads):
-            labels, mask = _shifted(tokens, generated, 2 + k)
-            n = labels.shape[1]
-            per[k].append((ranks_hit(logits[:n, k], labels[0]), mask[0]))
+            n = max(0, tokens.shape[1] - 2 - k)
+            valid = _scored(follows, generated[0] if only_generated else None, 2 + k, n)
+            # The whole-vocabulary head runs on the scored positions only (the others never count).
+            hits = torch.zeros(n, min(TOPK_RANKS, head.lm_head.shape[0]), dtype=torch.bool)
+            hits[valid] = ranks_hit(head.logits(out[:n, k][valid]), greedy[1 + k : 1 + k + n][valid])
+            per[k].append((hits, valid))
     return position_report(per)
 
 
-def train_medusa(target, features: FeatureSet, num_heads: int, loop, checkpoint, log, held_out: FeatureSet):
+def _float_head(target) -> TargetHead:
+    """The target's embedding, final norm and LM head as float32 tensors, frozen."""
     from ..models.heads import target_head
-    from .loop import optimise
 
     head = target_head(target)
-    head = TargetHead(head.embed.detach().float(), head.norm_weight.detach().float(), head.eps,
+    return TargetHead(head.embed.detach().float(), head.norm_weight.detach().float(), head.eps,
                       head.lm_head.detach().float(), head.config)
-    heads = MedusaHeads(head.norm_weight.shape[0], num_heads)
+
+
+def _scored_rows(scorer: Scorer) -> str:
+    return "" if scorer.ids is None else f", loss over the {scorer.ids.numel()} most frequent tokens"
+
+
+def train_medusa(target, features: FeatureSet, num_heads: int, loop, checkpoint, log, held_out: FeatureSet,
+                 start: MedusaHeads | None = None):
+    """``num_heads`` new heads, or ``start`` fine-tuned (its head count kept), for ``loop.steps`` steps."""
+    from .loop import optimise
+
+    head = _float_head(target)
+    heads = MedusaHeads(head.norm_weight.shape[0], num_heads) if start is None else start.float().requires_grad_(True)
     scorer = Scorer(head, loss_vocab(features, head.lm_head.shape[0]))
-    log(f"[train] medusa: {num_heads} heads, {sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M parameters, "
-        f"{loop.steps} steps of {loop.batch_size} sequences"
-        + ("" if scorer.ids is None else f", loss over the {scorer.ids.numel()} most generated tokens"))
+    log(f"[train] medusa: {'fine-tuning the given heads, ' if start is not None else ''}{heads.num_heads} heads, "
+        f"{sum(p.numel() for p in heads.parameters()) / 1e6:.2f}M parameters, "
+        f"{loop.steps} steps of {loop.batch_size} sequences" + _scored_rows(scorer))
     optimise(heads, lambda rows, step: medusa_loss(heads, scorer, features, rows), len(features), loop, checkpoint, log,
              "medusa")
     heads.requires_grad_(False)
@@ -152,49 +224,51 @@ def mtp_outputs(modules: MTPModules, head: TargetHead, hidden: torch.Tensor, tok
     return outs
 
 
-def _mtp_terms(modules, head, scorer, tokens, generated, hidden):
-    """(logits, labels, mask) per module: module d at t predicts t + d + 1."""
-    terms = []
-    for d, h in enumerate(mtp_outputs(modules, head, hidden, tokens), start=1):
-        labels, mask = _shifted(tokens, generated, d + 1)
-        n = labels.shape[1]
-        norm = modules.head_for(d - 1, head).norm_weight
-        terms.append((scorer.logits(h[:, :n], norm), scorer.labels(labels), mask))
-    return terms
+def _mtp_logits(modules, head, scorer, tokens, hidden) -> list[torch.Tensor]:
+    """Module d's logits at t = 0 .. T - d - 2 (it predicts token t + d + 1). Shape: [B, T - d - 1, V']."""
+    T = tokens.shape[1]
+    return [scorer.logits(h[:, : max(0, T - d - 1)], modules.head_for(d - 1, head).norm_weight)
+            for d, h in enumerate(mtp_outputs(modules, head, hidden, tokens), start=1)]
 
 
 def mtp_loss(modules: MTPModules, head: TargetHead, scorer: Scorer, features: FeatureSet, rows) -> torch.Tensor:
+    """Mean over modules of each one's cross-entropy: module d at t learns token t + d + 1."""
     tokens, generated, hidden = features.batch(rows, (-1,))
-    terms = _mtp_terms(modules, head, scorer, tokens, generated, hidden[-1])
-    return sum(masked_ce(lg, lb, m) for lg, lb, m in terms) / len(terms)
+    labels, counts = _labels(scorer, features, rows, tokens, generated, hidden[-1])
+    terms = _mtp_logits(modules, head, scorer, tokens, hidden[-1])
+    return sum(masked_ce(lg, labels[:, d + 1 :], counts[:, d + 1 :]) for d, lg in enumerate(terms, start=1)) / len(terms)
 
 
 @torch.no_grad()
 def mtp_report(modules: MTPModules, head: TargetHead, features: FeatureSet) -> dict:
-    """The held-out report (``metrics.position_report``): module d is draft position d - 1."""
+    """The held-out report (``metrics.position_report``; what is scored where: module docstring):
+    module d is draft position d - 1."""
     full = Scorer(head, None)
+    only_generated = features.generated_tokens() > 0
     per = [[] for _ in range(modules.num_modules)]
     for i in range(len(features)):
         tokens, generated, hidden = features.batch([i], (-1,))
-        for d, (lg, lb, m) in enumerate(_mtp_terms(modules, head, full, tokens, generated, hidden[-1])):
-            per[d].append((ranks_hit(lg[0], lb[0]), m[0]))
+        greedy, follows = _greedy(head, tokens[0], hidden[-1][0])
+        for d, lg in enumerate(_mtp_logits(modules, head, full, tokens, hidden[-1]), start=1):
+            n = lg.shape[1]
+            valid = _scored(follows, generated[0] if only_generated else None, d + 1, n)
+            per[d - 1].append((ranks_hit(lg[0], greedy[d : d + n]), valid))
     return position_report(per)
 
 
-def train_mtp(target, features: FeatureSet, num_modules: int, loop, checkpoint, log, held_out: FeatureSet):
-    from ..models.heads import target_head
+def train_mtp(target, features: FeatureSet, num_modules: int, loop, checkpoint, log, held_out: FeatureSet,
+              start: MTPModules | None = None):
+    """``num_modules`` new modules, or ``start`` fine-tuned (its module count kept), for ``loop.steps`` steps."""
     from .loop import optimise
 
-    head = target_head(target)
-    head = TargetHead(head.embed.detach().float(), head.norm_weight.detach().float(), head.eps,
-                      head.lm_head.detach().float(), head.config)
+    head = _float_head(target)
     torch.manual_seed(loop.seed + 1)
-    modules = MTPModules(mtp_block_config(head), num_modules)
+    modules = MTPModules(mtp_block_config(head), num_modules) if start is None else start.float()
     modules.requires_grad_(True)
     scorer = Scorer(head, loss_vocab(features, head.lm_head.shape[0]))
-    log(f"[train] mtp: {num_modules} modules, {sum(p.numel() for p in modules.parameters()) / 1e6:.2f}M parameters, "
-        f"{loop.steps} steps of {loop.batch_size} sequences"
-        + ("" if scorer.ids is None else f", loss over the {scorer.ids.numel()} most generated tokens"))
+    log(f"[train] mtp: {'fine-tuning the given modules, ' if start is not None else ''}{modules.num_modules} modules, "
+        f"{sum(p.numel() for p in modules.parameters()) / 1e6:.2f}M parameters, "
+        f"{loop.steps} steps of {loop.batch_size} sequences" + _scored_rows(scorer))
     optimise(modules, lambda rows, step: mtp_loss(modules, head, scorer, features, rows), len(features), loop, checkpoint,
              log, "mtp")
     modules.requires_grad_(False)

@@ -1,11 +1,12 @@
 """The held-out report of a trained drafter: per draft position, how often it agrees with the target.
 
-Draft position k (0-based) of a drafter is scored at every position t of the held-out sequences
-whose label (the token the target generated there) exists. Two figures per position:
+Draft position k (0-based) of a drafter is scored at the positions t of the held-out sequences
+that its trainer marks valid (its label, the target's token there, exists, and the tokens the draft
+builds on are what greedy decoding would have fed it). Two figures per position:
 
 * ``top1`` / ``top5`` / ``rank_accuracy``: the label is the drafter's best guess (among its best
-  5; is its rank-r guess, r < ``TOPK_RANKS``), at every t where position k has a label;
-* ``chain_acceptance``: at the t where every position has a label, the share where positions
+  5; is its rank-r guess, r < ``TOPK_RANKS``), at every t where position k is valid;
+* ``chain_acceptance``: at the t where the deepest position is valid, the share where positions
   0 .. k all hold the label as their best guess. Greedy chain decoding accepts, per step, the
   sum of these on average (``mean_accepted``): the figure the speedup follows.
 """
