@@ -236,7 +236,8 @@ def mtp_loss(modules: MTPModules, head: TargetHead, scorer: Scorer, features: Fe
     tokens, generated, hidden = features.batch(rows, (-1,))
     labels, counts = _labels(scorer, features, rows, tokens, generated, hidden[-1])
     terms = _mtp_logits(modules, head, scorer, tokens, hidden[-1])
-    return sum(masked_ce(lg, labels[:, d + 1 :], counts[:, d + 1 :]) for d, lg in enumerate(terms, start=1)) / len(terms)
+    return sum(masked_ce(lg, labels[:, d + 1 :], counts[:, d + 1 :])
+               for d, lg in enumerate(terms, start=1)) / len(terms)
 
 
 @torch.no_grad()
