@@ -197,8 +197,14 @@ def load_features(folder: str | Path, layers: tuple[int, ...] | None = None) -> 
                       {l: torch.cat([p[f"layer.{l}"] for p in parts]) for l in layers})
 
 
-def _finished(folder: Path, prompts: list[list[int]]) -> bool:
-    return all((folder / f"shard-{s // SHARD:05d}.safetensors").is_file() for s in range(0, len(prompts), SHARD))
+def _shard_path(folder: Path, start: int) -> Path:
+    """The shard of the prompts from index ``start`` on (a multiple of ``SHARD``)."""
+    return folder / f"shard-{start // SHARD:05d}.safetensors"
+
+
+def _missing_shards(folder: Path, prompts: list[list[int]]) -> list[int]:
+    """The first prompt index of each shard of ``prompts`` not yet written under ``folder``."""
+    return [s for s in range(0, len(prompts), SHARD) if not _shard_path(folder, s).is_file()]
 
 
 def find_features(root: str | Path, prompts: list[list[int]], layers: tuple[int, ...], spec: DistillSpec,
@@ -214,7 +220,7 @@ def find_features(root: str | Path, prompts: list[list[int]], layers: tuple[int,
             continue
         folder = meta_path.parent
         if (held != tuple(layers) and wanted <= set(held) and folder.name == cache_key(prompts, held, spec, eos)
-                and _finished(folder, prompts)):
+                and not _missing_shards(folder, prompts)):
             return folder
     return root / cache_key(prompts, layers, spec, eos)
 
@@ -245,7 +251,7 @@ def build_features(target, prompts: list[list[int]], folder: str | Path, spec: D
         raise ValueError(f"{folder}: its features.json describes other data; remove the folder to rebuild it")
     meta_path.write_text(json.dumps(meta, indent=1))
     shards = range(0, len(prompts), SHARD)
-    todo = [s for s in shards if not (folder / f"shard-{s // SHARD:05d}.safetensors").is_file()]
+    todo = _missing_shards(folder, prompts)
     if todo:
         reads = f"continues {len(prompts)} prompts by {spec.gen_tokens} tokens" if spec.gen_tokens else \
             f"reads {len(prompts)} prompts"
@@ -261,7 +267,7 @@ def build_features(target, prompts: list[list[int]], folder: str | Path, spec: D
         for b in range(0, len(sequences), spec.batch_size):
             for l, parts in hidden_states(target, sequences[b : b + spec.batch_size], layers).items():
                 hidden[l] += parts
-        _write_shard(folder / f"shard-{s // SHARD:05d}.safetensors", sequences, [len(p) for p in chunk], hidden)
+        _write_shard(_shard_path(folder, s), sequences, [len(p) for p in chunk], hidden)
         done += 1
         elapsed = time.perf_counter() - started
         log(f"[train] {what} data: shard {len(shards) - len(todo) + done}/{len(shards)}  "
