@@ -79,7 +79,9 @@ def load_real_pair(args) -> Pair:
     def load(folder, kind):  # the files' own GGUF blocks (int8 activations), or the folder in --dtype
         if folder is None:
             return None
-        return models.load(folder, weights="gguf") if kind == "gguf" else models.load(folder, dtype=getattr(torch, args.dtype))
+        if kind == "gguf":
+            return models.load(folder, weights="gguf")
+        return models.load(folder, dtype=getattr(torch, args.dtype), activations=getattr(args, "activations", "float32"))
 
     target = load(target_dir, weights)
     draft = load(draft_dir, draft_weights)
@@ -177,7 +179,7 @@ def bench(args) -> dict:
     if draft_weights_of(args) != getattr(args, "weights", "safetensors"):
         dtype += ", drafts: " + ("gguf (int8 activations)" if draft_weights_of(args) == "gguf" else args.dtype)
     return dict(target=str(pair.target_dir), draft=str(pair.draft_dir), cross_draft=str(pair.cross_draft_dir),
-                dtype=dtype, kind=args.kind,
+                dtype=dtype, activations=getattr(args, "activations", "float32"), kind=args.kind,
                 prompts_per_workload=args.prompts, max_new_tokens=args.max_new_tokens, batches=batches,
                 temperatures=list(temperatures), threads=torch.get_num_threads(), seed=args.seed,
                 rows=rows, not_benched=not_benched,
@@ -323,6 +325,9 @@ def main(argv=None) -> int:
                    help="also bench method cross_tokenizer with this draft of another tokenizer (a checkpoint "
                         "folder with its tokenizer.json, e.g. the smollm2-135m folder of the model cache)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--activations", choices=("float32", "bfloat16"), default="float32",
+                   help="a folder's products: exact float32 activations (default) or rounded to bfloat16, as "
+                        "transformers' bf16 models multiply (AMX CPUs; LlamaModel.set_activations)")
     p.add_argument("--weights", choices=("safetensors", "gguf"), default="safetensors",
                    help="the folders' converted bf16 weights (in --dtype), or their GGUF files' quantised blocks "
                         "as stored (int8 activations as llama.cpp; --dtype is then ignored)")
@@ -351,7 +356,8 @@ def main(argv=None) -> int:
     if args.draft and not args.target:
         p.error("--draft needs --target")
     result = bench(args)
-    print(f"\ntarget {result['target']}\ndraft  {result['draft']}\n{result['dtype']}, {result['threads']} threads, "
+    print(f"\ntarget {result['target']}\ndraft  {result['draft']}\n{result['dtype']} "
+          f"({result.get('activations', 'float32')} activations), {result['threads']} threads, "
           f"{result['prompts_per_workload']} HumanEval {result['kind']} prompts per half, "
           f"{result['max_new_tokens']} new tokens")
     print_bench_table(result["rows"])

@@ -32,3 +32,22 @@ def test_real_bench_runs_every_method_and_checks_identity(tmp_path):
     assert all(len(r["identical_rows"]) == 2 for r in greedy)
     assert result["not_identical"] == [], result["not_identical"]
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_real_bench_with_bfloat16_activations_keeps_greedy_identity(tmp_path):
+    from specdec_cuda.ops.skinny_linear import packed_bf16_tier
+
+    if packed_bf16_tier() != "amx":
+        pytest.skip("no AMX: activations='bfloat16' needs bfloat16 tiles")
+    pair = save_random_pair(tmp_path / "pair")
+    out = tmp_path / "real.json"
+    rc = bench_real.main(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--kind", "completion",
+                          "--dtype", "bfloat16", "--activations", "bfloat16", "--methods", "prompt_lookup",
+                          "--prompts", "2", "--batch", "1", "--temperatures", "0", "--max-new-tokens", "6",
+                          "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["activations"] == "bfloat16"
+    assert {r["method"] for r in result["rows"]} >= {"autoregressive", "prompt_lookup (chain k=31)"}
+    assert result["not_identical"] == [] and all(r["identical"] for r in result["rows"] if r["lossless"])

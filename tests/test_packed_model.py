@@ -2,7 +2,8 @@
 forward one decoder_layer op per layer): each row of a forward gets the bits of a one-row
 forward, in float32 and bfloat16 models, whatever the width, the tree, the chunking of a prefill or
 the number of threads; a bf16 model gives the float32 model's bits over the same bf16 weights; a
-prompt's prefill (``prefill=True``) of bfloat16 panels on AMX rounds activations to bfloat16."""
+prompt's prefill (``prefill=True``) of bfloat16 panels on AMX rounds activations to bfloat16, and so
+does every forward of a model set to ``activations="bfloat16"``."""
 
 from __future__ import annotations
 
@@ -38,9 +39,15 @@ def prefill(model, prompt: torch.Tensor):
     return cache
 
 
+# set_activations("bfloat16") rounds every row's x for the tiles: AMX only.
+ACTIVATIONS = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    packed_bf16_tier() != "amx", reason="no AMX: activations='bfloat16' needs bfloat16 tiles"))]
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_each_row_of_a_chain_gets_the_bits_of_decoding_it_alone(bf16_folder, dtype):
-    model = models.load(bf16_folder, dtype=dtype)
+def test_each_row_of_a_chain_gets_the_bits_of_decoding_it_alone(bf16_folder, dtype, activations):
+    model = models.load(bf16_folder, dtype=dtype, activations=activations)
     assert model.packed
     g = torch.Generator().manual_seed(1)
     prompt, chain = torch.randint(0, VOCAB, (1, 11), generator=g), torch.randint(0, VOCAB, (1, 9), generator=g)
@@ -173,6 +180,35 @@ def test_a_prefill_rounds_activations_to_bf16_on_amx_and_stays_batch_invariant(b
     assert torch.equal(logits(bf16, short, True), logits(bf16, short, False))
     bf16.fast_prefill = False
     assert torch.equal(logits(bf16, tokens, True), exact)
+
+
+@pytest.mark.skipif(packed_bf16_tier() != "amx", reason="no AMX: activations='bfloat16' needs bfloat16 tiles")
+def test_bfloat16_activations_round_every_row_and_speculation_stays_lossless(bf16_folder):
+    # set_activations("bfloat16"): a one-row step takes x rounded to bfloat16 as a prompt's prefill
+    # does (not the exact split's bits), and speculation under it emits its own autoregressive tokens.
+    import specdec_cuda
+
+    exact, rounded = (models.load(bf16_folder, dtype=torch.bfloat16, activations=a) for a in ("float32", "bfloat16"))
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(8))
+    steps = [model.forward(tokens[:, :1], torch.zeros(1, 1, dtype=torch.long), model.new_cache(1, 16)).logits
+             for model in (exact, rounded)]
+    assert not torch.equal(*steps)
+    assert ((steps[1] - steps[0]).abs().max() / steps[0].abs().max()).item() < 2e-2
+    prompts = [torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(9)).tolist() * 5]
+    expected = specdec_cuda.generate(rounded, prompts, method="autoregressive", max_new_tokens=16).tokens
+    assert specdec_cuda.generate(rounded, prompts, method="prompt_lookup", max_new_tokens=16).tokens == expected
+
+
+def test_bfloat16_activations_are_refused_where_no_tiles_take_them(bf16_folder):
+    model = models.load(bf16_folder, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="'float32' or 'bfloat16'"):
+        model.set_activations("fp8")
+    model.packed_linear = False  # the torch path: no panels
+    with pytest.raises(ValueError, match="AMX tiles"):
+        model.set_activations("bfloat16")
+    assert model.activations == "float32"
+    with pytest.raises(ValueError, match="gguf_activations"):
+        models.load(bf16_folder, weights="gguf", activations="bfloat16")
 
 
 def test_greedy_speculation_with_a_long_prompt_equals_autoregressive_decoding(bf16_folder):

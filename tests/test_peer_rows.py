@@ -24,12 +24,12 @@ def _result(mode, outputs, seconds=1.0, **extra):
 
 def test_vllm_jobs_and_row_names():
     jobs = vllm_rows.jobs(Path("/t"), None, [[1, 2]], 8, [0], 2)
-    assert [j["mode"] for j in jobs] == ["plain", "ngram:4"]  # no draft folder: no draft mode
+    assert [j["mode"] for j in jobs] == ["plain", "ngram:4", "ngram:32"]  # no draft folder: no draft mode
     jobs = vllm_rows.jobs(Path("/t"), Path("/d"), [[1, 2]], 8, [0], 2)
     assert [j["mode"] for j in jobs] == list(vllm_rows.MODES)
     assert all(j["draft_model"] == "/d" and j["threads"] == 2 and j["prompts"] == [[1, 2]] for j in jobs)
     assert [vllm_rows.row_name(m, "0.5B") for m in vllm_rows.MODES] == ["vLLM plain", "vLLM ngram k=4",
-                                                                        "vLLM draft 0.5B k=4"]
+                                                                        "vLLM ngram k=32", "vLLM draft 0.5B k=4"]
 
 
 def test_vllm_parse_result_checks_its_shape():

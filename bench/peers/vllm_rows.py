@@ -29,8 +29,9 @@ from bench.peers.llama_cpp_rows import agreement, size_label, standalone_parser,
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
 RUNNER = Path(__file__).resolve().parent / "vllm_peer.py"
-# The runner's modes the bench asks for (see vllm_peer.py); draft:K only with a draft folder.
-MODES = ("plain", "ngram:4", "draft:4")
+# The runner's modes the bench asks for (see vllm_peer.py); draft:K only with a draft folder. ngram
+# with chains of 4 (vLLM's documented setting) and of 32, as the other engines' prompt lookup is run.
+MODES = ("plain", "ngram:4", "ngram:32", "draft:4")
 BASELINE = "vLLM plain"
 
 

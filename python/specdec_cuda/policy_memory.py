@@ -51,8 +51,9 @@ def _cpu_model() -> str:
 
 
 def describe(value: Any) -> Any:
-    """A JSON-able description of an option value: models by class, config, dtype and device;
-    tensors by shape and dtype; plain values as they are."""
+    """A JSON-able description of an option value: models by class, config, dtype, device and
+    activations (a step's cost depends on them); tensors by shape and dtype; plain values as they
+    are."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
@@ -65,7 +66,7 @@ def describe(value: Any) -> Any:
     out = {"class": type(value).__name__}
     if config is not None:
         out["config"] = repr(config.to_dict() if hasattr(config, "to_dict") else config)
-    for attr in ("dtype", "device", "shape"):
+    for attr in ("dtype", "device", "shape", "activations"):  # activations: LlamaModel.set_activations
         if hasattr(value, attr):
             out[attr] = str(getattr(value, attr))
     return out

@@ -356,7 +356,8 @@ class DecoderLayer(nn.Module):
         k_cache / v_cache [B, H_kv, T_max, D] float32; lengths [B] int64; tree_mask [B, n, n] bool
         or None (causal). The new tokens' K/V go to slots ``lengths[b] + i``. One eps serves every
         norm (the config's). A GGUF layer runs ``decoder_layer_gguf`` over its blocks instead. A
-        ``prefill`` (a prompt's) runs the prefill kernels where ``prefill_on_tiles()``."""
+        ``prefill`` (a prompt's, or any forward of a model set to bfloat16 activations:
+        ``LlamaModel.set_activations``) runs the prefill kernels where ``prefill_on_tiles()``."""
         if self._packed_args is None and self._gguf_args is None:
             self.bind(pack=True)
         attn = self.self_attn

@@ -94,8 +94,9 @@ class LlamaModel(nn.Module):
     head through ``skinny_linear_packed`` (a long causal forward in chunks of
     ``layers.PACKED_MAX_ROWS`` rows). Inside, activations, the residual stream and the KV cache are
     float32 whatever the model's dtype: a bf16 model computes exactly as the float32 model of the
-    same bf16 weights, and every row gets the bits it would get in a one-row forward (verification
-    == autoregressive decoding, bit for bit). Logits come back in float32; hidden states in the
+    same bf16 weights (unless ``set_activations("bfloat16")`` rounds each projection's input), and
+    every row gets the bits it would get in a one-row forward (verification == autoregressive
+    decoding, bit for bit). Logits come back in float32; hidden states in the
     model's dtype (drafters built in it read them); ``new_cache`` gives float32 caches. A tied
     embedding is read from the LM head's panels (no second copy).
 
@@ -133,6 +134,9 @@ class LlamaModel(nn.Module):
         # tiles, bf16-rounded activations); False: the decoding kernels for prompts too (a prompt's
         # K/V then have a one-row forward's bits).
         self.fast_prefill = True
+        # The products' activations on every row (set_activations): "float32" (exact: the three-part
+        # split on AMX tiles) or "bfloat16" (rounded, one tile product, as transformers' bf16 GEMMs).
+        self.activations = "float32"
         # Packed storage (pack()): the LM head's panels (also the embedding of a tied model), the
         # dropped weights' stand-ins (an in-place write to one moves its version: an error), and
         # float32 copies of the final norm (bf16 models; norms and biases of the layers likewise).
@@ -282,6 +286,30 @@ class LlamaModel(nn.Module):
         if self.vocab_size % PACKED_PANEL and tokens.numel() and int(tokens.max()) >= self.vocab_size:
             raise IndexError(f"token id {int(tokens.max())} is out of the vocabulary ({self.vocab_size})")
         return panels[tokens // PACKED_PANEL, :, tokens % PACKED_PANEL].to(self.dtype)
+
+    def set_activations(self, activations: str) -> None:
+        """Which activations every forward of this model multiplies its bfloat16 panels with:
+        ``"float32"`` (default: x split exactly into three bfloat16 parts on AMX tiles, so a bf16
+        model computes as the float32 model of its weights) or ``"bfloat16"`` (x rounded to
+        bfloat16 before each projection, as a bf16 model in ``transformers`` or vLLM multiplies: one
+        tile product per weight instead of three, so verification rows past the first cost less;
+        a one-row step streams the same bytes). Rows stay independent of each other either way, so
+        verification keeps autoregressive decoding's bits: lossless under either setting, each
+        against its own decoding. The LM head keeps the exact split (its logits are what sampling
+        reads). ``"bfloat16"`` needs packed bfloat16 panels on the AMX tier (``packed_bf16_tier()
+        == "amx"``): ValueError elsewhere, and for GGUF models (``gguf_activations`` picks theirs).
+        """
+        if activations not in ("float32", "bfloat16"):
+            raise ValueError(f"activations must be 'float32' or 'bfloat16', got {activations!r}")
+        if activations == "bfloat16":
+            self._bind()
+            if not self._packed or any(layer.gguf or not layer.prefill_on_tiles() for layer in self.layers):
+                from ..ops.skinny_linear import packed_bf16_tier
+
+                raise ValueError(f"activations='bfloat16' rounds x for bfloat16 panels on AMX tiles; this model "
+                                 f"({self.dtype}, packed={self._packed}, bfloat16 tier {packed_bf16_tier()!r}) has "
+                                 f"none (a GGUF model picks its products with gguf_activations)")
+        self.activations = activations
 
     def _bind(self) -> None:
         """Pack (or unpack) as ``packed_linear`` and the device / dtype say, and bind the layers'
@@ -508,6 +536,7 @@ class LlamaModel(nn.Module):
         B, n = tokens.shape
         mask = None if tree_mask is None else tree_mask.to(torch.bool).contiguous()
         tiles = prefill and B * n >= TILE_PREFILL_MIN_ROWS and all(layer.prefill_on_tiles() for _, layer in plan)
+        rounded = tiles or self.activations == "bfloat16"  # x rounded to bfloat16 (set_activations)
         step = n if mask is not None else max(1, (TILE_PREFILL_ROWS if tiles else PACKED_MAX_ROWS) // B)
         wanted = set(hidden_layers)
         chunks: dict[int, list[torch.Tensor]] = {i: [] for i in wanted if i != -1}
@@ -519,7 +548,7 @@ class LlamaModel(nn.Module):
             x = self.embed(tokens[:, start:end]).float()
             lengths = cache.lengths if start == 0 else cache.lengths + start
             for i, layer in plan:
-                x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask, tiles)
+                x = layer.forward_packed(x, cos, sin, cache.keys[i], cache.values[i], lengths, mask, rounded)
                 if i in chunks:
                     chunks[i].append(x)
             outputs.append(x)

@@ -44,7 +44,7 @@ def read_checkpoint_config(path, expected: str) -> tuple[Path, Path, dict]:
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-         weights: str = "safetensors", gguf_activations: str = "q8") -> LlamaModel:
+         weights: str = "safetensors", gguf_activations: str = "q8", activations: str = "float32") -> LlamaModel:
     """Load a Llama / Qwen2 / Qwen3 checkpoint folder, or a ``.gguf`` file, into the built-in model.
 
     Parameters
@@ -61,6 +61,9 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     gguf_activations : a GGUF model's products: "q8" (default: int8 activations, integer dot
         products, llama.cpp's numerics and speed), "q8_32" (int8 per 32 values for every format) or
         "float32" (``LlamaModel.load_gguf``).
+    activations : a folder's model: "float32" (default, exact) or "bfloat16" (each projection's
+        input rounded to bfloat16, as a bf16 model in ``transformers`` multiplies; bfloat16 panels
+        on a CPU with AMX only: ``LlamaModel.set_activations``).
 
     Raises
     ------
@@ -75,6 +78,9 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     """
     if weights not in ("safetensors", "gguf"):
         raise ValueError(f"weights must be 'safetensors' or 'gguf', got {weights!r}")
+    if activations != "float32" and (weights == "gguf" or Path(path).suffix == ".gguf"):
+        raise ValueError(f"activations={activations!r} is for a folder's bfloat16 panels; a GGUF model picks its "
+                         f"products with gguf_activations")
     if Path(path).suffix == ".gguf" or (weights == "gguf" and Path(path).is_file()):
         return load_gguf(path, dtype=dtype, device=device, activations=gguf_activations)
     folder, config_path, raw = read_checkpoint_config(path, "a Hugging Face checkpoint folder")
@@ -94,6 +100,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.dev
     model.to_empty(device=device)
     model.load_hf_state_dict(tensors, source=str(folder))
     model.checkpoint_dir = folder  # where method="mtp" finds MTP layers the checkpoint carries (native_mtp.py)
+    model.set_activations(activations)
     return model.eval()
 
 
