@@ -2,7 +2,8 @@
 
 Usage: python bench/bench_real_step.py [--model DIR|NAME] [--dtype bfloat16|float32|gguf]
                                        [--rows 1,5,16,64] [--threads 1,2] [--context 64]
-                                       [--repeats 7] [--torch-path] [--q8-32] [--draft-vocab 32768,...]
+                                       [--repeats 7] [--torch-path] [--rounded] [--q8-32]
+                                       [--draft-vocab 32768,...]
                                        [--out PATH]
 
 A decoding step is bound by streaming the weights: a one-token forward of a packed model reads
@@ -19,6 +20,10 @@ rounds. ``--draft-vocab N,...`` also
 times one-token steps whose LM head runs over ids 0 .. N - 1 only (``forward(vocab=...)``: a
 drafter's ``draft_vocab``), as paths ``vocab N``, so a drafter's cost per drafted token can be read
 against its whole-vocabulary step.
+
+``--rounded`` (bf16 or fp32 folders, a CPU with AMX) also times the model set to bfloat16
+activations (``activations="bfloat16"``: each projection's input rounded, one tile product per
+weight), as path ``rounded``.
 
 ``--q8-32`` (with ``--dtype gguf``) also times the file with int8 activations per 32 values for
 every format (``gguf_activations="q8_32"``: the Q8 kernel, no panels), the form a VNNI CPU ran
@@ -110,6 +115,9 @@ def main(argv=None) -> int:
     p.add_argument("--q8-32", action="store_true",
                    help="with --dtype gguf: also time the file loaded with gguf_activations='q8_32' (int8 per 32 "
                         "values for every format, no panels), in the same rounds")
+    p.add_argument("--rounded", action="store_true",
+                   help="also time the model set to bfloat16 activations (each projection's input rounded; AMX "
+                        "CPUs), as path 'rounded', in the same rounds")
     p.add_argument("--draft-vocab", type=lambda v: [int(x) for x in v.split(",")], default=[],
                    help="also time one-token steps with the LM head over ids 0 .. N - 1 (comma-separated N)")
     p.add_argument("--out", default=None)
@@ -136,6 +144,14 @@ def main(argv=None) -> int:
         plain = load()
         plain.packed_linear = False
         paths["torch"] = plain
+    if args.rounded and not gguf and model.packed:
+        from specdec_cuda.ops.skinny_linear import packed_bf16_tier
+
+        if packed_bf16_tier() == "amx":
+            paths["rounded"] = models.load(folder, dtype=getattr(torch, args.dtype), activations="bfloat16")
+        else:  # LlamaModel.set_activations raises there
+            print(f"note: --rounded needs bfloat16 panels on AMX tiles (this CPU's tier: {packed_bf16_tier()}); "
+                  f"not timed")
     if gguf and args.q8_32:
         paths["gguf q8_32"] = models.load(folder, weights="gguf", gguf_activations="q8_32")
     steps = {name: Step(m, args.context, args.rows) for name, m in paths.items()}

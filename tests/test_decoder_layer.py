@@ -42,17 +42,18 @@ def rope(B, n, D, lengths, seed=1):
     return angles.cos().contiguous(), sin.contiguous()
 
 
-def run_op(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask=None, pack=pack_weight):
+def run_op(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask=None, pack=pack_weight, activations="float32"):
     return decoder_layer(x, w["norm1"], w["norm2"], 1e-5, pack(w["qkv_w"]), pack(w["o_w"]), pack(w["gate_up_w"]),
                          pack(w["down_w"]), cos, sin, kc, vc, lengths, Hq,
                          biases=(w["qkv_b"], w["o_b"], w["gate_up_b"], w["down_b"]),
-                         qk_norm=None if w["q_norm"] is None else (w["q_norm"], w["k_norm"]), tree_mask=tree_mask)
+                         qk_norm=None if w["q_norm"] is None else (w["q_norm"], w["k_norm"]), tree_mask=tree_mask,
+                         activations=activations)
 
 
-def run_ref(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask=None):
+def run_ref(w, x, cos, sin, kc, vc, lengths, Hq, tree_mask=None, activations="float32"):
     return ref.decoder_layer(x, w["norm1"], w["norm2"], 1e-5, w["qkv_w"], w["qkv_b"], w["o_w"], w["o_b"],
                              w["gate_up_w"], w["gate_up_b"], w["down_w"], w["down_b"], w["q_norm"], w["k_norm"],
-                             cos, sin, kc, vc, lengths, tree_mask, Hq)
+                             cos, sin, kc, vc, lengths, tree_mask, Hq, activations=activations)
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,bias,qk_norm", [(4, 2, 16, False, False), (4, 4, 8, True, False),
@@ -161,6 +162,45 @@ def test_bf16_packed_weights_give_the_float32_bits():
         torch.testing.assert_close(as_bf16, as_f32, rtol=1e-5, atol=1e-5)
     else:
         assert torch.equal(as_bf16, as_f32)
+
+
+rounded_tier = pytest.mark.skipif(packed_bf16_tier() != "amx",
+                                  reason="bfloat16-rounded activations run on the AMX tier only")
+
+
+@rounded_tier
+@pytest.mark.parametrize("inter", [40, 41])  # 41: down's K odd (a zero-padded last 32-k chunk)
+def test_rounded_activations_match_the_reference_with_rounded_inputs(inter):
+    # activations="bfloat16" on bfloat16 panels on AMX tiles: each projection multiplies x rounded
+    # to bfloat16 (the products themselves: test_skinny_linear.py).
+    # Against the reference only to bf16 rounding: an input the op's own SiLU or norm puts on the
+    # other side of a bfloat16 rounding boundary moves its products by one bf16 ulp.
+    Hq, Hkv, D = 4, 2, 16
+    w = make_layer(Hq, Hkv, D, True, False, seed=11, bf16=True, inter=inter)
+    g = torch.Generator().manual_seed(12)
+    lengths, n = torch.tensor([5, 9]), 13
+    x = torch.randn(2, n, HIDDEN, generator=g)
+    kc, vc = torch.randn(2, Hkv, T, D, generator=g), torch.randn(2, Hkv, T, D, generator=g)
+    cos, sin = rope(2, n, D, lengths)
+    bf16 = lambda t: pack_weight(t, torch.bfloat16)  # noqa: E731
+    got = run_op(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq, pack=bf16, activations="bfloat16")
+    want = run_ref(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq, activations="bfloat16")
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-2
+    rows_close = ((got - want).abs().amax(-1) < 1e-4).float().mean().item()
+    assert rows_close > 0.75  # most rows: float32 rounding only (no input crossed a boundary)
+    exact = run_op(w, x, cos, sin, kc.clone(), vc.clone(), lengths, Hq, pack=bf16)
+    assert not torch.equal(got, exact)  # the rounding is real
+    # Each row alone gets its bits from the whole batch (the property greedy exactness needs).
+    for b, i in ((0, 0), (1, 7), (1, 12)):
+        L = lengths[b:b + 1] + i
+        kc1, vc1 = kc[b:b + 1].clone(), vc[b:b + 1].clone()
+        kc1[:, :, L[0]:], vc1[:, :, L[0]:] = 0, 0
+        if i:  # the rows before it, which write their K/V as in the batch
+            run_op(w, x[b:b + 1, :i], cos[b:b + 1, :i].contiguous(), sin[b:b + 1, :i].contiguous(), kc1, vc1,
+                   lengths[b:b + 1], Hq, pack=bf16, activations="bfloat16")
+        alone = run_op(w, x[b:b + 1, i:i + 1], cos[b:b + 1, i:i + 1].contiguous(), sin[b:b + 1, i:i + 1].contiguous(),
+                       kc1, vc1, L, Hq, pack=bf16, activations="bfloat16")
+        assert torch.equal(alone[0, 0], got[b, i])
 
 
 def test_bad_inputs_raise_naming_the_input():

@@ -159,28 +159,40 @@ amx_only = pytest.mark.skipif(packed_bf16_tier() != "amx", reason="bfloat16 pane
 
 
 @amx_only
+@pytest.mark.parametrize("activations", ["float32", "bfloat16"])
 @pytest.mark.parametrize("M,K,N", [(1, 64, 7), (5, 33, 130), (16, 96, 64), (17, 1536, 200), (40, 100, 129)])
-def test_amx_tier_matches_float64_to_float32_rounding(M, K, N):
-    # Exact products of the three-way split; float32 sums. Odd K (a zero-padded last 32-k chunk),
-    # partial panels, more than 16 rows (several row blocks), bias.
+def test_amx_tier_matches_float64_to_float32_rounding(M, K, N, activations):
+    # Exact products of the three-way split, or of x rounded to nearest bfloat16 ("bfloat16": one
+    # tile product per weight, as a model set to bfloat16 activations and a prompt's prefill
+    # multiply); float32 sums. Odd K (a zero-padded last 32-k chunk), partial panels, more than 16
+    # rows (several row blocks), bias.
     g = torch.Generator().manual_seed(M * 7 + K + N)
     x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g).bfloat16(), torch.randn(N, generator=g)
-    out = skinny_linear_packed(x, pack_weight(w), b)
-    exact = x.double() @ w.double().T + b.double()
-    scale = x.double().abs() @ w.double().abs().T + b.double().abs()
-    assert ((out.double() - exact).abs() <= 4 * K ** 0.5 * 2.0 ** -24 * scale + 1e-30).all()
+    out = skinny_linear_packed(x, pack_weight(w), b, activations=activations)
+    xd = (x.bfloat16() if activations == "bfloat16" else x).double()
+    exact = xd @ w.double().T + b.double()
+    scale = xd.abs() @ w.double().abs().T + b.double().abs()
+    bound = 4 * K ** 0.5 * 2.0 ** -24 * scale
+    assert ((out.double() - exact).abs() <= bound + 1e-30).all()
+    if activations == "bfloat16":  # the rounding is real
+        assert ((out.double() - (x.double() @ w.double().T + b.double())).abs() > bound).any()
 
 
 @amx_only
-def test_amx_tier_gives_a_row_its_bits_alone_or_with_up_to_40_others():
+@pytest.mark.parametrize("activations", ["float32", "bfloat16"])
+def test_amx_tier_gives_a_row_its_bits_alone_or_with_up_to_40_others(activations):
     g = torch.Generator().manual_seed(21)
     x, w, b = torch.randn(40, 160, generator=g), torch.randn(150, 160, generator=g).bfloat16(), torch.randn(150, generator=g)
     packed = pack_weight(w)
-    together = skinny_linear_packed(x, packed, b)
+
+    def run(rows):
+        return skinny_linear_packed(rows, packed, b, activations=activations)
+
+    together = run(x)
     for m in range(40):
-        assert torch.equal(skinny_linear_packed(x[m : m + 1], packed, b)[0], together[m]), m
-        assert torch.equal(skinny_linear_packed(x[: m + 1], packed, b)[m], together[m]), m
-        assert torch.equal(skinny_linear_packed(x[m:].flip(0), packed, b)[-1], together[m]), m
+        assert torch.equal(run(x[m : m + 1])[0], together[m]), m
+        assert torch.equal(run(x[: m + 1])[m], together[m]), m
+        assert torch.equal(run(x[m:].flip(0))[-1], together[m]), m
 
 
 @amx_only
@@ -199,6 +211,22 @@ def test_amx_tier_keeps_tiny_and_huge_activations_and_propagates_non_finite():
 def test_fma_caps_turn_the_amx_tier_off():
     run_capped("avx512-novnni", "from specdec_cuda.ops.skinny_linear import packed_bf16_tier; "
                                 "t = packed_bf16_tier(); assert t != 'amx', t")
+
+
+def test_rounded_activations_are_ignored_by_float32_panels_and_the_fma_tiers_and_checked():
+    g = torch.Generator().manual_seed(24)
+    x, w = torch.randn(3, 64, generator=g), torch.randn(70, 64, generator=g).bfloat16()
+    with pytest.raises(ValueError, match="activations"):
+        skinny_linear_packed(x, pack_weight(w), activations="fp8")
+    w32 = pack_weight(torch.randn(70, 64, generator=g))  # float32 panels: x as it is on every tier
+    assert torch.equal(skinny_linear_packed(x, w32, activations="bfloat16"), skinny_linear_packed(x, w32))
+    run_capped("avx512-novnni", "import torch; from specdec_cuda.ops.skinny_linear import pack_weight, "
+                                "packed_bf16_tier, skinny_linear_packed; "
+                                "assert packed_bf16_tier() != 'amx', packed_bf16_tier(); "
+                                "x, w = torch.randn(3, 64), torch.randn(70, 64).bfloat16(); p = pack_weight(w); "
+                                "assert torch.equal(skinny_linear_packed(x, p, activations='bfloat16'), "
+                                "skinny_linear_packed(x, p))")
+
 
 def test_pack_weight_takes_bf16_weights_and_unpacks_exactly():
     from specdec_cuda.ops.skinny_linear import unpack_weight

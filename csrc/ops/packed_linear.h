@@ -14,7 +14,8 @@
 
 namespace specdec::ops {
 
-// `rounded`: a prompt's prefill on the AMX tier (packed_cpu.h's prepare_rows_bf16).
+// `rounded`: x rounded to bfloat16 for bfloat16 panels on the AMX tier (a prompt's prefill, or every
+// row of a model set to bfloat16 activations; packed_cpu.h's prepare_rows_bf16).
 inline void packed_linear(const float* x, int64_t M, int64_t K, const at::Tensor& packed, const float* bias,
                           float* y, int64_t N, bool rounded = false) {
   // Panels are claimed in chunks of 256 KiB .. 2 MiB of weights (streaming_grain; Qwen2.5-1.5B:

@@ -102,7 +102,9 @@ TORCH_LIBRARY(specdec, m) {
   m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()");
   // skinny_linear_packed: the same product from a weight packed once into column panels
   // [ceil(N / 64), K, 64] (float32, or bfloat16 widened exactly); x [..., K], out [..., N].
-  m.def("skinny_linear_packed(Tensor x, Tensor packed, Tensor? bias, Tensor(a!) out) -> ()");
+  // `rounded`: bfloat16 panels on the AMX tier multiply x rounded to bfloat16 (one tile product per
+  // weight; kernels/skinny_linear/packed_cpu.h); the FMA tiers ignore it.
+  m.def("skinny_linear_packed(Tensor x, Tensor packed, Tensor? bias, Tensor(a!) out, bool rounded=False) -> ()");
   // ---- end family: skinny_linear ----
 
   // ---- family: decoder_layer (csrc/kernels/decoder_layer, ops/decoder_layer_cpu.cpp; CPU only) ----

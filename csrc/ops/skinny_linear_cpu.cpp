@@ -41,9 +41,10 @@ void skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std:
 }
 
 void skinny_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                              at::Tensor& out) {
+                              at::Tensor& out, bool rounded) {
   // x: (..., K) float32; packed: (P, K, kPanel) float32 or bfloat16 with P = ceil(N / kPanel);
-  // bias: (N,) float32 or None; out: (..., N) float32, the same leading dims as x
+  // bias: (N,) float32 or None; out: (..., N) float32, the same leading dims as x; rounded: x
+  // rounded to bfloat16 for bfloat16 panels on the AMX tier (packed_cpu.h; the FMA tiers ignore it)
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "skinny_linear_packed: x must be a contiguous float32 [..., K] tensor; got ", x.scalar_type(), " ",
               x.sizes());
@@ -67,7 +68,7 @@ void skinny_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed, con
                 bias->scalar_type(), " ", bias->sizes());
   if (M == 0 || N == 0) return;
   packed_linear(x.data_ptr<float>(), M, K, packed, bias.has_value() ? bias->data_ptr<float>() : nullptr,
-                out.data_ptr<float>(), N);
+                out.data_ptr<float>(), N, rounded);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
                   k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, num_heads: int, *,
                   biases: tuple = (None, None, None, None), qk_norm: tuple | None = None,
                   tree_mask: torch.Tensor | None = None, sm_scale: float | None = None,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, activations: str = "float32") -> torch.Tensor:
     """One decoder layer over ``x``; returns the layer's output and writes the caches' new slots.
 
     Shape: x ``[B, n, hidden]`` float32; norm1 / norm2 ``[hidden]``; the projections packed with
@@ -41,14 +41,19 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
     ``biases``: (q|k|v, o, gate|up, down) float32 or None; ``qk_norm``: (q weight, k weight) ``[D]``
     or None; tree_mask ``[B, n, n]`` bool or None (causal); sm_scale defaults to ``D ** -0.5``;
     ``out``: a contiguous float32 tensor of x's shape to write (not x itself), default a new one.
+    ``activations``: "float32" (exact) or "bfloat16" (each projection's input rounded to bfloat16
+    for bfloat16 panels on the AMX tier, ``packed_bf16_tier() == "amx"``; ignored elsewhere).
     """
+    if activations not in ("float32", "bfloat16"):
+        raise ValueError(f"activations must be 'float32' or 'bfloat16', got {activations!r}")
     out = torch.empty_like(x) if out is None else out
     q_norm, k_norm = qk_norm if qk_norm is not None else (None, None)
     scale = k_cache.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     torch.ops.specdec.decoder_layer(
         x, norm1, norm2, float(eps), qkv.panels, biases[0], o.panels, biases[1], gate_up.panels, biases[2],
         down.panels, biases[3], q_norm, k_norm, cos, sin, k_cache, v_cache, lengths,
-        None if tree_mask is None else tree_mask.to(torch.bool).contiguous(), num_heads, k_cache.shape[1], scale, out)
+        None if tree_mask is None else tree_mask.to(torch.bool).contiguous(), num_heads, k_cache.shape[1], scale, out,
+        1 if activations == "bfloat16" else 0)
     return out
 
 

@@ -161,16 +161,23 @@ def unpack_weight(packed: PackedWeight, dtype: torch.dtype | None = None) -> tor
     return dense
 
 
-def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, *,
+                         activations: str = "float32") -> torch.Tensor:
     """``x · weightᵀ + bias`` in float32 from a packed weight (CPU tensors).
 
     Shape: x ``[..., K]`` float32 (contiguous), bias ``[N]`` float32 or None; returns ``[..., N]``.
+    ``activations="bfloat16"``: on the AMX tier (``packed_bf16_tier() == "amx"``), bfloat16 panels
+    multiply x rounded to bfloat16 (one tile product per weight instead of the exact split's three;
+    each output sums exact products of the rounded x in the tile unit's order), as a model set to
+    bfloat16 activations does; elsewhere, and for float32 panels, x as it is.
     """
     if x.dtype != torch.float32 or x.shape[-1] != packed.in_features:
         raise ValueError(f"skinny_linear_packed: x must be float32 [..., K={packed.in_features}], got "
                          f"{x.dtype} {list(x.shape)}")
+    if activations not in ("float32", "bfloat16"):
+        raise ValueError(f"skinny_linear_packed: activations must be 'float32' or 'bfloat16', got {activations!r}")
     out = torch.empty(*x.shape[:-1], packed.out_features, dtype=torch.float32, device=x.device)
-    torch.ops.specdec.skinny_linear_packed(x.contiguous(), packed.panels, bias, out)
+    torch.ops.specdec.skinny_linear_packed(x.contiguous(), packed.panels, bias, out, activations == "bfloat16")
     return out
 
 
@@ -199,5 +206,5 @@ def _skinny_linear_fake(x, weight, bias, out):
 
 
 @torch.library.register_fake("specdec::skinny_linear_packed")
-def _skinny_linear_packed_fake(x, packed, bias, out):
+def _skinny_linear_packed_fake(x, packed, bias, out, rounded=False):
     return None

@@ -18,10 +18,17 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 
 def decoder_layer(x, norm1, norm2, eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_up_b, down_w, down_b,
-                  q_norm, k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, sm_scale=None):
+                  q_norm, k_norm, cos, sin, k_cache, v_cache, lengths, tree_mask, num_heads, sm_scale=None,
+                  activations="float32"):
     """Shape: x [B, n, hidden]; weights [N, K] (biases [N] or None); q_norm / k_norm [D] or None;
     cos / sin [B, n, D]; k_cache / v_cache [B, Hkv, T, D] (slots lengths[b] + i are written);
-    lengths [B]; tree_mask [B, n, n] bool or None. Returns [B, n, hidden]."""
+    lengths [B]; tree_mask [B, n, n] bool or None. Returns [B, n, hidden]. ``activations``
+    "bfloat16": each projection's input rounded to nearest bfloat16 first."""
+    if activations == "bfloat16":
+        def linear(a, w, bias):
+            return F.linear(a.to(torch.bfloat16).to(a.dtype), w, bias)
+    else:
+        linear = F.linear
     B, n, _ = x.shape
     Hkv, D = k_cache.shape[1], k_cache.shape[-1]
     Hq = num_heads
@@ -30,7 +37,7 @@ def decoder_layer(x, norm1, norm2, eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_
     for b in range(B):
         L = int(lengths[b])
         h = _rms(x[b], norm1, eps)
-        qkv = F.linear(h, qkv_w, qkv_b).view(n, Hq + 2 * Hkv, D)
+        qkv = linear(h, qkv_w, qkv_b).view(n, Hq + 2 * Hkv, D)
         q, k, v = qkv[:, :Hq], qkv[:, Hq : Hq + Hkv], qkv[:, Hq + Hkv :]
         if q_norm is not None:
             q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
@@ -45,9 +52,9 @@ def decoder_layer(x, norm1, norm2, eps, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_
         scores = torch.einsum("ihd,htd->hit", q, keys) * scale
         scores = scores.masked_fill(~seen[None], float("-inf"))
         attn = torch.einsum("hit,htd->ihd", scores.softmax(-1), values).reshape(n, Hq * D)
-        y = x[b] + F.linear(attn, o_w, o_b)
-        gate, up = F.linear(_rms(y, norm2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
-        out[b] = y + F.linear(F.silu(gate) * up, down_w, down_b)
+        y = x[b] + linear(attn, o_w, o_b)
+        gate, up = linear(_rms(y, norm2, eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
+        out[b] = y + linear(F.silu(gate) * up, down_w, down_b)
     return out
 
 
