@@ -59,6 +59,17 @@ SPECDEC_AVX512 inline __m512 load16(const uint16_t* w) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
+// One k-step of a row's four fma chains over a panel's 64 outputs: acc[j] = fma(x, w_j, acc[j]).
+// Inlined into both kernels below, whose accumulators must stay in registers.
+__attribute__((target("avx512f,avx512dq,fma"), always_inline)) inline void fma_row(__m512* acc, float x, __m512 w0,
+                                                                                  __m512 w1, __m512 w2, __m512 w3) {
+  const __m512 xb = _mm512_set1_ps(x);
+  acc[0] = _mm512_fmadd_ps(xb, w0, acc[0]);
+  acc[1] = _mm512_fmadd_ps(xb, w1, acc[1]);
+  acc[2] = _mm512_fmadd_ps(xb, w2, acc[2]);
+  acc[3] = _mm512_fmadd_ps(xb, w3, acc[3]);
+}
+
 // One panel (outputs n0 .. n0 + width - 1, width <= kPanel) against MB rows of x: y[m * ldy + j].
 template <int MB, typename W>
 SPECDEC_AVX512 void panel_block(const float* x, int64_t K, const W* panel, const float* bias, float* y,
@@ -72,13 +83,7 @@ SPECDEC_AVX512 void panel_block(const float* x, int64_t K, const W* panel, const
     for (int64_t e = 0; e < kPanel; e += kLineElems)
       _mm_prefetch(reinterpret_cast<const char*>(w + e) + kPrefetchBytes, _MM_HINT_T0);
     const __m512 w0 = load16(w), w1 = load16(w + 16), w2 = load16(w + 32), w3 = load16(w + 48);
-    for (int m = 0; m < MB; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-      acc[m][0] = _mm512_fmadd_ps(xb, w0, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(xb, w1, acc[m][1]);
-      acc[m][2] = _mm512_fmadd_ps(xb, w2, acc[m][2]);
-      acc[m][3] = _mm512_fmadd_ps(xb, w3, acc[m][3]);
-    }
+    for (int m = 0; m < MB; ++m) fma_row(acc[m], x[m * K + k], w0, w1, w2, w3);
   }
   for (int j = 0; j < 4; ++j) {
     const int64_t lanes = std::clamp<int64_t>(width - 16 * j, 0, 16);
@@ -116,13 +121,7 @@ SPECDEC_AVX512 void staged_pass(const float* x, int64_t K, int64_t k0, int64_t k
     const float* w = stage + (k - k0) * kPanel;
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
                  w3 = _mm512_loadu_ps(w + 48);
-    for (int m = 0; m < MB; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-      acc[m][0] = _mm512_fmadd_ps(xb, w0, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(xb, w1, acc[m][1]);
-      acc[m][2] = _mm512_fmadd_ps(xb, w2, acc[m][2]);
-      acc[m][3] = _mm512_fmadd_ps(xb, w3, acc[m][3]);
-    }
+    for (int m = 0; m < MB; ++m) fma_row(acc[m], x[m * K + k], w0, w1, w2, w3);
   }
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc_rows + m * kPanel + 16 * j, acc[m][j]);
