@@ -103,11 +103,17 @@ SPECDEC_AVX512 void panel_block(const float* x, int64_t K, const W* panel, const
 // again. Here each block of kStageK k-rows is widened once into a float32 stage in L1 and every
 // pass of 6 rows reads it from there: a pass is loads and multiply-adds only. Its accumulators go
 // to a scratch [M][64] between blocks (stored and reloaded exactly, so each output is still the
-// one fma chain over k in order: the bits of panel_block). 96 rows: 24 KiB of scratch and 8 KiB of
+// one fma chain over k in order: the bits of panel_block). 96 rows: 24 KiB of scratch and 16 KiB of
 // stage. Measured on a 2-core Sapphire Rapids VM without AMX (one thread, a [17920, 1536] bf16
 // weight): 12 / 16 / 32 rows 6.0 / 9.0 / 17.8 ms re-widening, 5.7 / 7.6 / 14.9 ms staged (57-59 G
 // multiply-adds/s; 6 rows in one pass: 62); a 32-row forward of the 1.5B ~13% faster on 2 threads.
-constexpr int64_t kStageK = 32;
+// Blocks of 64 k-rows rather than 32 halve the accumulators' trips through the scratch; 128
+// measured slower (a 32 KiB stage beside the scratch outgrows L1). On a 2-core Ice Lake VM, 2
+// threads, best of 15 in alternate processes: [17920, 1536] at 96 rows 25.6-32.8 ms with 32,
+// 23.1-26.1 with 64; [1536, 8960] 12.0-15.8 against 12.7-13.6; whole-process A/B over three
+// 170-token prefills and seven 16- / 32-row forwards of the 1.5B: 0.98x the wall time (medians of
+// four pairs).
+constexpr int64_t kStageK = 64;
 
 // Rows [0, MB) of x over k-rows [k0, k1) of the stage ([k1 - k0][64] float32), continuing the
 // chains held in acc_rows [MB][64].
