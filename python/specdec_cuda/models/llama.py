@@ -15,7 +15,7 @@ from torch import nn
 
 from ..ops.gguf import (GgufLinear, GgufWeight, gguf_dequantize, gguf_repack_lanes, gguf_repack_panels, gguf_rows,
                         lanes_pay, panels_pay)
-from ..ops.skinny_linear import pack_weight
+from ..ops.skinny_linear import pack_weight, rounded_activations
 from .cache import StaticKVCache
 from .config import LlamaConfig
 from .draft_vocab import VocabSubset, gguf_rows_of, subset_ids
@@ -299,9 +299,7 @@ class LlamaModel(nn.Module):
         reads). ``"bfloat16"`` needs packed bfloat16 panels on the AMX tier (``packed_bf16_tier()
         == "amx"``): ValueError elsewhere, and for GGUF models (``gguf_activations`` picks theirs).
         """
-        if activations not in ("float32", "bfloat16"):
-            raise ValueError(f"activations must be 'float32' or 'bfloat16', got {activations!r}")
-        if activations == "bfloat16":
+        if rounded_activations(activations):
             self._bind()
             if not self._packed or any(layer.gguf or not layer.prefill_on_tiles() for layer in self.layers):
                 from ..ops.skinny_linear import packed_bf16_tier

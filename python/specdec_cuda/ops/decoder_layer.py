@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .skinny_linear import PackedWeight
+from .skinny_linear import PackedWeight, rounded_activations
 
 __all__ = ["context_kv", "decoder_layer"]
 
@@ -44,8 +44,7 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
     ``activations``: "float32" (exact) or "bfloat16" (each projection's input rounded to bfloat16
     for bfloat16 panels on the AMX tier, ``packed_bf16_tier() == "amx"``; ignored elsewhere).
     """
-    if activations not in ("float32", "bfloat16"):
-        raise ValueError(f"activations must be 'float32' or 'bfloat16', got {activations!r}")
+    rounded = rounded_activations(activations)
     out = torch.empty_like(x) if out is None else out
     q_norm, k_norm = qk_norm if qk_norm is not None else (None, None)
     scale = k_cache.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
@@ -53,7 +52,7 @@ def decoder_layer(x: torch.Tensor, norm1: torch.Tensor, norm2: torch.Tensor, eps
         x, norm1, norm2, float(eps), qkv.panels, biases[0], o.panels, biases[1], gate_up.panels, biases[2],
         down.panels, biases[3], q_norm, k_norm, cos, sin, k_cache, v_cache, lengths,
         None if tree_mask is None else tree_mask.to(torch.bool).contiguous(), num_heads, k_cache.shape[1], scale, out,
-        1 if activations == "bfloat16" else 0)
+        1 if rounded else 0)
     return out
 
 

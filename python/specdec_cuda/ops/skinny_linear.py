@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 
 __all__ = ["skinny_linear", "linear", "PANEL", "PackedWeight", "pack_weight", "unpack_weight",
-           "skinny_linear_packed", "packed_kernel_available"]
+           "skinny_linear_packed", "rounded_activations", "packed_kernel_available"]
 
 # Rows of x up to which ``linear`` takes the skinny kernel: a verification of up to 32 drafts (the
 # quantised cache's default residual) plus its root, so every decoding-time forward of a model
@@ -161,6 +161,14 @@ def unpack_weight(packed: PackedWeight, dtype: torch.dtype | None = None) -> tor
     return dense
 
 
+def rounded_activations(activations: str, what: str = "") -> bool:
+    """Whether ``activations`` ("float32" or "bfloat16", the products of bfloat16 panels) asks for x
+    rounded to bfloat16; ValueError (prefixed with ``what``) for anything else."""
+    if activations not in ("float32", "bfloat16"):
+        raise ValueError(f"{what}activations must be 'float32' or 'bfloat16', got {activations!r}")
+    return activations == "bfloat16"
+
+
 def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, *,
                          activations: str = "float32") -> torch.Tensor:
     """``x · weightᵀ + bias`` in float32 from a packed weight (CPU tensors).
@@ -174,10 +182,9 @@ def skinny_linear_packed(x: torch.Tensor, packed: PackedWeight, bias: torch.Tens
     if x.dtype != torch.float32 or x.shape[-1] != packed.in_features:
         raise ValueError(f"skinny_linear_packed: x must be float32 [..., K={packed.in_features}], got "
                          f"{x.dtype} {list(x.shape)}")
-    if activations not in ("float32", "bfloat16"):
-        raise ValueError(f"skinny_linear_packed: activations must be 'float32' or 'bfloat16', got {activations!r}")
+    rounded = rounded_activations(activations, "skinny_linear_packed: ")
     out = torch.empty(*x.shape[:-1], packed.out_features, dtype=torch.float32, device=x.device)
-    torch.ops.specdec.skinny_linear_packed(x.contiguous(), packed.panels, bias, out, activations == "bfloat16")
+    torch.ops.specdec.skinny_linear_packed(x.contiguous(), packed.panels, bias, out, rounded)
     return out
 
 
